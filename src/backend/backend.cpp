@@ -1,0 +1,28 @@
+#include "dsa/backend.h"
+
+#include "dsa/error.h"
+
+namespace dsa {
+
+std::string_view backend_name(BackendKind kind) {
+  return kind == BackendKind::kCpu ? "cpu" : "cuda";
+}
+
+BackendKind parse_backend(std::string_view name) {
+  if (name == "cpu") return BackendKind::kCpu;
+  if (name == "cuda") return BackendKind::kCuda;
+  fail(ErrorCode::kInvalidArgument, "unknown backend '{}' (expected cpu or cuda)", name);
+}
+
+std::unique_ptr<Backend> make_backend(BackendKind kind) {
+  return kind == BackendKind::kCpu ? make_cpu_backend() : make_cuda_backend();
+}
+
+#if !defined(DSA_HAVE_CUDA)
+bool cuda_available() { return false; }
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  fail(ErrorCode::kBackend, "this build of dsa has no CUDA backend (configure with DSA_CUDA=ON)");
+}
+#endif
+
+}  // namespace dsa

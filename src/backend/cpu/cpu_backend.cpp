@@ -1,0 +1,73 @@
+// The CPU backend: host memory, the reference ops, and a "graph" that records the step closure
+// and replays it over the same static buffers at the same fixed shape.
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
+#include "dsa/error.h"
+
+namespace dsa {
+namespace {
+
+class CpuGraph final : public Graph {
+ public:
+  explicit CpuGraph(std::function<void()> step) : step_(std::move(step)) {}
+  void replay() override { step_(); }
+
+ private:
+  std::function<void()> step_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  std::string describe() const override { return "cpu (reference)"; }
+
+  void* allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded ? rounded : 256);
+    require(p != nullptr, ErrorCode::kResourceExhausted, "host allocation of {} bytes failed",
+            bytes);
+    return p;
+  }
+  void deallocate(void* p) override { std::free(p); }
+  void copy_to_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
+  void copy_on_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
+  void fill(void* dst, uint8_t byte, size_t n) override {
+    if (n) std::memset(dst, byte, n);
+  }
+  void synchronize() override {}
+
+  std::unique_ptr<Graph> capture(const std::function<void()>& step) override {
+    step();  // capture runs the step once, as stream capture's warm-up does on the GPU
+    return std::make_unique<CpuGraph>(step);
+  }
+
+  void rmsnorm(const RmsNormParams& p) override { cpu::rmsnorm(p); }
+  void layernorm(const LayerNormParams& p) override { cpu::layernorm(p); }
+  void rope(const RopeParams& p) override { cpu::rope(p); }
+  void hadamard(const HadamardParams& p) override { cpu::hadamard(p); }
+  void gemm(const GemmParams& p) override { cpu::gemm(p); }
+  void swiglu(const SwigluParams& p) override { cpu::swiglu(p); }
+  void softmax(const SoftmaxParams& p) override { cpu::softmax(p); }
+  void embed(const EmbedParams& p) override { cpu::embed(p); }
+  void add(const AddParams& p) override { cpu::add(p); }
+  void store_index_k(const StoreIndexKParams& p) override { cpu::store_index_k(p); }
+  void store_latent_kv(const StoreLatentKvParams& p) override { cpu::store_latent_kv(p); }
+  void indexer_logits(const IndexerLogitsParams& p) override { cpu::indexer_logits(p); }
+  void topk(const TopkParams& p) override { cpu::topk(p); }
+  void sparse_mla(const SparseMlaParams& p) override { cpu::sparse_mla(p); }
+
+ private:
+  static void copy(void* dst, const void* src, size_t n) {
+    if (n) std::memmove(dst, src, n);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace dsa

@@ -1,0 +1,26 @@
+// The CPU reference ops: the executable specification. Scalar, deterministic, one file per op
+// family with the same name as its CUDA counterpart.
+#pragma once
+
+#include "dsa/ops.h"
+
+namespace dsa::cpu {
+
+void rmsnorm(const RmsNormParams& p);      // norm.cpp
+void layernorm(const LayerNormParams& p);  // norm.cpp
+void rope(const RopeParams& p);            // rope.cpp
+void hadamard(const HadamardParams& p);    // hadamard.cpp
+void gemm(const GemmParams& p);            // gemm.cpp
+void swiglu(const SwigluParams& p);        // elementwise.cpp
+void softmax(const SoftmaxParams& p);      // elementwise.cpp
+void embed(const EmbedParams& p);          // elementwise.cpp
+void add(const AddParams& p);              // elementwise.cpp
+
+void store_index_k(const StoreIndexKParams& p);     // store.cpp
+void store_latent_kv(const StoreLatentKvParams& p);  // store.cpp
+
+void indexer_logits(const IndexerLogitsParams& p);  // indexer_logits.cpp
+void topk(const TopkParams& p);                     // topk.cpp
+void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
+
+}  // namespace dsa::cpu

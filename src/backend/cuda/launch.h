@@ -1,0 +1,30 @@
+// Kernel launchers of the CUDA backend, one per op, mirroring src/backend/cpu/cpu_ops.h.
+// Each enqueues on `stream` and returns cudaGetLastError(); the host-side backend checks it.
+// This header is shared by .cu and .cpp files, so it includes no fmt and no dsa/error.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "dsa/ops.h"
+
+namespace dsa::cuda {
+
+cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream);      // norm.cu
+cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream);  // norm.cu
+cudaError_t rope(const RopeParams& p, cudaStream_t stream);            // rope.cu
+cudaError_t hadamard(const HadamardParams& p, cudaStream_t stream);    // hadamard.cu
+// The batch-invariant GEMM (fixed reduction order per output element, independent of m).
+cudaError_t gemm_invariant(const GemmParams& p, cudaStream_t stream);  // gemm.cu
+cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream);        // elementwise.cu
+cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);      // elementwise.cu
+cudaError_t embed(const EmbedParams& p, cudaStream_t stream);          // elementwise.cu
+cudaError_t add(const AddParams& p, cudaStream_t stream);              // elementwise.cu
+
+cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream);     // store.cu
+cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream);  // store.cu
+
+cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  // indexer_logits.cu
+cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     // topk.cu
+cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
+
+}  // namespace dsa::cuda
