@@ -1,0 +1,69 @@
+// The frame of dsa_gpu_bench: ceilings measured at start, a timer, and the result table.
+//
+// Each bench file defines one run_*_benches(BenchContext&) in namespace dsa::bench, times its
+// kernels with ctx.time_us and reports rows with ctx.add. A row names its floor: the bytes it
+// must move at the measured copy bandwidth, the flops at the measured bf16 rate, or an empty
+// launch for tiny work. Inputs rotate over more than 3x L2 (kRotateBytes) so HBM is measured.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsa/backend.h"
+
+namespace dsa::bench {
+
+inline constexpr double kRotateBytes = 192.0 * 1024 * 1024;  // > 3x the H200's 60 MB L2
+
+struct BenchResult {
+  std::string name;        // "store_index_k/bf16/tokens=1048576"
+  double us = 0;           // median time per call
+  double bytes = 0;        // bytes the op must move (read + write), for GB/s
+  double flops = 0;        // flops the op must do, 0 when memory bound
+  double floor_us = 0;     // the best possible time: bytes / copy_gbs, flops / bf16 rate, or a launch
+  std::string floor_kind;  // "hbm", "bf16", "launch"
+  nlohmann::json extra;    // anything else worth keeping
+};
+
+class BenchContext {
+ public:
+  BenchContext(dsa::Backend& backend_ref, cudaStream_t stream_ref)
+      : backend(backend_ref), stream(stream_ref) {}
+
+  dsa::Backend& backend;
+  cudaStream_t stream;
+  double copy_gbs = 0;         // device-to-device copy, read + write bytes, GB/s (1e9)
+  double empty_launch_us = 0;  // one empty kernel launch on the stream, back to back
+  double bf16_tflops = 0;      // a large bf16 GEMM through cuBLASLt
+
+  // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
+  // repeats of `iters` calls between CUDA events.
+  double time_us(const std::function<void()>& fn, int iters);
+  void add(BenchResult r);
+
+  // Floors from the measured ceilings.
+  double hbm_floor_us(double bytes) const { return bytes / (copy_gbs * 1e3); }
+  double bf16_floor_us(double flops) const { return flops / (bf16_tflops * 1e6); }
+  // How many input sets to rotate over so their total passes kRotateBytes (at least 1).
+  static int rotation_sets(double bytes_per_set) {
+    const int n = int(kRotateBytes / (bytes_per_set > 1 ? bytes_per_set : 1)) + 1;
+    return n < 1 ? 1 : n;
+  }
+
+  const std::vector<BenchResult>& results() const { return results_; }
+
+ private:
+  std::vector<BenchResult> results_;
+};
+
+// Defined in bench_store.cpp.
+void run_store_benches(BenchContext& ctx);
+// Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).
+void run_attention_benches(BenchContext& ctx);
+
+}  // namespace dsa::bench
