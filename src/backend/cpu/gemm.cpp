@@ -1,0 +1,116 @@
+// Batched GEMM with bf16 weights: the executable spec.
+//
+//   y_b[m, n] = alpha * acc            (kOverwrite)
+//   y_b[m, n] = y_b[m, n] + alpha * acc (kAccumulate)
+//   acc = ((x[m,0]*w(n,0) + x[m,1]*w(n,1)) + ...) + x[m,k-1]*w(n,k-1)
+// in f32: each product is rounded to f32, then added to an f32 accumulator that starts at +0, in
+// ascending k. x is used as f32 as it is; w is widened from bf16 exactly. Products are not fused
+// into FMAs (the build is ISO C++, so the compiler does not contract them).
+//
+// Every output element follows that sequence exactly, whatever the tiling below, so a row's bits
+// do not depend on m, on the other rows, or on where the row sits in the batch. The tiling only
+// keeps the loops cache-friendly and gives the compiler independent accumulators to vectorize:
+//   kNK: a tile of kTileN weight rows is widened to f32 and transposed to [k, kTileN], then every
+//        x row accumulates kTileN outputs at once, one k at a time.
+//   kKN: a chunk of a weight row (contiguous in n) is widened once per k and added, scaled by
+//        x[m, k], into kTileM accumulator rows.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "dsa/error.h"
+
+namespace dsa::cpu {
+namespace {
+
+constexpr int kTileN = 16;     // kNK: outputs accumulated together per x row
+constexpr int kTileM = 4;      // kKN: x rows sharing one widened weight row
+constexpr int kChunkN = 512;   // kKN: outputs per accumulator row (4 x 512 f32 = 8 KiB)
+
+void check_params(const GemmParams& p) {
+  require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
+          "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
+  const int64_t w_row = p.layout == WeightLayout::kNK ? p.k : p.n;
+  require(p.ld_x >= p.k && p.ld_y >= p.n && p.ld_w >= w_row, ErrorCode::kInvalidArgument,
+          "gemm: row strides ld_x {} (k {}), ld_w {} ({}), ld_y {} (n {}) are too short", p.ld_x,
+          p.k, p.ld_w, w_row, p.ld_y, p.n);
+  require(p.m == 0 || p.batch == 0 || (p.x && p.w && p.y), ErrorCode::kInvalidArgument,
+          "gemm: x, w and y must be set");
+}
+
+// Writes count accumulated sums to y, per the output mode.
+void store(const float* acc, int count, float alpha, GemmOutput output, float* y) {
+  if (output == GemmOutput::kOverwrite) {
+    for (int j = 0; j < count; ++j) y[j] = alpha * acc[j];
+  } else {
+    for (int j = 0; j < count; ++j) y[j] = y[j] + alpha * acc[j];
+  }
+}
+
+// One batch entry, w[n, k].
+void gemm_nk(const GemmParams& p, const float* x, const Bf16* w, float* y) {
+  std::vector<float> tile(size_t(p.k) * kTileN);  // [k, kTileN]: w rows n0.. as columns
+  for (int n0 = 0; n0 < p.n; n0 += kTileN) {
+    const int width = std::min(kTileN, p.n - n0);
+    if (width < kTileN) std::fill(tile.begin(), tile.end(), 0.0f);  // spare lanes: never stored
+    for (int j = 0; j < width; ++j) {
+      const Bf16* w_row = w + (n0 + j) * p.ld_w;
+      for (int kk = 0; kk < p.k; ++kk) tile[size_t(kk) * kTileN + j] = bf16_to_float(w_row[kk]);
+    }
+    for (int row = 0; row < p.m; ++row) {
+      const float* x_row = x + row * p.ld_x;
+      float acc[kTileN] = {};
+      for (int kk = 0; kk < p.k; ++kk) {
+        const float xv = x_row[kk];
+        const float* t = tile.data() + size_t(kk) * kTileN;
+        for (int j = 0; j < kTileN; ++j) acc[j] += xv * t[j];
+      }
+      store(acc, width, p.alpha, p.output, y + row * p.ld_y + n0);
+    }
+  }
+}
+
+// One batch entry, w[k, n].
+void gemm_kn(const GemmParams& p, const float* x, const Bf16* w, float* y) {
+  std::vector<float> acc(size_t(kTileM) * kChunkN);  // [kTileM, kChunkN]
+  std::vector<float> w_wide(kChunkN);                // one weight row chunk, widened
+  for (int n0 = 0; n0 < p.n; n0 += kChunkN) {
+    const int width = std::min(kChunkN, p.n - n0);
+    for (int m0 = 0; m0 < p.m; m0 += kTileM) {
+      const int height = std::min(kTileM, p.m - m0);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int kk = 0; kk < p.k; ++kk) {
+        const Bf16* w_row = w + kk * p.ld_w + n0;
+        for (int j = 0; j < width; ++j) w_wide[j] = bf16_to_float(w_row[j]);
+        for (int i = 0; i < height; ++i) {
+          const float xv = x[(m0 + i) * p.ld_x + kk];
+          float* a = acc.data() + size_t(i) * kChunkN;
+          for (int j = 0; j < width; ++j) a[j] += xv * w_wide[j];
+        }
+      }
+      for (int i = 0; i < height; ++i) {
+        store(acc.data() + size_t(i) * kChunkN, width, p.alpha, p.output,
+              y + (m0 + i) * p.ld_y + n0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmParams& p) {
+  check_params(p);
+  if (p.m == 0) return;
+  for (int b = 0; b < p.batch; ++b) {
+    const float* x = p.x + b * p.batch_stride_x;
+    const Bf16* w = p.w + b * p.batch_stride_w;
+    float* y = p.y + b * p.batch_stride_y;
+    if (p.layout == WeightLayout::kNK) {
+      gemm_nk(p, x, w, y);
+    } else {
+      gemm_kn(p, x, w, y);
+    }
+  }
+}
+
+}  // namespace dsa::cpu
