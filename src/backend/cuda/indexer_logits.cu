@@ -1,0 +1,240 @@
+// The indexer's logits over a paged index-K cache (DESIGN §1.5) on tensor cores.
+//
+// One block of 8 warps per (row, chunk of kBlockTokens tokens). The row's query is prepared once
+// per block in shared memory, already laid out as mma A fragments (bf16, or e4m3 quantized per
+// head exactly like the CPU); the head weights (times s_q for fp8) sit beside it. Each warp then
+// takes groups of 32 tokens (always inside one page) and streams their keys straight from global
+// memory into B-fragment registers with 16-byte loads: no shared-memory staging for keys.
+//
+// The k (dim) order inside an mma is a free permutation as long as A and B agree, so each lane
+// owns the bytes [u*64 + c*16, +16) of a token row (c = lane % 4, u = one 16-byte load), which
+// makes every load instruction cover contiguous 64-byte runs. frag_dim() is that permutation.
+//
+// Per group: S[h, t] = q[h] . k[t] for 16 heads x 8 tokens per mma, relu, times w, summed over
+// heads in registers and then over the 8 lanes of a column with xor shuffles (a fixed order),
+// times k_scale for fp8. A row's logits never depend on other rows: the grid is fixed by the
+// host sizes and the work per block only by that row's seq_len.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/launch.h"
+#include "cache/token_codec.h"
+
+namespace dsa::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kGroupTokens = 32;                 // tokens per warp iteration: 4 n-tiles of 8
+constexpr int kNTiles = kGroupTokens / 8;
+constexpr int kBlockTokens = 1024;               // tokens per block (16 pages)
+constexpr int kMaxHeads = 64;                    // heads padded to 16; up to 4 m-tiles
+constexpr int kMaxMTiles = kMaxHeads / 16;
+
+// Key bytes per token and 32-bit words each lane holds per token, by cache dtype.
+template <KvDtype D>
+struct KeyShape {
+  static constexpr int kRowBytes = D == KvDtype::kBf16 ? 256 : 128;
+  static constexpr int kLoads = kRowBytes / 64;       // 16-byte loads per lane per token
+  static constexpr int kKSteps = D == KvDtype::kBf16 ? 8 : 4;  // k16 bf16 or k32 e4m3 steps
+};
+
+// Byte offset, inside a token's key row, of word w (0 .. 4*kLoads-1) held by lane column c.
+__device__ __forceinline__ int word_byte(int c, int w) { return (w >> 2) * 64 + c * 16 + (w & 3) * 4; }
+
+struct SharedQuery {
+  uint4 frag[kMaxMTiles * 8 * 32];    // A fragments [m-tile][k-step][lane], 4 regs each
+  uint8_t natural[kMaxHeads * 256];   // q per head as bf16 or e4m3 bytes, [head][row bytes]
+  float weight[kMaxHeads];            // w, or w * s_q for fp8; 0 for padded heads
+};
+
+// Quantizes (or rounds) the row's q into s.natural and the weights, one warp per head.
+template <KvDtype D>
+__device__ void prepare_natural(const IndexerLogitsParams& p, int row, int heads_padded,
+                                SharedQuery& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int h = warp; h < heads_padded; h += kWarps) {
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // dims lane*4 .. lane*4+3; zero for padded heads
+    float w = 0.0f;
+    if (h < p.heads) {
+      const float* qh = p.q + int64_t(row) * p.ld_q + int64_t(h) * kIndexHeadDim + lane * 4;
+      for (int i = 0; i < 4; ++i) x[i] = qh[i];
+      w = p.w[int64_t(row) * p.ld_w + h];
+    }
+    if constexpr (D == KvDtype::kBf16) {
+      Bf16* dst = reinterpret_cast<Bf16*>(s.natural + h * 256) + lane * 4;
+      for (int i = 0; i < 4; ++i) dst[i] = float_to_bf16(x[i]);
+      if (lane == 0) s.weight[h] = w;
+    } else {
+      // The same encoder as the CPU: amax with NaN never winning, exact scale, x / scale.
+      float amax = 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        const float a = x[i] < 0 ? -x[i] : x[i];
+        amax = a > amax ? a : amax;
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = other > amax ? other : amax;
+      }
+      const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
+      uint8_t* dst = s.natural + h * 256 + lane * 4;
+      for (int i = 0; i < 4; ++i) dst[i] = float_to_fp8(x[i] / s_q).bits;
+      if (lane == 0) s.weight[h] = h < p.heads ? w * s_q : 0.0f;
+    }
+  }
+}
+
+// Builds the A fragments from s.natural with the lane permutation of the key loads.
+template <KvDtype D>
+__device__ void build_fragments(int m_tiles, SharedQuery& s) {
+  using Shape = KeyShape<D>;
+  const int total = m_tiles * Shape::kKSteps * 32;
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const int lane = i % 32, ks = (i / 32) % Shape::kKSteps, mt = i / (32 * Shape::kKSteps);
+    const int g = lane / 4, c = lane % 4;
+    const int h0 = mt * 16 + g, h1 = h0 + 8;
+    // Word 2*ks is the low k half (a0/a1), word 2*ks+1 the high half (a2/a3), as in the keys.
+    const int b_lo = word_byte(c, 2 * ks), b_hi = word_byte(c, 2 * ks + 1);
+    const uint8_t* n0 = s.natural + h0 * 256;
+    const uint8_t* n1 = s.natural + h1 * 256;
+    uint4 f;
+    f.x = *reinterpret_cast<const uint32_t*>(n0 + b_lo);
+    f.y = *reinterpret_cast<const uint32_t*>(n1 + b_lo);
+    f.z = *reinterpret_cast<const uint32_t*>(n0 + b_hi);
+    f.w = *reinterpret_cast<const uint32_t*>(n1 + b_hi);
+    s.frag[i] = f;
+  }
+}
+
+template <KvDtype D>
+__device__ __forceinline__ void mma(float (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  if constexpr (D == KvDtype::kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// One warp, 32 tokens [t0, t0 + 32) of one page: writes their logits where t < seq_len.
+template <KvDtype D>
+__device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s, int m_tiles,
+                             int64_t page, int64_t t0, int64_t seq_len, float* logits) {
+  using Shape = KeyShape<D>;
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const uint8_t* page_base = p.pool.data + page * index_k_page_bytes(D);
+  const int off0 = int(t0 % kPageSize);
+
+  uint4 keys[kNTiles][Shape::kLoads];  // B fragments of token off0 + n*8 + g
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    const uint8_t* row = page_base + int64_t(off0 + n * 8 + g) * Shape::kRowBytes;
+#pragma unroll
+    for (int u = 0; u < Shape::kLoads; ++u) {
+      keys[n][u] = __ldg(reinterpret_cast<const uint4*>(row + u * 64 + c * 16));
+    }
+  }
+
+  float sum[kNTiles][2] = {};  // columns n*8 + c*2 + {0,1}, partial over rows g, g+8
+  for (int mt = 0; mt < m_tiles; ++mt) {
+    float acc[kNTiles][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < Shape::kKSteps; ++ks) {
+      const uint4 a = s.frag[(mt * Shape::kKSteps + ks) * 32 + lane];
+      const int w0 = 2 * ks, w1 = 2 * ks + 1;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        mma<D>(acc[n], a, word_of(keys[n][w0 / 4], w0 % 4), word_of(keys[n][w1 / 4], w1 % 4));
+      }
+    }
+    const float w_lo = s.weight[mt * 16 + g], w_hi = s.weight[mt * 16 + g + 8];
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sum[n][j] += w_lo * fmaxf(acc[n][j], 0.0f) + w_hi * fmaxf(acc[n][2 + j], 0.0f);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float v = sum[n][j];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      sum[n][j] = v;
+    }
+  }
+  if (g != 0) return;
+  const float* scales = reinterpret_cast<const float*>(page_base + kPageSize * kIndexHeadDim);
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int col = n * 8 + c * 2 + j;
+      const int64_t t = t0 + col;
+      if (t >= seq_len) continue;
+      float v = sum[n][j];
+      if constexpr (D == KvDtype::kFp8) v *= __ldg(scales + off0 + col);
+      logits[t] = v;
+    }
+  }
+}
+
+template <KvDtype D>
+__global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsParams p) {
+  const int row = blockIdx.y;
+  const int64_t seq_len = p.seq_lens[row];
+  const int64_t block_t0 = int64_t(blockIdx.x) * kBlockTokens;
+  if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
+
+  __shared__ SharedQuery s;
+  const int heads_padded = (p.heads + 15) / 16 * 16;
+  const int m_tiles = heads_padded / 16;
+  prepare_natural<D>(p, row, heads_padded, s);
+  __syncthreads();
+  build_fragments<D>(m_tiles, s);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32;
+  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
+  float* logits = p.logits + int64_t(row) * p.ld_logits;
+  const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
+  for (int64_t t0 = block_t0 + warp * kGroupTokens; t0 < block_end; t0 += kWarps * kGroupTokens) {
+    const int32_t page = pages[t0 / kPageSize];
+    if (page < 0 || page >= p.pool.num_pages) continue;  // a bad table reads nothing
+    group_logits<D>(p, s, m_tiles, page, t0, seq_len, logits);
+  }
+}
+
+}  // namespace
+
+cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.heads <= 0 || p.heads > kMaxHeads || p.rows > 65535 || p.ld_logits <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(unsigned((p.ld_logits + kBlockTokens - 1) / kBlockTokens), unsigned(p.rows));
+  if (p.pool.dtype == KvDtype::kBf16) {
+    indexer_logits_kernel<KvDtype::kBf16><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    indexer_logits_kernel<KvDtype::kFp8><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dsa::cuda
