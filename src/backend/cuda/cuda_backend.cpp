@@ -1,0 +1,357 @@
+// The CUDA backend: device memory, one non-blocking stream, the kernels of launch.h, cuBLASLt for
+// the fast GEMM mode, and stream capture into CUDA graphs.
+//
+// Every CUDA call goes through check(), which names the statement, the file:line and the device;
+// every launcher's cudaError_t is checked right after the launch. Asynchronous faults surface at
+// synchronize() as a dsa::Error naming the device.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <source_location>
+#include <string>
+
+#include "backend/cuda/launch.h"
+#include "dsa/error.h"
+
+namespace dsa {
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+std::string device_label(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return fmt::format("cuda:{}", device);
+  return fmt::format("cuda:{} ({})", device, prop.name);
+}
+
+void check_cuda(cudaError_t err, const char* statement, int device,
+                std::source_location loc = std::source_location::current()) {
+  if (err == cudaSuccess) return;
+  throw_error(ErrorCode::kBackend,
+              fmt::format("{} failed on cuda:{}: {} ({})", statement, device,
+                          cudaGetErrorString(err), cudaGetErrorName(err)),
+              loc);
+}
+
+void check_cublas(cublasStatus_t status, const char* statement, int device,
+                  std::source_location loc = std::source_location::current()) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw_error(ErrorCode::kBackend,
+              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device,
+                          int(status)),
+              loc);
+}
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream, int device)
+      : graph_(graph), exec_(exec), stream_(stream), device_(device) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void replay() override { check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_); }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  int device_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device), label_(device_label(device)) {
+    check(cudaSetDevice(device_), "cudaSetDevice(device)");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
+    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
+    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
+          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    if (gemm_scratch_) cudaFree(gemm_scratch_);
+    cudaFree(cublas_workspace_);
+    cublasLtDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string describe() const override { return label_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- memory ----
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free allocation error
+      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes,
+           label_, cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override {
+    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
+    synchronize();
+  }
+  void copy_on_device(void* dst, const void* src, size_t n) override {
+    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
+                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
+  }
+  void fill(void* dst, uint8_t byte, size_t n) override {
+    if (n) check(cudaMemsetAsync(dst, byte, n, stream_), "cudaMemsetAsync(dst, byte, n, stream_)");
+  }
+  void synchronize() override {
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    if (err != cudaSuccess) {
+      fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label_,
+           cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+  }
+
+  // ---- graphs ----
+  std::unique_ptr<Graph> capture(const std::function<void()>& step) override {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)");
+    cudaGraph_t graph = nullptr;
+    try {
+      step();
+    } catch (const std::exception& e) {
+      cudaStreamEndCapture(stream_, &graph);  // ends the capture; the partial graph is dropped
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label_, e.what());
+    }
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (end != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      fail(ErrorCode::kBackend,
+           "graph capture on {} was invalidated: {} ({}); a step must only enqueue work on the "
+           "backend's stream and must not synchronize or allocate",
+           label_, cudaGetErrorString(end), cudaGetErrorName(end));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    if (inst != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      check(inst, "cudaGraphInstantiate(&exec, graph, 0)");
+    }
+    return std::make_unique<CudaGraph>(graph, exec, stream_, device_);
+  }
+
+  // ---- ops ----
+  void rmsnorm(const RmsNormParams& p) override { launched(cuda::rmsnorm(p, stream_), "rmsnorm"); }
+  void layernorm(const LayerNormParams& p) override {
+    launched(cuda::layernorm(p, stream_), "layernorm");
+  }
+  void rope(const RopeParams& p) override { launched(cuda::rope(p, stream_), "rope"); }
+  void hadamard(const HadamardParams& p) override {
+    launched(cuda::hadamard(p, stream_), "hadamard");
+  }
+  void gemm(const GemmParams& p) override {
+    if (gemm_mode() == GemmMode::kBatchInvariant) {
+      launched(cuda::gemm_invariant(p, stream_), "gemm_invariant");
+    } else {
+      gemm_cublaslt(p);
+    }
+  }
+  void swiglu(const SwigluParams& p) override { launched(cuda::swiglu(p, stream_), "swiglu"); }
+  void softmax(const SoftmaxParams& p) override { launched(cuda::softmax(p, stream_), "softmax"); }
+  void embed(const EmbedParams& p) override { launched(cuda::embed(p, stream_), "embed"); }
+  void add(const AddParams& p) override { launched(cuda::add(p, stream_), "add"); }
+  void store_index_k(const StoreIndexKParams& p) override {
+    launched(cuda::store_index_k(p, stream_), "store_index_k");
+  }
+  void store_latent_kv(const StoreLatentKvParams& p) override {
+    launched(cuda::store_latent_kv(p, stream_), "store_latent_kv");
+  }
+  void indexer_logits(const IndexerLogitsParams& p) override {
+    launched(cuda::indexer_logits(p, stream_), "indexer_logits");
+  }
+  void topk(const TopkParams& p) override { launched(cuda::topk(p, stream_), "topk"); }
+  void sparse_mla(const SparseMlaParams& p) override {
+    launched(cuda::sparse_mla(p, stream_), "sparse_mla");
+  }
+
+ private:
+  void check(cudaError_t err, const char* statement,
+             std::source_location loc = std::source_location::current()) const {
+    check_cuda(err, statement, device_, loc);
+  }
+  // The check after every launcher: names the op, and says when a kernel is not written yet.
+  void launched(cudaError_t err, const char* op,
+                std::source_location loc = std::source_location::current()) const {
+    if (err == cudaSuccess) return;
+    cudaGetLastError();
+    if (err == cudaErrorNotSupported) {
+      throw_error(ErrorCode::kBackend,
+                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label_), loc);
+    }
+    throw_error(ErrorCode::kBackend,
+                fmt::format("dsa::cuda::{} launch failed on {}: {} ({}); invalid value means bad "
+                            "params (shape, stride, null or misaligned pointer)",
+                            op, label_, cudaGetErrorString(err), cudaGetErrorName(err)),
+                loc);
+  }
+
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing(stream_, &status)");
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  // The bf16 copy of x for cuBLASLt. Grows outside capture only: a graph must never see a
+  // buffer move.
+  Bf16* gemm_scratch(size_t elems) {
+    if (elems <= gemm_scratch_elems_) return gemm_scratch_;
+    require(!capturing(), ErrorCode::kInternal,
+            "gemm (fast mode) on {} needs a {}-element bf16 scratch during graph capture but has "
+            "{}; run the step once eagerly before capturing it",
+            label_, elems, gemm_scratch_elems_);
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+    if (gemm_scratch_) check(cudaFree(gemm_scratch_), "cudaFree(gemm_scratch_)");
+    gemm_scratch_ = nullptr;
+    gemm_scratch_elems_ = 0;
+    void* p = allocate(elems * sizeof(Bf16));
+    gemm_scratch_ = static_cast<Bf16*>(p);
+    gemm_scratch_elems_ = elems;
+    return gemm_scratch_;
+  }
+
+  void gemm_cublaslt(const GemmParams& p);
+
+  int device_;
+  std::string label_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  Bf16* gemm_scratch_ = nullptr;
+  size_t gemm_scratch_elems_ = 0;
+};
+
+// y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is
+// column-major, so it computes y^T [n, m] = op(w) [n, k] * x^T [k, m]: a row-major [m, k] matrix
+// is a column-major [k, m] one.
+void CudaBackend::gemm_cublaslt(const GemmParams& p) {
+  require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
+          "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
+  if (p.m == 0 || p.batch == 0) return;
+  const int64_t xk = int64_t(p.m) * p.k;
+  Bf16* xb = gemm_scratch(size_t(xk) * p.batch);
+  launched(cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, xb, stream_),
+           "convert_to_bf16");
+
+  const int dev = device_;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  auto release = [&] {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  };
+  try {
+    check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                 "cublasLtMatmulDescCreate", dev);
+    const cublasOperation_t op_w = p.layout == WeightLayout::kNK ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_x = CUBLAS_OP_N;
+    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w,
+                                                sizeof(op_w)),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
+    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x,
+                                                sizeof(op_x)),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
+    // w as stored, column-major: kNK is [k, n] (transposed by op_w), kKN is [n, k].
+    const bool nk = p.layout == WeightLayout::kNK;
+    check_cublas(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k,
+                                            p.ld_w),
+                 "cublasLtMatrixLayoutCreate(w)", dev);
+    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, p.k),
+                 "cublasLtMatrixLayoutCreate(x)", dev);
+    check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
+                 "cublasLtMatrixLayoutCreate(y)", dev);
+    if (p.batch > 1) {
+      const int32_t count = p.batch;
+      const int64_t strides[3] = {p.batch_stride_w, xk, p.batch_stride_y};
+      cublasLtMatrixLayout_t layouts[3] = {a, b, d};
+      for (int i = 0; i < 3; ++i) {
+        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof(count)),
+                     "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", dev);
+        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i],
+                                                      CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                      &strides[i], sizeof(strides[i])),
+                     "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", dev);
+      }
+    }
+    check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", dev);
+    const uint64_t ws = kCublasWorkspaceBytes;
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                 "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", dev);
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    check_cublas(cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic,
+                                                &found),
+                 "cublasLtMatmulAlgoGetHeuristic", dev);
+    require(found > 0, ErrorCode::kBackend,
+            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label_, p.m, p.n,
+            p.k, p.batch);
+    const float alpha = p.alpha;
+    const float beta = p.output == GemmOutput::kAccumulate ? 1.0f : 0.0f;
+    check_cublas(cublasLtMatmul(cublas_, desc, &alpha, p.w, a, xb, b, &beta, p.y, d, p.y, d,
+                                &heuristic.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_),
+                 "cublasLtMatmul", dev);
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+}
+
+}  // namespace
+
+cudaStream_t cuda_stream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  require(cuda != nullptr, ErrorCode::kInvalidArgument,
+          "cuda_stream: backend '{}' is not a CUDA backend", backend.describe());
+  return cuda->stream();
+}
+
+bool cuda_available() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);  // no driver: an error, never an abort
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(ErrorCode::kBackend, "no CUDA device: cudaGetDeviceCount says {} ({})",
+         cudaGetErrorString(err), cudaGetErrorName(err));
+  }
+  require(device >= 0 && device < count, ErrorCode::kBackend,
+          "CUDA device {} does not exist: {} device(s) present", device, count);
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace dsa

@@ -1,0 +1,160 @@
+// The CUDA cache writers: one kernel per layout (index-K, latent), templated on the cache dtype,
+// under the store contract of DESIGN §3. Every row asks judge_slot (dsa/slot.h), the same function
+// the CPU writer asks, and encodes with the conversions of dsa/dtype.h, so the bytes written and
+// the slots touched are identical to src/backend/cpu/store.cpp.
+//
+// Work split (all accesses coalesced, 16 or 8 bytes per lane):
+//   index-K: 16 lanes per token, 8 values per lane; fp8 amax over the 16 lanes.
+//   latent:  a warp per token, 16 values of c per lane; fp8 tile t (128 values) is lanes
+//            8t..8t+7; lanes 0..7 also write the 64 rope values (8 each).
+// The row count is batch.rows (a host int, fixed at capture); n_real is read on the device.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.h"
+#include "cache/token_codec.h"
+#include "dsa/slot.h"
+
+namespace dsa::cuda {
+namespace {
+
+constexpr int kMaxBlock = 256;
+constexpr int kIndexLanes = 16;                              // lanes per index-K token
+constexpr int kIndexPerLane = kIndexHeadDim / kIndexLanes;   // 8 values
+constexpr int kLatentPerLane = kKvLoraRank / 32;             // 16 values of c
+constexpr int kRopePerLane = 8;                              // lanes 0..7 hold the rope
+constexpr int kTileLanes = kLatentTile / kLatentPerLane;     // 8 lanes per fp8 tile
+
+// INCIDENT REPRODUCTION (DESIGN §5), the twin of judge_incident_scatter in cpu/store.cpp: rules
+// 1-3 are ignored, a negative slot wraps from the end of the pool, and one still outside the pool
+// is skipped and flagged.
+__device__ __forceinline__ SlotVerdict judge_incident_scatter(int64_t& slot, int64_t capacity) {
+  if (slot < 0) slot += capacity;
+  if (slot < 0) return SlotVerdict::kErrorNegative;
+  return slot < capacity ? SlotVerdict::kWrite : SlotVerdict::kErrorRange;
+}
+
+// Threads per block for `rows` tokens of `lanes` threads each: small batches get one small block.
+unsigned block_threads(int64_t rows, int lanes) {
+  const int64_t threads = (rows * lanes + 31) / 32 * 32;
+  return unsigned(threads < kMaxBlock ? threads : kMaxBlock);
+}
+
+template <KvDtype kDtype>
+__global__ void __launch_bounds__(kMaxBlock)
+    store_index_k_kernel(StoreIndexKParams p, bool incident_scatter, bool aligned) {
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread / kIndexLanes;
+  const int sub = int(thread % kIndexLanes);  // lane within the token's group
+  if (row >= p.batch.rows) return;            // the whole group leaves together
+  int64_t slot = p.batch.slots[row];
+  const int64_t capacity = p.pool.capacity();
+  const SlotVerdict verdict = incident_scatter
+                                  ? judge_incident_scatter(slot, capacity)
+                                  : judge_slot(row, *p.batch.n_real, slot, capacity);
+  if (verdict != SlotVerdict::kWrite) {
+    if (sub == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
+    return;
+  }
+  float x[kIndexPerLane];
+  load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
+  uint8_t* dst = index_k_values(p.pool, slot);
+  if constexpr (kDtype == KvDtype::kBf16) {
+    store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+            pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+  } else {
+    const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
+    const float amax = group_max<kIndexLanes>(local_amax(x), mask);
+    const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
+    store8(dst + sub * kIndexPerLane, pack_fp8x4(x, scale), pack_fp8x4(x + 4, scale));
+    if (sub == 0) *index_k_scale(p.pool, slot) = scale;
+  }
+}
+
+template <KvDtype kDtype>
+__global__ void __launch_bounds__(kMaxBlock)
+    store_latent_kernel(StoreLatentKvParams p, bool aligned) {
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= p.batch.rows) return;  // the whole warp leaves together
+  const int64_t slot = p.batch.slots[row];
+  const SlotVerdict verdict = judge_slot(row, *p.batch.n_real, slot, p.pool.capacity());
+  if (verdict != SlotVerdict::kWrite) {
+    if (lane == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
+    return;
+  }
+  float c[kLatentPerLane];
+  load_floats(p.latent + row * p.ld_latent + lane * kLatentPerLane, aligned, c);
+  float rope[kRopePerLane];
+  const bool rope_lane = lane < kRopeDim / kRopePerLane;
+  if (rope_lane) load_floats(p.k_rope + row * p.ld_rope + lane * kRopePerLane, aligned, rope);
+  uint8_t* dst = latent_token(p.pool, slot);
+  if constexpr (kDtype == KvDtype::kBf16) {
+    uint8_t* mine = dst + lane * kLatentPerLane * 2;
+    store16(mine, pack_bf16x2(c[0], c[1]), pack_bf16x2(c[2], c[3]), pack_bf16x2(c[4], c[5]),
+            pack_bf16x2(c[6], c[7]));
+    store16(mine + 16, pack_bf16x2(c[8], c[9]), pack_bf16x2(c[10], c[11]),
+            pack_bf16x2(c[12], c[13]), pack_bf16x2(c[14], c[15]));
+    if (rope_lane) {
+      store16(dst + kKvLoraRank * 2 + lane * kRopePerLane * 2, pack_bf16x2(rope[0], rope[1]),
+              pack_bf16x2(rope[2], rope[3]), pack_bf16x2(rope[4], rope[5]),
+              pack_bf16x2(rope[6], rope[7]));
+    }
+  } else {
+    const float amax = group_max<kTileLanes>(local_amax(c), group_mask(lane, kTileLanes));
+    const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
+    store16(dst + lane * kLatentPerLane, pack_fp8x4(c, scale), pack_fp8x4(c + 4, scale),
+            pack_fp8x4(c + 8, scale), pack_fp8x4(c + 12, scale));
+    if (lane % kTileLanes == 0) {
+      reinterpret_cast<float*>(dst + kLatentFp8ScaleOffset)[lane / kTileLanes] = scale;
+    }
+    if (rope_lane) {
+      store16(dst + kLatentFp8RopeOffset + lane * kRopePerLane * 2, pack_bf16x2(rope[0], rope[1]),
+              pack_bf16x2(rope[2], rope[3]), pack_bf16x2(rope[4], rope[5]),
+              pack_bf16x2(rope[6], rope[7]));
+    }
+  }
+}
+
+bool batch_ok(const SlotBatch& b) {
+  return b.rows >= 0 && (b.rows == 0 || (b.slots && b.n_real && b.error_count));
+}
+
+}  // namespace
+
+cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream) {
+  if (!batch_ok(p.batch) || p.ld_k < kIndexHeadDim) return cudaErrorInvalidValue;
+  if (p.batch.rows == 0) return cudaSuccess;
+  if (!p.k || !p.pool.data || !aligned16(p.pool.data)) return cudaErrorInvalidValue;
+  const bool incident = p.guard == StoreGuard::kIncidentScatter && p.pool.dtype == KvDtype::kBf16;
+  const bool aligned = aligned16(p.k) && p.ld_k % 4 == 0;
+  const unsigned threads = block_threads(p.batch.rows, kIndexLanes);
+  const unsigned blocks = ceil_div(int64_t(p.batch.rows) * kIndexLanes, threads);
+  if (p.pool.dtype == KvDtype::kBf16) {
+    store_index_k_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, incident, aligned);
+  } else {
+    store_index_k_kernel<KvDtype::kFp8><<<blocks, threads, 0, stream>>>(p, false, aligned);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream) {
+  if (!batch_ok(p.batch) || p.ld_latent < kKvLoraRank || p.ld_rope < kRopeDim) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.batch.rows == 0) return cudaSuccess;
+  if (!p.latent || !p.k_rope || !p.pool.data || !aligned16(p.pool.data)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool aligned = aligned16(p.latent) && aligned16(p.k_rope) && p.ld_latent % 4 == 0 &&
+                       p.ld_rope % 4 == 0;
+  const unsigned threads = block_threads(p.batch.rows, 32);
+  const unsigned blocks = ceil_div(int64_t(p.batch.rows) * 32, threads);
+  if (p.pool.dtype == KvDtype::kBf16) {
+    store_latent_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, aligned);
+  } else {
+    store_latent_kernel<KvDtype::kFp8><<<blocks, threads, 0, stream>>>(p, aligned);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dsa::cuda
