@@ -59,6 +59,8 @@ class Backend {
   virtual void softmax(const SoftmaxParams& p) = 0;
   virtual void embed(const EmbedParams& p) = 0;
   virtual void add(const AddParams& p) = 0;
+  // Default: one copy_on_device per row. Backends override with a strided copy.
+  virtual void copy_rows(const CopyRowsParams& p);
 
   virtual void store_index_k(const StoreIndexKParams& p) = 0;
   virtual void store_latent_kv(const StoreLatentKvParams& p) = 0;

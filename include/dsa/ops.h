@@ -116,6 +116,14 @@ struct AddParams {
   int64_t ld_x = 0, ld_y = 0;
 };
 
+// y[r, :dim] = x[r, :dim]: a strided row copy (e.g. the rope part of q into the attention query).
+struct CopyRowsParams {
+  const float* x = nullptr;  // [rows, dim], row stride ld_x
+  float* y = nullptr;        // [rows, dim], row stride ld_y
+  int rows = 0, dim = 0;
+  int64_t ld_x = 0, ld_y = 0;
+};
+
 // ---- The store contract (DESIGN §3) -----------------------------------------------------------
 
 // The slot map of one step. A writer processes exactly `rows` rows, never the value tensor's row

@@ -14,6 +14,12 @@ BackendKind parse_backend(std::string_view name) {
   fail(ErrorCode::kInvalidArgument, "unknown backend '{}' (expected cpu or cuda)", name);
 }
 
+void Backend::copy_rows(const CopyRowsParams& p) {
+  for (int r = 0; r < p.rows; ++r) {
+    copy_on_device(p.y + r * p.ld_y, p.x + r * p.ld_x, size_t(p.dim) * sizeof(float));
+  }
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind) {
   return kind == BackendKind::kCpu ? make_cpu_backend() : make_cuda_backend();
 }

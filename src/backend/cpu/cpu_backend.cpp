@@ -41,7 +41,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override {
-    step();  // capture runs the step once, as stream capture's warm-up does on the GPU
+    // Like stream capture, recording runs nothing: the first replay is the first execution.
     return std::make_unique<CpuGraph>(step);
   }
 

@@ -1,0 +1,80 @@
+// The decode runner (DESIGN §4): eager at the batch's own size, or graph replay per batch bucket
+// with safe padding, plus the incident's fault injection (DESIGN §5).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dsa/cache.h"
+#include "dsa/model.h"
+
+namespace dsa {
+
+enum class RunMode : uint8_t { kEager, kGraph };
+
+// Faults that reproduce the incident. Off by default; turning one on is logged loudly.
+struct FaultSet {
+  bool stale_padding = false;    // padded rows keep what the previous replay left in them
+  bool unguarded_store = false;  // the bf16 index-K writer behaves like the incident's scatter
+  bool any() const { return stale_padding || unguarded_store; }
+  std::string describe() const;  // "none" or "stale-padding,unguarded-store"
+};
+FaultSet parse_faults(std::string_view list);  // "", "none", or a comma list; throws on unknown
+
+std::vector<int> default_buckets();  // 1, 2, 4, 8, 12, 16, 24, 32, 48, ..., 256
+
+struct RunnerOptions {
+  RunMode mode = RunMode::kEager;
+  std::vector<int> buckets = default_buckets();  // graph mode; every bucket <= model.max_rows()
+  FaultSet faults;
+};
+
+// One row of a step: one token of one request.
+struct RowInput {
+  int32_t token = 0;
+  int32_t position = 0;
+  int64_t slot = kPadSlot;           // where the row's token is stored
+  int32_t seq_len = 0;               // tokens it attends to (position + 1 for a real row)
+  std::span<const int32_t> pages;    // the request's page table
+};
+
+struct StepResult {
+  std::vector<float> logits;  // [rows, vocab] for the real rows
+  int bucket = 0;             // the replayed bucket, 0 when the step ran eagerly
+  int32_t store_errors = 0;   // the step's error flag (DESIGN §3 rule 4 / bad slots)
+};
+
+class Runner {
+ public:
+  Runner(Model& model, KvCache& cache, RunnerOptions options);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Runs one step over rows.size() real rows. Graph mode replays the smallest bucket that holds
+  // them; a larger batch runs eagerly (and says why in the log once).
+  StepResult step(std::span<const RowInput> rows);
+  StepResult step_eager(std::span<const RowInput> rows);
+
+  const RunnerOptions& options() const { return options_; }
+  int bucket_for(int rows) const;  // 0 when no bucket holds `rows`
+  int max_pages_per_row() const { return max_pages_; }
+
+ private:
+  struct StaticStep;  // one bucket's (or the eager path's) device buffers and host staging
+  StepResult run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph);
+  void stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding);
+
+  Model& model_;
+  KvCache& cache_;
+  RunnerOptions options_;
+  int max_pages_;
+  std::unique_ptr<StaticStep> eager_;
+  std::vector<std::unique_ptr<StaticStep>> graphs_;  // ascending bucket size
+  bool logged_oversize_ = false;
+};
+
+}  // namespace dsa

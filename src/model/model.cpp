@@ -1,0 +1,292 @@
+// One forward step of the DSA decoder (DESIGN §1), built only from backend ops.
+#include "dsa/model.h"
+
+#include <cmath>
+
+#include "dsa/error.h"
+
+namespace dsa {
+
+struct Model::LayerPtrs {
+  const Bf16 *input_norm, *q_a, *q_a_norm, *q_b, *kv_a, *kv_a_norm, *kv_b, *o;
+  const Bf16 *wq_b, *wk, *k_norm_w, *k_norm_b, *weights_proj;
+  const Bf16 *post_norm, *gate, *up, *down;
+};
+
+namespace {
+
+// y[rows, n] (+)= alpha * x[rows, k] * w[n, k]^T
+void linear(Backend& be, const float* x, int64_t ld_x, const Bf16* w, int n, int k, float* y,
+            int64_t ld_y, int rows, GemmOutput output = GemmOutput::kOverwrite, float alpha = 1) {
+  GemmParams g;
+  g.x = x;
+  g.w = w;
+  g.y = y;
+  g.m = rows;
+  g.n = n;
+  g.k = k;
+  g.ld_x = ld_x;
+  g.ld_w = k;
+  g.ld_y = ld_y;
+  g.output = output;
+  g.alpha = alpha;
+  be.gemm(g);
+}
+
+void rmsnorm(Backend& be, const float* x, int64_t ld_x, float* y, int64_t ld_y, const Bf16* w,
+             int rows, int dim, double eps) {
+  be.rmsnorm({x, y, w, rows, dim, ld_x, ld_y, float(eps)});
+}
+
+}  // namespace
+
+Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows, int max_context)
+    : backend_(&backend),
+      config_(std::move(config)),
+      weights_(std::move(weights)),
+      max_rows_(max_rows),
+      max_context_(max_context) {
+  config_.validate();
+  require(max_rows >= 1, ErrorCode::kInvalidArgument, "max_rows = {} must be >= 1", max_rows);
+  require(max_context >= 1 && max_context <= config_.max_position_embeddings,
+          ErrorCode::kInvalidArgument, "max_context = {} must be in [1, {}]", max_context,
+          config_.max_position_embeddings);
+  for (const WeightSpec& spec : weight_manifest(config_)) weights_.get(spec.name, spec.shape);
+  for (int l = 0; l < config_.num_hidden_layers; ++l) layers_.push_back(layer_ptrs(l));
+
+  const std::vector<float> table = rope_cos_sin_table(config_, max_context);
+  cos_sin_ = DeviceArray<float>(backend, table.size());
+  backend.copy_to_device(cos_sin_.data(), table.data(), table.size() * sizeof(float));
+
+  const int64_t R = max_rows, H = config_.num_attention_heads;
+  auto f32 = [&](int64_t n) { return DeviceArray<float>(backend, size_t(R * n)); };
+  h_ = f32(config_.hidden_size);
+  x_ = f32(config_.hidden_size);
+  qa_ = f32(config_.q_lora_rank);
+  q_ = f32(H * config_.qk_head_dim());
+  kv_ = f32(kLatentDim);
+  q_attn_ = f32(H * kLatentDim);
+  o_lat_ = f32(H * kKvLoraRank);
+  o_ = f32(H * config_.v_head_dim);
+  gate_up_ = f32(2 * int64_t(config_.intermediate_size));
+  act_ = f32(config_.intermediate_size);
+  qi_ = f32(int64_t(config_.index_n_heads) * kIndexHeadDim);
+  ki_ = f32(kIndexHeadDim);
+  wi_ = f32(config_.index_n_heads);
+  index_logits_ = f32(max_context);
+  topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
+  topk_positions_ = DeviceArray<int32_t>(backend, size_t(R * config_.index_topk));
+}
+
+Model::~Model() = default;
+
+Model::LayerPtrs Model::layer_ptrs(int l) const {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, qlr = c.q_lora_rank;
+  const int64_t IH = c.index_n_heads, inter = c.intermediate_size;
+  const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
+  auto w = [&](const std::string& name, std::vector<int64_t> shape) {
+    return weights_.get(name, shape);
+  };
+  LayerPtrs L{};
+  L.input_norm = w(p + "input_layernorm.weight", {hidden});
+  L.q_a = w(a + "q_a_proj.weight", {qlr, hidden});
+  L.q_a_norm = w(a + "q_a_layernorm.weight", {qlr});
+  L.q_b = w(a + "q_b_proj.weight", {H * c.qk_head_dim(), qlr});
+  L.kv_a = w(a + "kv_a_proj_with_mqa.weight", {kLatentDim, hidden});
+  L.kv_a_norm = w(a + "kv_a_layernorm.weight", {kKvLoraRank});
+  L.kv_b = w(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), kKvLoraRank});
+  L.o = w(a + "o_proj.weight", {hidden, H * c.v_head_dim});
+  L.wq_b = w(a + "indexer.wq_b.weight", {IH * kIndexHeadDim, qlr});
+  L.wk = w(a + "indexer.wk.weight", {kIndexHeadDim, hidden});
+  L.k_norm_w = w(a + "indexer.k_norm.weight", {kIndexHeadDim});
+  L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
+  L.weights_proj = w(a + "indexer.weights_proj.weight", {IH, hidden});
+  L.post_norm = w(p + "post_attention_layernorm.weight", {hidden});
+  L.gate = w(p + "mlp.gate_proj.weight", {inter, hidden});
+  L.up = w(p + "mlp.up_proj.weight", {inter, hidden});
+  L.down = w(p + "mlp.down_proj.weight", {hidden, inter});
+  return L;
+}
+
+void Model::forward(const StepView& step, KvCache& cache, const StepOptions& options) {
+  require(step.rows >= 1 && step.rows <= max_rows_, ErrorCode::kInvalidArgument,
+          "step has {} rows, the model was sized for 1..{}", step.rows, max_rows_);
+  require(cache.config().num_layers == config_.num_hidden_layers, ErrorCode::kInvalidArgument,
+          "cache has {} layers, the model {}", cache.config().num_layers,
+          config_.num_hidden_layers);
+  Backend& be = *backend_;
+  const int R = step.rows, hidden = config_.hidden_size;
+  const int64_t vocab = config_.vocab_size;
+  be.embed({step.tokens, weights_.get("model.embed_tokens.weight", {vocab, hidden}), h_.data(), R,
+            config_.vocab_size, hidden, hidden});
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    attention(l, step, cache, options);
+    mlp(l, R);
+  }
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, weights_.get("model.norm.weight", {hidden}), R,
+          hidden, config_.rms_norm_eps);
+  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}),
+         config_.vocab_size, hidden, step.logits, vocab, R);
+}
+
+void Model::attention(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const LayerPtrs& L = layers_[l];
+  const int R = step.rows, hidden = c.hidden_size, qlr = c.q_lora_rank;
+  const int H = c.num_attention_heads, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  const double eps = c.rms_norm_eps;
+
+  // 1. MLA projections: q = W_qb(norm(W_qa x)), kv = W_kva x (latent normed), RoPE on rope parts.
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps);
+  linear(be, x_.data(), hidden, L.q_a, qlr, hidden, qa_.data(), qlr, R);
+  rmsnorm(be, qa_.data(), qlr, qa_.data(), qlr, L.q_a_norm, R, qlr, eps);
+  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), int64_t(H) * qk, R);
+  be.rope({q_.data(), step.positions, cos_sin_.data(), R, H, int64_t(H) * qk, qk, nope, kRopeDim,
+           max_context_, RopeStyle::kInterleaved});
+  linear(be, x_.data(), hidden, L.kv_a, kLatentDim, hidden, kv_.data(), kLatentDim, R);
+  rmsnorm(be, kv_.data(), kLatentDim, kv_.data(), kLatentDim, L.kv_a_norm, R, kKvLoraRank, eps);
+  be.rope({kv_.data(), step.positions, cos_sin_.data(), R, 1, kLatentDim, kLatentDim, kKvLoraRank,
+           kRopeDim, max_context_, RopeStyle::kInterleaved});
+
+  // 2. The guarded latent store.
+  StoreLatentKvParams store;
+  store.batch = {step.slots, step.n_real, R, step.error_count};
+  store.latent = kv_.data();
+  store.k_rope = kv_.data() + kKvLoraRank;
+  store.ld_latent = store.ld_rope = kLatentDim;
+  store.pool = cache.latent(l);
+  be.store_latent_kv(store);
+
+  // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
+  indexer(l, step, cache, options);
+
+  // 7. Absorbed sparse MLA: q_lat[h] = q_nope[h] W_UK[h]; attend; o[h] = W_UV[h] o_lat[h].
+  const int64_t kv_b_head = int64_t(nope + c.v_head_dim) * kKvLoraRank;  // rows of one head
+  GemmParams absorb;
+  absorb.x = q_.data();
+  absorb.w = L.kv_b;
+  absorb.y = q_attn_.data();
+  absorb.m = R;
+  absorb.n = kKvLoraRank;
+  absorb.k = nope;
+  absorb.batch = H;
+  absorb.ld_x = int64_t(H) * qk;
+  absorb.ld_w = kKvLoraRank;
+  absorb.ld_y = int64_t(H) * kLatentDim;
+  absorb.batch_stride_x = qk;
+  absorb.batch_stride_w = kv_b_head;
+  absorb.batch_stride_y = kLatentDim;
+  absorb.layout = WeightLayout::kKN;
+  be.gemm(absorb);
+  be.copy_rows({q_.data() + nope, q_attn_.data() + kKvLoraRank, R * H, kRopeDim, qk, kLatentDim});
+
+  SparseMlaParams attn;
+  attn.q = q_attn_.data();
+  attn.indices = topk_slots_.data();
+  attn.out = o_lat_.data();
+  attn.pool = cache.latent(l);
+  attn.rows = R;
+  attn.heads = H;
+  attn.topk = c.index_topk;
+  attn.ld_q = int64_t(H) * kLatentDim;
+  attn.ld_indices = c.index_topk;
+  attn.ld_out = int64_t(H) * kKvLoraRank;
+  attn.scale = c.softmax_scale();
+  be.sparse_mla(attn);
+
+  GemmParams up;
+  up.x = o_lat_.data();
+  up.w = L.kv_b + int64_t(nope) * kKvLoraRank;
+  up.y = o_.data();
+  up.m = R;
+  up.n = c.v_head_dim;
+  up.k = kKvLoraRank;
+  up.batch = H;
+  up.ld_x = int64_t(H) * kKvLoraRank;
+  up.ld_w = kKvLoraRank;
+  up.ld_y = int64_t(H) * c.v_head_dim;
+  up.batch_stride_x = kKvLoraRank;
+  up.batch_stride_w = kv_b_head;
+  up.batch_stride_y = c.v_head_dim;
+  be.gemm(up);
+  linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(),
+         hidden, R, GemmOutput::kAccumulate);
+}
+
+void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const LayerPtrs& L = layers_[l];
+  const int R = step.rows, hidden = c.hidden_size, IH = c.index_n_heads;
+  const RopeStyle style = c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
+
+  // q_i = W_iq(norm(W_qa x)); k_i = LayerNorm(W_ik x); RoPE on the first 64 dims, then Hadamard.
+  linear(be, qa_.data(), c.q_lora_rank, L.wq_b, IH * kIndexHeadDim, c.q_lora_rank, qi_.data(),
+         int64_t(IH) * kIndexHeadDim, R);
+  be.rope({qi_.data(), step.positions, cos_sin_.data(), R, IH, int64_t(IH) * kIndexHeadDim,
+           kIndexHeadDim, 0, kRopeDim, max_context_, style});
+  be.hadamard({qi_.data(), R * IH, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
+  linear(be, x_.data(), hidden, L.wk, kIndexHeadDim, hidden, ki_.data(), kIndexHeadDim, R);
+  be.layernorm({ki_.data(), ki_.data(), L.k_norm_w, L.k_norm_b, R, kIndexHeadDim, kIndexHeadDim,
+                kIndexHeadDim, 1e-6f});
+  be.rope({ki_.data(), step.positions, cos_sin_.data(), R, 1, kIndexHeadDim, kIndexHeadDim, 0,
+           kRopeDim, max_context_, style});
+  be.hadamard({ki_.data(), R, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
+  // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2
+  const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
+  linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R,
+         GemmOutput::kOverwrite, w_scale);
+
+  StoreIndexKParams store;
+  store.batch = {step.slots, step.n_real, R, step.error_count};
+  store.k = ki_.data();
+  store.ld_k = kIndexHeadDim;
+  store.pool = cache.index_k(l);
+  store.guard = options.index_k_guard;
+  be.store_index_k(store);
+
+  IndexerLogitsParams lp;
+  lp.q = qi_.data();
+  lp.w = wi_.data();
+  lp.page_table = step.page_table;
+  lp.seq_lens = step.seq_lens;
+  lp.logits = index_logits_.data();
+  lp.pool = cache.index_k(l);
+  lp.rows = R;
+  lp.heads = IH;
+  lp.ld_q = int64_t(IH) * kIndexHeadDim;
+  lp.ld_w = IH;
+  lp.ld_page_table = step.ld_page_table;
+  lp.ld_logits = max_context_;
+  be.indexer_logits(lp);
+
+  TopkParams tp;
+  tp.logits = index_logits_.data();
+  tp.seq_lens = step.seq_lens;
+  tp.out_positions = topk_positions_.data();
+  tp.out_slots = topk_slots_.data();
+  tp.page_table = step.page_table;
+  tp.rows = R;
+  tp.k = c.index_topk;
+  tp.ld_logits = max_context_;
+  tp.ld_page_table = step.ld_page_table;
+  be.topk(tp);
+}
+
+void Model::mlp(int l, int rows) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const LayerPtrs& L = layers_[l];
+  const int hidden = c.hidden_size, inter = c.intermediate_size;
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.post_norm, rows, hidden, c.rms_norm_eps);
+  linear(be, x_.data(), hidden, L.gate, inter, hidden, gate_up_.data(), 2 * inter, rows);
+  linear(be, x_.data(), hidden, L.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows);
+  be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
+  linear(be, act_.data(), inter, L.down, hidden, inter, h_.data(), hidden, rows,
+         GemmOutput::kAccumulate);
+}
+
+}  // namespace dsa

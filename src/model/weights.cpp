@@ -1,0 +1,111 @@
+// Weight manifest (names and shapes of a DeepSeek-V3.2 checkpoint), storage, synthetic init.
+#include <xxhash.h>
+
+#include <cmath>
+
+#include "dsa/error.h"
+#include "dsa/model.h"
+
+namespace dsa {
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// splitmix64: a counter-based generator, so each value depends only on (stream, index).
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1).
+float unit_uniform(uint64_t stream, uint64_t i) {
+  return float(double(mix(stream ^ mix(i)) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+}  // namespace
+
+int64_t WeightTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<WeightSpec> weight_manifest(const ModelConfig& c) {
+  using Init = WeightSpec::Init;
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, qlr = c.q_lora_rank;
+  std::vector<WeightSpec> specs;
+  auto add = [&](std::string name, std::vector<int64_t> shape, Init init = Init::kMatrix) {
+    specs.push_back({std::move(name), std::move(shape), init});
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, hidden});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string a = p + "self_attn.";
+    add(p + "input_layernorm.weight", {hidden}, Init::kNormWeight);
+    add(a + "q_a_proj.weight", {qlr, hidden});
+    add(a + "q_a_layernorm.weight", {qlr}, Init::kNormWeight);
+    add(a + "q_b_proj.weight", {heads * c.qk_head_dim(), qlr});
+    add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hidden});
+    add(a + "kv_a_layernorm.weight", {c.kv_lora_rank}, Init::kNormWeight);
+    add(a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+    add(a + "o_proj.weight", {hidden, heads * c.v_head_dim});
+    add(a + "indexer.wq_b.weight", {int64_t(c.index_n_heads) * c.index_head_dim, qlr});
+    add(a + "indexer.wk.weight", {c.index_head_dim, hidden});
+    add(a + "indexer.k_norm.weight", {c.index_head_dim}, Init::kNormWeight);
+    add(a + "indexer.k_norm.bias", {c.index_head_dim}, Init::kNormBias);
+    add(a + "indexer.weights_proj.weight", {c.index_n_heads, hidden});
+    add(p + "post_attention_layernorm.weight", {hidden}, Init::kNormWeight);
+    if (!c.layer_is_moe(l)) {
+      add(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
+      add(p + "mlp.up_proj.weight", {c.intermediate_size, hidden});
+      add(p + "mlp.down_proj.weight", {hidden, c.intermediate_size});
+    }
+  }
+  add("model.norm.weight", {hidden}, Init::kNormWeight);
+  add("lm_head.weight", {c.vocab_size, hidden});
+  return specs;
+}
+
+Weights Weights::synthetic(Backend& backend, const ModelConfig& config, uint64_t seed) {
+  Weights w;
+  for (const WeightSpec& spec : weight_manifest(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    const uint64_t stream = XXH3_64bits_withSeed(spec.name.data(), spec.name.size(), seed);
+    std::vector<Bf16> host(static_cast<size_t>(n));
+    // Matrices: variance 1/fan_in (uniform with half-width sqrt(3/fan_in)); norm weights near 1.
+    const double fan_in = double(spec.shape.back());
+    const float amp = spec.init == WeightSpec::Init::kMatrix ? float(std::sqrt(3.0 / fan_in)) : 0.1f;
+    const float base = spec.init == WeightSpec::Init::kNormWeight ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) host[i] = float_to_bf16(base + amp * unit_uniform(stream, i));
+    w.add(backend, spec.name, spec.shape, host);
+  }
+  return w;
+}
+
+void Weights::add(Backend& backend, const std::string& name, std::vector<int64_t> shape,
+                  const std::vector<Bf16>& host) {
+  require(!tensors_.count(name), ErrorCode::kInvalidArgument, "weight {} is given twice", name);
+  WeightTensor t{std::move(shape), {}};
+  require(t.numel() == int64_t(host.size()), ErrorCode::kInvalidArgument,
+          "weight {} has {} values, its shape {} needs {}", name, host.size(),
+          shape_string(t.shape), t.numel());
+  t.data = DeviceArray<Bf16>(backend, host.size());
+  backend.copy_to_device(t.data.data(), host.data(), host.size() * sizeof(Bf16));
+  tensors_.emplace(name, std::move(t));
+}
+
+const Bf16* Weights::get(const std::string& name, const std::vector<int64_t>& shape) const {
+  auto it = tensors_.find(name);
+  require(it != tensors_.end(), ErrorCode::kInvalidArgument, "weight {} is missing", name);
+  require(it->second.shape == shape, ErrorCode::kInvalidArgument,
+          "weight {} has shape {}, the config needs {}", name, shape_string(it->second.shape),
+          shape_string(shape));
+  return it->second.data.data();
+}
+
+}  // namespace dsa

@@ -1,0 +1,230 @@
+// The graph policy of dsa.cpp, in one file (DESIGN §4).
+//
+// - Buckets are an explicit ascending list, captured largest first at construction.
+// - Every bucket owns static device buffers that never move after capture, and host staging.
+// - At every replay, every per-row input of every row is rewritten: real rows copied in, rows
+//   [B, G) set to slot -1, seq_len 0, page-table row 0 (the dummy: page 0 only), position 0,
+//   token 0; n_real = B. Nothing from a previous replay survives — unless the stale-padding fault
+//   is on, which is the incident.
+// - A batch larger than the largest bucket runs eagerly, and the log says so once.
+#include "dsa/runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "dsa/error.h"
+
+namespace dsa {
+
+std::string FaultSet::describe() const {
+  std::string s;
+  if (stale_padding) s += "stale-padding";
+  if (unguarded_store) s += std::string(s.empty() ? "" : ",") + "unguarded-store";
+  return s.empty() ? "none" : s;
+}
+
+FaultSet parse_faults(std::string_view list) {
+  FaultSet f;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string_view item = list.substr(start, end - start);
+    if (item == "stale-padding") {
+      f.stale_padding = true;
+    } else if (item == "unguarded-store") {
+      f.unguarded_store = true;
+    } else if (item == "incident") {
+      f.stale_padding = f.unguarded_store = true;
+    } else if (!item.empty() && item != "none") {
+      fail(ErrorCode::kInvalidArgument,
+           "unknown fault '{}' (known: stale-padding, unguarded-store, incident, none)", item);
+    }
+    start = end + 1;
+  }
+  return f;
+}
+
+std::vector<int> default_buckets() {
+  std::vector<int> b = {1, 2, 4, 8, 12, 16, 24};
+  for (int g = 32; g <= 256; g += g < 64 ? 16 : 32) b.push_back(g);
+  return b;
+}
+
+struct Runner::StaticStep {
+  StaticStep(Backend& be, int rows_, int max_pages, int vocab)
+      : rows(rows_),
+        tokens(be, rows_),
+        positions(be, rows_),
+        seq_lens(be, rows_),
+        page_table(be, size_t(rows_) * max_pages),
+        n_real(be, 1),
+        error_count(be, 1),
+        slots(be, rows_),
+        logits(be, size_t(rows_) * vocab),
+        h_tokens(rows_, 0),
+        h_positions(rows_, 0),
+        h_seq_lens(rows_, 0),
+        h_page_table(size_t(rows_) * max_pages, kReservedPage),
+        h_slots(rows_, kPadSlot),
+        ld_page_table(max_pages) {}
+
+  StepView view(int active_rows) const {
+    StepView v;
+    v.rows = active_rows;
+    v.tokens = tokens.data();
+    v.positions = positions.data();
+    v.slots = slots.data();
+    v.seq_lens = seq_lens.data();
+    v.page_table = page_table.data();
+    v.ld_page_table = ld_page_table;
+    v.n_real = n_real.data();
+    v.error_count = error_count.data();
+    v.logits = logits.data();
+    return v;
+  }
+
+  int rows;
+  DeviceArray<int32_t> tokens, positions, seq_lens, page_table, n_real, error_count;
+  DeviceArray<int64_t> slots;
+  DeviceArray<float> logits;
+  // Host staging. It persists between steps: the stale-padding fault relies on exactly that.
+  std::vector<int32_t> h_tokens, h_positions, h_seq_lens, h_page_table;
+  std::vector<int64_t> h_slots;
+  int64_t ld_page_table;
+  std::unique_ptr<Graph> graph;
+};
+
+Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
+    : model_(model), cache_(cache), options_(std::move(options)) {
+  max_pages_ = (model_.max_context() + kPageSize - 1) / kPageSize;
+  Backend& be = model_.backend();
+  const int vocab = model_.config().vocab_size;
+  if (options_.faults.any()) {
+    spdlog::warn("!!! FAULT INJECTION ON: {} — this runner reproduces the incident and WILL "
+                 "corrupt caches; never serve with it !!!", options_.faults.describe());
+  }
+  eager_ = std::make_unique<StaticStep>(be, model_.max_rows(), max_pages_, vocab);
+  if (options_.mode != RunMode::kGraph) return;
+
+  auto& b = options_.buckets;
+  require(!b.empty(), ErrorCode::kInvalidArgument, "graph mode needs at least one bucket");
+  std::sort(b.begin(), b.end());
+  b.erase(std::unique(b.begin(), b.end()), b.end());
+  require(b.front() >= 1 && b.back() <= model_.max_rows(), ErrorCode::kInvalidArgument,
+          "buckets must lie in [1, max_rows = {}], got {}..{}", model_.max_rows(), b.front(),
+          b.back());
+  graphs_.resize(b.size());
+  const StepOptions step_options{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
+                                                                 : StoreGuard::kEnforced};
+  for (size_t i = b.size(); i-- > 0;) {  // largest first
+    auto s = std::make_unique<StaticStep>(be, b[i], max_pages_, vocab);
+    stage_rows(*s, {}, /*rewrite_padding=*/true);  // every row starts as padding
+    const StepView view = s->view(s->rows);
+    Model* model = &model_;
+    KvCache* kv = &cache_;
+    s->graph = be.capture([model, kv, view, step_options] { model->forward(view, *kv, step_options); });
+    graphs_[i] = std::move(s);
+  }
+  spdlog::info("runner: captured {} graph buckets ({}..{} rows)", b.size(), b.front(), b.back());
+}
+
+Runner::~Runner() = default;
+
+int Runner::bucket_for(int rows) const {
+  for (const auto& g : graphs_) {
+    if (g->rows >= rows) return g->rows;
+  }
+  return 0;
+}
+
+StepResult Runner::step(std::span<const RowInput> rows) {
+  if (options_.mode == RunMode::kGraph) {
+    for (auto& g : graphs_) {
+      if (g->rows >= int(rows.size())) return run(*g, rows, /*replay_graph=*/true);
+    }
+    if (!logged_oversize_) {
+      spdlog::info("runner: a batch of {} rows exceeds the largest bucket ({}); running eagerly",
+                   rows.size(), graphs_.empty() ? 0 : graphs_.back()->rows);
+      logged_oversize_ = true;
+    }
+  }
+  return step_eager(rows);
+}
+
+StepResult Runner::step_eager(std::span<const RowInput> rows) {
+  return run(*eager_, rows, /*replay_graph=*/false);
+}
+
+void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding) {
+  const ModelConfig& c = model_.config();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowInput& in = rows[r];
+    require(in.token >= 0 && in.token < c.vocab_size, ErrorCode::kInvalidArgument,
+            "row {}: token {} is outside the vocabulary [0, {})", r, in.token, c.vocab_size);
+    require(in.seq_len >= 1 && in.seq_len <= model_.max_context(), ErrorCode::kOutOfRange,
+            "row {}: seq_len {} must be in [1, max_context = {}]", r, in.seq_len,
+            model_.max_context());
+    require(in.position >= 0 && in.position < model_.max_context(), ErrorCode::kOutOfRange,
+            "row {}: position {} exceeds the context of {} tokens", r, in.position,
+            model_.max_context());
+    require(int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
+            ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)",
+            r, in.pages.size(), in.seq_len, max_pages_);
+    s.h_tokens[r] = in.token;
+    s.h_positions[r] = in.position;
+    s.h_slots[r] = in.slot;
+    s.h_seq_lens[r] = in.seq_len;
+    int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
+    std::fill(pt, pt + s.ld_page_table, kReservedPage);
+    std::copy(in.pages.begin(), in.pages.end(), pt);
+  }
+  if (!rewrite_padding) return;
+  for (int r = int(rows.size()); r < s.rows; ++r) {
+    s.h_tokens[r] = 0;
+    s.h_positions[r] = 0;
+    s.h_slots[r] = kPadSlot;
+    s.h_seq_lens[r] = 0;
+    int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
+    std::fill(pt, pt + s.ld_page_table, kReservedPage);  // page-table row of the dummy request
+  }
+}
+
+StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph) {
+  const int B = int(rows.size());
+  require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument,
+          "a step needs 1..{} rows, got {}", s.rows, B);
+  const bool stale = replay_graph && options_.faults.stale_padding;
+  stage_rows(s, rows, /*rewrite_padding=*/!stale);
+
+  // Upload every row the step will read: G rows for a replay, B rows eagerly.
+  Backend& be = model_.backend();
+  const int n = replay_graph ? s.rows : B;
+  be.copy_to_device(s.tokens.data(), s.h_tokens.data(), n * sizeof(int32_t));
+  be.copy_to_device(s.positions.data(), s.h_positions.data(), n * sizeof(int32_t));
+  be.copy_to_device(s.slots.data(), s.h_slots.data(), n * sizeof(int64_t));
+  be.copy_to_device(s.seq_lens.data(), s.h_seq_lens.data(), n * sizeof(int32_t));
+  be.copy_to_device(s.page_table.data(), s.h_page_table.data(),
+                    size_t(n) * s.ld_page_table * sizeof(int32_t));
+  const int32_t n_real = B;
+  be.copy_to_device(s.n_real.data(), &n_real, sizeof(n_real));
+  be.fill(s.error_count.data(), 0, sizeof(int32_t));
+
+  if (replay_graph) {
+    s.graph->replay();
+  } else {
+    const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
+                                                           : StoreGuard::kEnforced};
+    model_.forward(s.view(B), cache_, opts);
+  }
+
+  StepResult result;
+  result.bucket = replay_graph ? s.rows : 0;
+  const size_t vocab = size_t(model_.config().vocab_size);
+  result.logits.resize(size_t(B) * vocab);
+  be.copy_to_host(result.logits.data(), s.logits.data(), result.logits.size() * sizeof(float));
+  be.copy_to_host(&result.store_errors, s.error_count.data(), sizeof(int32_t));
+  return result;
+}
+
+}  // namespace dsa

@@ -1,0 +1,43 @@
+// Options and set-up shared by the dsa subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dsa/backend.h"
+#include "dsa/cache.h"
+#include "dsa/model.h"
+
+namespace dsa::tools {
+
+struct ModelOptions {
+  std::string preset = "tiny";
+  std::string backend = "cpu";
+  std::string index_k = "bf16";
+  std::string latent = "bf16";
+  bool ue8m0 = false;
+  uint64_t seed = 0;
+  int max_rows = 64;
+  int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
+  int64_t pages = 0;    // 0: enough for max_rows full contexts
+};
+void add_model_options(CLI::App* app, ModelOptions& o);
+
+KvDtype parse_kv_dtype(const std::string& name, const char* flag);
+
+// A model with synthetic weights and its cache, on one backend.
+struct ModelStack {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> cache;
+};
+ModelStack build_model_stack(const ModelOptions& o);
+
+// Subcommands: each registers itself and sets the function that runs it (returning the exit
+// status).
+using Runner = std::function<int()>;
+void register_generate(CLI::App& app, Runner& run);
+
+}  // namespace dsa::tools
