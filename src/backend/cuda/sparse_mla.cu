@@ -1,0 +1,345 @@
+// Absorbed sparse MLA decode (DESIGN §1.7) on tensor cores (mma.sync m16n8k16 bf16, f32 acc).
+//
+// One block of 8 warps per (row, tile of 64 heads); it walks the row's topk selected slots in
+// chunks of 32 tokens, flash-decoding style, with the chunk's latent tokens double-buffered in
+// shared memory as bf16 (fp8 latent is dequantized by its tile scale on the way in).
+//
+//   warp w: m-tile mt = w % 4 (16 heads) and half = w / 4.
+//   S = Q K^T over 576 dims: each warp of a pair (mt, 0), (mt, 1) computes the partial over its
+//       288 dims, the pair swaps partials through shared memory and both form S = S_0 + S_1, so
+//       both hold identical scores and identical softmax statistics.
+//   Online softmax in f32 (exp2 with scale * log2 e folded in), invalid slots masked to -inf.
+//   O += P V with P rounded to bf16 from the S accumulators in registers (the C fragment of S is
+//       the A fragment of P) and V = c, the first 512 latent dims; each warp of the pair owns
+//       256 of the 512 output dims (128 f32 accumulators per lane).
+//
+// The work of a block depends only on its row, so the op is batch-invariant; a row with no
+// valid slot ends with l = 0, O = 0 and writes exact zeros and lse = -inf.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/launch.h"
+#include "cache/token_codec.h"
+
+namespace dsa::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kHeadsPerBlock = 64;
+constexpr int kChunk = 32;                   // selected tokens per step
+constexpr int kPitch = kLatentDim + 8;       // smem row pitch in bf16: 1168 B, ldmatrix-conflict-free
+constexpr int kPieces = kLatentDim / 8;      // 16-byte pieces of a bf16 token row: 72
+constexpr int kLoadsPerThread = kChunk * kPieces / kThreads;  // 9
+constexpr int kHalfDims = kLatentDim / 2;    // 288: the QK^T dims of one warp of a pair
+constexpr int kHalfOut = kKvLoraRank / 2;    // 256: the output dims of one warp of a pair
+static_assert(kChunk * kPieces % kThreads == 0);
+
+struct SmemLayout {
+  static constexpr size_t kQ = 0;                                         // [64][kPitch] bf16
+  static constexpr size_t kKv = kQ + size_t(kHeadsPerBlock) * kPitch * 2;  // [2][32][kPitch] bf16
+  static constexpr size_t kExchange = kKv + size_t(2) * kChunk * kPitch * 2;  // [8][16][32] f32
+  static constexpr size_t kValid = kExchange + size_t(kWarps) * 16 * 32 * 4;  // [2][32] int
+  static constexpr size_t kBytes = kValid + 2 * kChunk * 4;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The slot of selected token j of the row, or -1 when j is past topk or the slot is unused.
+__device__ __forceinline__ int64_t valid_slot(const SparseMlaParams& p, const int64_t* indices,
+                                              int j) {
+  if (j >= p.topk) return -1;
+  const int64_t slot = indices[j];
+  return (slot < 0 || slot >= p.pool.capacity()) ? -1 : slot;
+}
+
+// Fetches chunk `ch` into kv (one buffer, [32][kPitch]). bf16: cp.async for every piece. fp8:
+// the rope pieces go by cp.async, the 8-value e4m3 pieces into registers (raw, scale) that
+// store_fp8_pieces() dequantizes later, so their latency overlaps the compute of a chunk.
+template <KvDtype D>
+__device__ void fetch_chunk(const SparseMlaParams& p, const int64_t* indices, int ch,
+                            __nv_bfloat16* kv, int* valid, uint2 (&raw)[kLoadsPerThread],
+                            float (&scale)[kLoadsPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kLoadsPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int token = idx / kPieces, piece = idx % kPieces;
+    const int64_t slot = valid_slot(p, indices, ch * kChunk + token);
+    if (piece == 0) valid[token] = slot >= 0;
+    __nv_bfloat16* dst = kv + token * kPitch + piece * 8;
+    if constexpr (D == KvDtype::kBf16) {
+      if (slot >= 0) {
+        cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + piece * 16);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      const uint8_t* src = p.pool.data + slot * kLatentFp8TokenBytes;
+      raw[i] = make_uint2(0, 0);
+      scale[i] = 0.0f;
+      if (piece >= kKvLoraRank / 8) {  // rope: 8 bf16 as they are
+        if (slot >= 0) {
+          cp_async16(dst, src + kLatentFp8RopeOffset + (piece - kKvLoraRank / 8) * 16);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      } else if (slot >= 0) {
+        raw[i] = __ldg(reinterpret_cast<const uint2*>(src + piece * 8));
+        scale[i] = __ldg(reinterpret_cast<const float*>(src + kLatentFp8ScaleOffset) +
+                         piece * 8 / kLatentTile);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+// fp8 only: e4m3 * tile scale, rounded to bf16, into the chunk's buffer (zeros for unused).
+__device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16(f.x * s, f.y * s);
+}
+__device__ void store_fp8_pieces(__nv_bfloat16* kv, const uint2 (&raw)[kLoadsPerThread],
+                                 const float (&scale)[kLoadsPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kLoadsPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int token = idx / kPieces, piece = idx % kPieces;
+    if (piece >= kKvLoraRank / 8) continue;
+    uint4 v;
+    v.x = dequant_pair(uint16_t(raw[i].x), scale[i]);
+    v.y = dequant_pair(uint16_t(raw[i].x >> 16), scale[i]);
+    v.z = dequant_pair(uint16_t(raw[i].y), scale[i]);
+    v.w = dequant_pair(uint16_t(raw[i].y >> 16), scale[i]);
+    *reinterpret_cast<uint4*>(kv + token * kPitch + piece * 8) = v;
+  }
+}
+
+// q of the block's 64 heads, rounded to bf16; heads past p.heads are zero.
+__device__ void load_queries(const SparseMlaParams& p, int row, int head0, __nv_bfloat16* q_s) {
+  const float* q = p.q + int64_t(row) * p.ld_q;
+  for (int i = threadIdx.x; i < kHeadsPerBlock * kLatentDim; i += kThreads) {
+    const int h = i / kLatentDim, d = i % kLatentDim;
+    const float v = head0 + h < p.heads ? q[int64_t(head0 + h) * kLatentDim + d] : 0.0f;
+    q_s[h * kPitch + d] = __float2bfloat16_rn(v);
+  }
+}
+
+// Partial S[16 heads, 32 tokens] of this warp over its 288 dims.
+__device__ __forceinline__ void partial_scores(const __nv_bfloat16* q_s, const __nv_bfloat16* kv,
+                                               int mt, int half, float (&s)[4][4]) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t a_base =
+      smem_addr(q_s + (mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8);
+  const uint32_t b_base =
+      smem_addr(kv + ((lane / 16) * 8 + (lane % 8)) * kPitch + ((lane / 8) % 2) * 8);
+#pragma unroll
+  for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 6
+  for (int ks = 0; ks < kHalfDims / 16; ++ks) {
+    const uint32_t k_bytes = uint32_t(half * kHalfDims + ks * 16) * 2;
+    uint32_t a[4], b01[4], b23[4];
+    ldmatrix_x4(a, a_base + k_bytes);
+    ldmatrix_x4(b01, b_base + k_bytes);
+    ldmatrix_x4(b23, b_base + k_bytes + 16 * kPitch * 2);
+    mma_bf16(s[0], a, b01[0], b01[1]);
+    mma_bf16(s[1], a, b01[2], b01[3]);
+    mma_bf16(s[2], a, b23[0], b23[1]);
+    mma_bf16(s[3], a, b23[2], b23[3]);
+  }
+}
+
+// O[16 heads, 256 dims of this half] += P[16, 32] V[32, 256].
+__device__ __forceinline__ void accumulate_pv(const __nv_bfloat16* kv, int half,
+                                              const float (&pr)[4][4], float (&o)[32][4]) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t v_base = smem_addr(kv + (((lane / 8) % 2) * 8 + (lane % 8)) * kPitch +
+                                    half * kHalfOut + (lane / 16) * 8);
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    const uint32_t a[4] = {pack_bf16(pr[2 * kk][0], pr[2 * kk][1]),
+                           pack_bf16(pr[2 * kk][2], pr[2 * kk][3]),
+                           pack_bf16(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
+                           pack_bf16(pr[2 * kk + 1][2], pr[2 * kk + 1][3])};
+#pragma unroll
+    for (int jp = 0; jp < 16; ++jp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_base + uint32_t(kk * 16 * kPitch + jp * 16) * 2);
+      mma_bf16(o[2 * jp], a, b[0], b[1]);
+      mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+template <KvDtype D>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem + SmemLayout::kQ);
+  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem + SmemLayout::kKv);
+  auto* exchange = reinterpret_cast<float*>(smem + SmemLayout::kExchange);
+  auto* valid_s = reinterpret_cast<int*>(smem + SmemLayout::kValid);
+
+  const int row = blockIdx.x, head0 = blockIdx.y * kHeadsPerBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int mt = warp % 4, half = warp / 4;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t* indices = p.indices + int64_t(row) * p.ld_indices;
+  const int n_chunks = (p.topk + kChunk - 1) / kChunk;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  uint2 raw[kLoadsPerThread];
+  float tile_scale[kLoadsPerThread];
+  load_queries(p, row, head0, q_s);
+  if (n_chunks > 0) {
+    fetch_chunk<D>(p, indices, 0, kv_s, valid_s, raw, tile_scale);
+    if constexpr (D == KvDtype::kFp8) store_fp8_pieces(kv_s, raw, tile_scale);
+  }
+
+  float o[32][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    const int buf = ch & 1;
+    __nv_bfloat16* kv = kv_s + buf * kChunk * kPitch;
+    const int* valid = valid_s + buf * kChunk;
+    const bool prefetch = ch + 1 < n_chunks;
+    if (prefetch) {
+      fetch_chunk<D>(p, indices, ch + 1, kv_s + (buf ^ 1) * kChunk * kPitch,
+                     valid_s + (buf ^ 1) * kChunk, raw, tile_scale);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // chunk ch (and q) visible to all
+
+    float s[4][4];
+    partial_scores(q_s, kv, mt, half, s);
+    float* mine = exchange + warp * 16 * 32;
+    const float* partner = exchange + (warp ^ 4) * 16 * 32;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) mine[i * 32 + lane] = s[i / 4][i % 4];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];  // S_0 + S_1 in both
+
+    // Online softmax over the chunk: columns n*8 + c*2 + j, rows g (regs 0,1) and g+8 (2,3).
+    float cmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool ok = valid[n * 8 + c * 2 + j] != 0;
+        s[n][j] = ok ? s[n][j] * scale_log2 : -INFINITY;
+        s[n][2 + j] = ok ? s[n][2 + j] * scale_log2 : -INFINITY;
+        cmax[0] = fmaxf(cmax[0], s[n][j]);
+        cmax[1] = fmaxf(cmax[1], s[n][2 + j]);
+      }
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
+      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
+      const float m_new = fmaxf(m[r], cmax[r]);
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
+      alpha[r] = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - m_use[e / 2]);
+        l[e / 2] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+    }
+    accumulate_pv(kv, half, s, o);
+    if constexpr (D == KvDtype::kFp8) {
+      if (prefetch) store_fp8_pieces(kv_s + (buf ^ 1) * kChunk * kPitch, raw, tile_scale);
+    }
+    __syncthreads();  // the buffer of chunk ch is refilled by the next step's prefetch
+  }
+
+  // Epilogue: full row sums over the quad, normalize, write; unused rows stay exactly zero.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = head0 + mt * 16 + g + r * 8;
+    if (h >= p.heads) continue;
+    float* out = p.out + int64_t(row) * p.ld_out + int64_t(h) * kKvLoraRank + half * kHalfOut;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      out[j * 8 + c * 2] = o[j][2 * r] * inv[r];
+      out[j * 8 + c * 2 + 1] = o[j][2 * r + 1] * inv[r];
+    }
+    if (p.lse != nullptr && half == 0 && c == 0) {
+      p.lse[int64_t(row) * p.heads + h] =
+          l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+}
+
+template <KvDtype D>
+cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
+  const cudaError_t e = cudaFuncSetAttribute(
+      sparse_mla_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemLayout::kBytes));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+  sparse_mla_kernel<D><<<grid, kThreads, SmemLayout::kBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
+  return p.pool.dtype == KvDtype::kBf16 ? launch<KvDtype::kBf16>(p, stream)
+                                        : launch<KvDtype::kFp8>(p, stream);
+}
+
+}  // namespace dsa::cuda
