@@ -69,6 +69,8 @@ class Backend {
   virtual void topk(const TopkParams& p) = 0;
   virtual void sparse_mla(const SparseMlaParams& p) = 0;
 
+  virtual void audit_slots(const AuditSlotsParams& p) = 0;
+
   GemmMode gemm_mode() const { return gemm_mode_; }
   void set_gemm_mode(GemmMode mode) { gemm_mode_ = mode; }
 

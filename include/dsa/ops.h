@@ -203,4 +203,22 @@ struct SparseMlaParams {
   float scale = 0.0f;
 };
 
+// ---- The slot-integrity auditor (DESIGN §6) ---------------------------------------------------
+
+enum class PoolKind : uint8_t { kLatent, kIndexK };
+
+// digests[i] = slot_digest of slots[i] in `pool` (src/cache/slot_digest.h). When `expected` is
+// set, also flags[i] = (digests[i] != expected[i]) and *mismatches += the number of flagged slots,
+// so the compare happens where the cache lives.
+struct AuditSlotsParams {
+  const int64_t* slots = nullptr;     // [n] valid slots (>= 64, < capacity)
+  uint64_t* digests = nullptr;        // [n] out
+  const uint64_t* expected = nullptr; // [n] or null
+  uint8_t* flags = nullptr;           // [n] out, when expected is set
+  int32_t* mismatches = nullptr;      // [1] += flagged count, when expected is set
+  PoolView pool;
+  PoolKind kind = PoolKind::kLatent;
+  int n = 0;
+};
+
 }  // namespace dsa

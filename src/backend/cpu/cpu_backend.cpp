@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
   void indexer_logits(const IndexerLogitsParams& p) override { cpu::indexer_logits(p); }
   void topk(const TopkParams& p) override { cpu::topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu::sparse_mla(p); }
+  void audit_slots(const AuditSlotsParams& p) override { cpu::audit_slots(p); }
 
  private:
   static void copy(void* dst, const void* src, size_t n) {

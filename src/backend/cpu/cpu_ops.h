@@ -23,4 +23,6 @@ void indexer_logits(const IndexerLogitsParams& p);  // indexer_logits.cpp
 void topk(const TopkParams& p);                     // topk.cpp
 void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
 
+void audit_slots(const AuditSlotsParams& p);  // audit.cpp
+
 }  // namespace dsa::cpu

@@ -183,6 +183,16 @@ class CudaBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override {
     launched(cuda::sparse_mla(p, stream_), "sparse_mla");
   }
+  void audit_slots(const AuditSlotsParams& p) override {
+    launched(cuda::audit_slots(p, stream_), "audit_slots");
+  }
+  void copy_rows(const CopyRowsParams& p) override {
+    if (p.rows <= 0 || p.dim <= 0) return;
+    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x, size_t(p.ld_x) * sizeof(float),
+                            size_t(p.dim) * sizeof(float), size_t(p.rows), cudaMemcpyDeviceToDevice,
+                            stream_),
+          "cudaMemcpy2DAsync(copy_rows)");
+  }
 
  private:
   void check(cudaError_t err, const char* statement,

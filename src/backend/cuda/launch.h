@@ -27,4 +27,6 @@ cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  
 cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     // topk.cu
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
 
+cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);  // audit.cu
+
 }  // namespace dsa::cuda
