@@ -46,16 +46,15 @@ KvCache::KvCache(Backend& backend, const CacheConfig& config)
 PoolView KvCache::latent(int layer) const {
   require(layer >= 0 && layer < config_.num_layers, ErrorCode::kOutOfRange,
           "latent pool of layer {} requested, the cache has {} layers", layer, config_.num_layers);
-  return PoolView{latent_[size_t(layer)].data(), config_.latent_dtype,
-                  config_.fp8_scale_rounding, config_.num_pages};
+  return PoolView{latent_[size_t(layer)].data(), config_.latent_dtype, config_.fp8_scale_rounding,
+                  config_.num_pages};
 }
 
 PoolView KvCache::index_k(int layer) const {
   require(layer >= 0 && layer < config_.num_layers, ErrorCode::kOutOfRange,
-          "index-K pool of layer {} requested, the cache has {} layers", layer,
-          config_.num_layers);
-  return PoolView{index_k_[size_t(layer)].data(), config_.index_k_dtype,
-                  config_.fp8_scale_rounding, config_.num_pages};
+          "index-K pool of layer {} requested, the cache has {} layers", layer, config_.num_layers);
+  return PoolView{index_k_[size_t(layer)].data(), config_.index_k_dtype, config_.fp8_scale_rounding,
+                  config_.num_pages};
 }
 
 }  // namespace dsa

@@ -33,8 +33,7 @@ std::optional<int32_t> PageAllocator::allocate() {
 }
 
 bool PageAllocator::allocate_n(int64_t n, std::vector<int32_t>& out) {
-  require(n >= 0, ErrorCode::kInvalidArgument, "allocate_n of {} pages: the count must be >= 0",
-          n);
+  require(n >= 0, ErrorCode::kInvalidArgument, "allocate_n of {} pages: the count must be >= 0", n);
   if (n > free_pages()) return false;  // all-or-nothing: take none
   out.reserve(out.size() + size_t(n));
   for (int64_t i = 0; i < n; ++i) out.push_back(*allocate());

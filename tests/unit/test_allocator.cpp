@@ -73,7 +73,7 @@ TEST(Allocator, ExhaustionReturnsNulloptAndChangesNothing) {
 }
 
 TEST(Allocator, AllocateNIsAllOrNothing) {
-  PageAllocator a(11);  // 10 usable pages
+  PageAllocator a(11);                  // 10 usable pages
   std::vector<int32_t> out = {77, 78};  // allocate_n appends; existing entries are kept
   ASSERT_TRUE(a.allocate_n(7, out));
   ASSERT_EQ(out.size(), 9u);
@@ -272,7 +272,9 @@ TEST(KvCache, PoolsHaveTheirLayoutSizeAndAreZeroFilled) {
       SCOPED_TRACE(std::string("latent ") + kv_dtype_name(latent) + ", index-K " +
                    kv_dtype_name(index_k));
       PoisoningBackend backend;
-      const CacheConfig config{.num_layers = 3, .num_pages = 5, .latent_dtype = latent,
+      const CacheConfig config{.num_layers = 3,
+                               .num_pages = 5,
+                               .latent_dtype = latent,
                                .index_k_dtype = index_k,
                                .fp8_scale_rounding = ScaleRounding::kUe8m0};
       KvCache cache(backend, config);

@@ -47,10 +47,10 @@ constexpr int64_t kInputPad = 8;  // extra floats per input row, filled with NaN
 
 // One store case: the slot map, n_real, and what must happen.
 struct StoreCase {
-  std::vector<int64_t> slots;                    // [rows]
+  std::vector<int64_t> slots;  // [rows]
   int32_t n_real = 0;
-  std::vector<std::pair<int, int64_t>> writes;   // (row, slot) pairs that must be written
-  int32_t errors = 0;                            // rows that must raise the flag
+  std::vector<std::pair<int, int64_t>> writes;  // (row, slot) pairs that must be written
+  int32_t errors = 0;                           // rows that must raise the flag
 };
 
 // A pool in the CPU backend's memory, poisoned before each case, plus random input rows.
@@ -72,7 +72,9 @@ class StoreHarness {
   // Random non-zero bytes everywhere except page 0, which stays zero as in a real cache.
   void poison() {
     std::fill(memory_.data(), memory_.data() + page_bytes_, uint8_t{0});
-    for (int64_t i = page_bytes_; i < bytes_; ++i) memory_.data()[i] = uint8_t(rng_.integer(1, 255));
+    for (int64_t i = page_bytes_; i < bytes_; ++i) {
+      memory_.data()[i] = uint8_t(rng_.integer(1, 255));
+    }
   }
 
   // [rows, width + kInputPad]: random normals, NaN in the padding of each row.
@@ -178,7 +180,8 @@ std::vector<std::pair<int, int64_t>> writes_of(const std::vector<int64_t>& slots
                                                const std::vector<int>& skipped = {}) {
   std::vector<std::pair<int, int64_t>> w;
   for (int r = 0; r < n; ++r) {
-    if (std::find(skipped.begin(), skipped.end(), r) == skipped.end()) w.emplace_back(r, slots[size_t(r)]);
+    const bool skip = std::find(skipped.begin(), skipped.end(), r) != skipped.end();
+    if (!skip) w.emplace_back(r, slots[size_t(r)]);
   }
   return w;
 }
@@ -248,8 +251,8 @@ TEST_P(StoreContract, MixedBatchFlagsExactlyItsBadRealRows) {
   slots[3] = -2;               // flagged
   slots[6] = kCapacity + 100;  // flagged
   slots[8] = kPadSlot;
-  slots[10] = -3;              // stale: not flagged
-  slots[11] = kCapacity;       // stale: not flagged
+  slots[10] = -3;         // stale: not flagged
+  slots[11] = kCapacity;  // stale: not flagged
   h_.run({slots, 10, writes_of(slots, 10, {0, 2, 3, 6, 8}), 2});
   EXPECT_TRUE(h_.page_zero_is_zero());
 }
@@ -285,7 +288,6 @@ INSTANTIATE_TEST_SUITE_P(
                       PoolKind{Layout::kLatent, KvDtype::kFp8, ScaleRounding::kUe8m0}),
     [](const ::testing::TestParamInfo<PoolKind>& p) { return pool_kind_name(p.param); });
 
-
 // ---- the fp8 bytes, checked against DESIGN §3 independently of dtype.h and token_codec.h -------
 
 // The magnitude of e4m3fn code c in [0, 0x7E], from the format's definition (bias 7, 3-bit man).
@@ -299,7 +301,8 @@ uint8_t expected_e4m3(float t) {
   const double a = std::fabs(double(t));
   int best = 0;
   for (int code = 1; code <= 0x7E; ++code) {
-    const double d = std::fabs(e4m3_magnitude(code) - a), best_d = std::fabs(e4m3_magnitude(best) - a);
+    const double d = std::fabs(e4m3_magnitude(code) - a),
+                 best_d = std::fabs(e4m3_magnitude(best) - a);
     if (d < best_d || (d == best_d && code % 2 == 0)) best = code;
   }
   return uint8_t((std::signbit(t) ? 0x80 : 0) | best);
@@ -321,6 +324,12 @@ uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+}
+
+float float_of(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 // Checks one fp8 group: the scale bit for bit, every byte, and the dequantized values against
@@ -393,10 +402,9 @@ TEST_P(StoreFp8, LatentBytesFollowTheDesignFormula) {
     for (int i = 0; i < kRopeDim; ++i) {  // k_rope stays bf16: the nearest bf16 to the input
       uint16_t b;
       std::memcpy(&b, token + 528 + 2 * i, 2);
-      const auto as_float = [](uint32_t bits) { float f; std::memcpy(&f, &bits, 4); return f; };
-      const double v = as_float(uint32_t(b) << 16), target = in[kKvLoraRank + i];
-      EXPECT_LE(std::fabs(v - target), std::fabs(as_float(uint32_t(b + 1) << 16) - target));
-      EXPECT_LE(std::fabs(v - target), std::fabs(as_float(uint32_t(b - 1) << 16) - target));
+      const double v = float_of(uint32_t(b) << 16), target = in[kKvLoraRank + i];
+      EXPECT_LE(std::fabs(v - target), std::fabs(float_of(uint32_t(b + 1) << 16) - target));
+      EXPECT_LE(std::fabs(v - target), std::fabs(float_of(uint32_t(b - 1) << 16) - target));
     }
   }
 }
@@ -422,8 +430,8 @@ IncidentBatch incident_batch(StoreHarness& h) {
 }
 
 TEST(StoreIncident, UnguardedBf16IndexKClobbersWhatTheIncidentClobbered) {
-  StoreHarness h({Layout::kIndexK, KvDtype::kBf16, ScaleRounding::kExact,
-                  StoreGuard::kIncidentScatter}, 11);
+  StoreHarness h(
+      {Layout::kIndexK, KvDtype::kBf16, ScaleRounding::kExact, StoreGuard::kIncidentScatter}, 11);
   const IncidentBatch b = incident_batch(h);
   h.poison();
   const auto x = h.random_inputs(9);
