@@ -26,7 +26,7 @@ void check_batch(const SlotBatch& batch, const char* op) {
 // indexes from the end of the pool as in Python (-1 is the pool's last slot). An index still
 // outside [0, capacity) after wrapping would fault the framework; here it is skipped and flagged.
 SlotVerdict judge_incident_scatter(int64_t& slot, int64_t capacity) {
-  if (slot < 0) slot += capacity;  // no overflow: capacity > 0
+  if (slot < 0) slot += capacity;  // cannot overflow: capacity >= 0
   if (slot < 0) return SlotVerdict::kErrorNegative;
   return slot < capacity ? SlotVerdict::kWrite : SlotVerdict::kErrorRange;
 }
