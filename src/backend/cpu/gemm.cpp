@@ -23,9 +23,9 @@
 namespace dsa::cpu {
 namespace {
 
-constexpr int kTileN = 16;     // kNK: outputs accumulated together per x row
-constexpr int kTileM = 4;      // kKN: x rows sharing one widened weight row
-constexpr int kChunkN = 512;   // kKN: outputs per accumulator row (4 x 512 f32 = 8 KiB)
+constexpr int kTileN = 16;    // kNK: outputs accumulated together per x row
+constexpr int kTileM = 4;     // kKN: x rows sharing one widened weight row
+constexpr int kChunkN = 512;  // kKN: outputs per accumulator row (4 x 512 f32 = 8 KiB)
 
 void check_params(const GemmParams& p) {
   require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
