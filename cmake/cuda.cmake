@@ -15,6 +15,11 @@ endif()
 message(STATUS "dsa: CUDA backend ${DSA_WITH_CUDA}")
 
 if(DSA_WITH_CUDA)
+  # CMake before 3.26 knows no C++20 dialect flag for nvcc; nvcc >= 12 accepts -std=c++20.
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_ARCHITECTURES OFF)
