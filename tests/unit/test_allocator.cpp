@@ -220,7 +220,7 @@ TEST(PageTable, ReleaseAllReturnsEveryPage) {
 }
 
 // The CPU backend, except that every allocation starts as poison, so a pool that is not
-// zero-filled shows.
+// zero-filled shows. It forwards every other call, so it tracks the Backend interface.
 class PoisoningBackend final : public Backend {
  public:
   PoisoningBackend() : cpu_(make_cpu_backend()) {}
@@ -250,11 +250,15 @@ class PoisoningBackend final : public Backend {
   void softmax(const SoftmaxParams& p) override { cpu_->softmax(p); }
   void embed(const EmbedParams& p) override { cpu_->embed(p); }
   void add(const AddParams& p) override { cpu_->add(p); }
+  void copy_rows(const CopyRowsParams& p) override { cpu_->copy_rows(p); }
+  void moe_route(const MoeRouteParams& p) override { cpu_->moe_route(p); }
+  void scale_rows(const ScaleRowsParams& p) override { cpu_->scale_rows(p); }
   void store_index_k(const StoreIndexKParams& p) override { cpu_->store_index_k(p); }
   void store_latent_kv(const StoreLatentKvParams& p) override { cpu_->store_latent_kv(p); }
   void indexer_logits(const IndexerLogitsParams& p) override { cpu_->indexer_logits(p); }
   void topk(const TopkParams& p) override { cpu_->topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu_->sparse_mla(p); }
+  void audit_slots(const AuditSlotsParams& p) override { cpu_->audit_slots(p); }
 
   std::vector<size_t> allocation_bytes;  // in allocation order
 
