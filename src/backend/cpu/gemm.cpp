@@ -70,12 +70,23 @@ void gemm_nk(const GemmParams& p, const float* x, const Bf16* w, float* y) {
   }
 }
 
+// acc[0, lanes) += xv * w_wide[0, lanes), lanes a multiple of kTileN: the fixed-size inner loop
+// vectorizes across outputs, and each output still gets exactly one add per k.
+void add_scaled_row(float xv, const float* __restrict w_wide, float* __restrict acc, int lanes) {
+  for (int j0 = 0; j0 < lanes; j0 += kTileN) {
+    for (int j = 0; j < kTileN; ++j) acc[j0 + j] += xv * w_wide[j0 + j];
+  }
+}
+
 // One batch entry, w[k, n].
 void gemm_kn(const GemmParams& p, const float* x, const Bf16* w, float* y) {
+  static_assert(kChunkN % kTileN == 0);
   std::vector<float> acc(size_t(kTileM) * kChunkN);  // [kTileM, kChunkN]
   std::vector<float> w_wide(kChunkN);                // one weight row chunk, widened
   for (int n0 = 0; n0 < p.n; n0 += kChunkN) {
     const int width = std::min(kChunkN, p.n - n0);
+    const int lanes = (width + kTileN - 1) / kTileN * kTileN;
+    std::fill(w_wide.begin() + width, w_wide.begin() + lanes, 0.0f);  // spare lanes: never stored
     for (int m0 = 0; m0 < p.m; m0 += kTileM) {
       const int height = std::min(kTileM, p.m - m0);
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -83,9 +94,8 @@ void gemm_kn(const GemmParams& p, const float* x, const Bf16* w, float* y) {
         const Bf16* w_row = w + kk * p.ld_w + n0;
         for (int j = 0; j < width; ++j) w_wide[j] = bf16_to_float(w_row[j]);
         for (int i = 0; i < height; ++i) {
-          const float xv = x[(m0 + i) * p.ld_x + kk];
-          float* a = acc.data() + size_t(i) * kChunkN;
-          for (int j = 0; j < width; ++j) a[j] += xv * w_wide[j];
+          add_scaled_row(x[(m0 + i) * p.ld_x + kk], w_wide.data(), acc.data() + size_t(i) * kChunkN,
+                         lanes);
         }
       }
       for (int i = 0; i < height; ++i) {
