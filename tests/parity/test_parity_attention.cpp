@@ -1,0 +1,382 @@
+// Parity of the DSA decode hot path (DESIGN §1.5-7): indexer logits, top-k and sparse MLA on
+// CUDA against the CPU reference, plus batch invariance at 1, 7, 64 and 256 rows.
+//
+// Inputs cover: random non-contiguous page tables, padded rows (seq_len 0, all -1 indices),
+// sentinel / out-of-range / negative indices, strides that are not a multiple of 4 floats, and
+// logits past seq_len set to huge values (top-k must mask by length, never read them).
+// Outputs start as NaN poison inside guard bytes: a logit at t >= seq_len must stay poison.
+//
+// Tolerances (nmse = sum (cpu - cuda)^2 / sum cpu^2):
+//   indexer logits, bf16 cache: 1e-8. Identical bf16 inputs, only the f32 summation order differs.
+//   indexer logits, fp8 cache: 1e-6. Identical e4m3 operands and exact products; the tensor
+//       cores' fp8 accumulation is narrower than f32.
+//   sparse MLA out: 1e-4. CUDA rounds P (and fp8-dequantized c) to bf16 for the tensor cores,
+//       a relative error of about 2^-9 per term; a wrong token or head gives nmse near 1.
+//   sparse MLA lse: 1e-8 (max + log of the sum, f32 in a different order).
+//   top-k positions and slots: exact, bytes.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/token_codec.h"
+#include "dsa/slot.h"
+#include "parity/parity_harness.h"
+
+namespace dsa::parity {
+namespace {
+
+constexpr double kLogitsBf16Nmse = 1e-8;
+constexpr double kLogitsFp8Nmse = 1e-6;
+constexpr double kAttentionOutNmse = 1e-4;
+constexpr double kAttentionLseNmse = 1e-8;
+constexpr float kJunk = 9.5e8f;  // fills stride padding; a kernel that reads it goes far off
+
+// A random page-table row of `n` entries: distinct-enough page ids in [1, pages), any order.
+std::vector<int32_t> random_pages(testing::Rng& rng, int64_t n, int64_t pages) {
+  std::vector<int32_t> row(static_cast<size_t>(n));
+  for (auto& p : row) p = int32_t(rng.integer(1, pages - 1));
+  return row;
+}
+
+// ---- indexer logits ----------------------------------------------------------------------------
+
+struct IndexerSpec {
+  KvDtype dtype;
+  ScaleRounding rounding;
+  int rows, heads, max_len;
+  bool padded_stride;
+};
+
+class IndexerCase final : public OpCase {
+ public:
+  explicit IndexerCase(IndexerSpec s) : s_(s) {}
+  std::string name() const override { return "indexer_logits"; }
+  std::string vars() const override {
+    std::string v = std::string("dtype=") + kv_dtype_name(s_.dtype);
+    if (s_.dtype == KvDtype::kFp8) v += s_.rounding == ScaleRounding::kUe8m0 ? "/ue8m0" : "/exact";
+    return v + ",rows=" + std::to_string(s_.rows) + ",heads=" + std::to_string(s_.heads) +
+           ",max_len=" + std::to_string(s_.max_len) + (s_.padded_stride ? ",padded_stride" : "");
+  }
+
+  void init(Workspace& ws, testing::Rng& rng) override {
+    // The pool: every page but the reserved one holds encoded random keys.
+    std::vector<uint8_t> pool(size_t(kPages * index_k_page_bytes(s_.dtype)), 0);
+    const PoolView host{pool.data(), s_.dtype, s_.rounding, kPages};
+    for (int64_t slot = kPageSize; slot < host.capacity(); ++slot) {
+      const float mag = std::exp(rng.uniform(-2.0f, 2.0f));
+      const std::vector<float> k = rng.normals(kIndexHeadDim, mag);
+      encode_index_k_token(host, slot, k.data());
+    }
+    pool_ = ws.input(pool);
+
+    ld_pt_ = (s_.max_len + kPageSize - 1) / kPageSize + 1;
+    ld_q_ = int64_t(s_.heads) * kIndexHeadDim + (s_.padded_stride ? 3 : 0);
+    ld_w_ = s_.heads + (s_.padded_stride ? 1 : 0);
+    ld_logits_ = s_.max_len + 7;
+    std::vector<int32_t> seq_lens, table;
+    std::vector<float> q, w;
+    for (int r = 0; r < s_.rows; ++r) {  // per-row data in row order (batch invariance)
+      int32_t len = r == 0 ? s_.max_len : int32_t(rng.integer(1, s_.max_len));
+      if (r % 5 == 1) len = 0;  // a padded row
+      seq_lens.push_back(len);
+      const auto pages = random_pages(rng, ld_pt_, kPages);
+      table.insert(table.end(), pages.begin(), pages.end());
+      for (int h = 0; h < s_.heads; ++h) {
+        const float mag = std::exp(rng.uniform(-3.0f, 2.0f));  // per-head fp8 scales differ
+        for (int d = 0; d < kIndexHeadDim; ++d) q.push_back(rng.normal(mag));
+      }
+      q.resize(size_t(r + 1) * ld_q_, kJunk);
+      for (int h = 0; h < s_.heads; ++h) w.push_back(rng.normal(0.2f));
+      w.resize(size_t(r + 1) * ld_w_, kJunk);
+    }
+    seq_lens_ = ws.input(seq_lens);
+    table_ = ws.input(table);
+    q_ = ws.input(q);
+    w_ = ws.input(w);
+    const double tol = s_.dtype == KvDtype::kBf16 ? kLogitsBf16Nmse : kLogitsFp8Nmse;
+    logits_ = ws.output<float>(size_t(s_.rows) * ld_logits_, Check::nmse(tol));
+  }
+
+  void run(Workspace& ws, Side side) override {
+    IndexerLogitsParams p;
+    p.q = ws.ptr(q_, side);
+    p.w = ws.ptr(w_, side);
+    p.page_table = ws.ptr(table_, side);
+    p.seq_lens = ws.ptr(seq_lens_, side);
+    p.logits = ws.ptr(logits_, side);
+    p.pool = PoolView{ws.ptr(pool_, side), s_.dtype, s_.rounding, kPages};
+    p.rows = s_.rows;
+    p.heads = s_.heads;
+    p.ld_q = ld_q_, p.ld_w = ld_w_, p.ld_page_table = ld_pt_, p.ld_logits = ld_logits_;
+    ws.backend(side).indexer_logits(p);
+  }
+
+ private:
+  static constexpr int64_t kPages = 48;
+  IndexerSpec s_;
+  Buf<uint8_t> pool_;
+  Buf<int32_t> seq_lens_, table_;
+  Buf<float> q_, w_, logits_;
+  int64_t ld_pt_ = 0, ld_q_ = 0, ld_w_ = 0, ld_logits_ = 0;
+};
+
+// ---- top-k -------------------------------------------------------------------------------------
+
+enum class Values { kNormal, kTies, kSpecials };
+
+struct TopkSpec {
+  int rows, k, len;
+  Values values;
+  bool with_slots;
+  bool odd_stride;  // ld_logits = len + 1: rows not 16-byte aligned
+};
+
+float draw_logit(testing::Rng& rng, Values v) {
+  if (v == Values::kNormal) return rng.normal(3.0f);
+  const float tie = float(rng.integer(-6, 6)) * 0.25f;  // 13 levels: ties everywhere
+  if (v == Values::kTies) return tie;
+  switch (rng.integer(0, 49)) {
+    case 0: return std::numeric_limits<float>::quiet_NaN();
+    case 1: return -std::numeric_limits<float>::quiet_NaN();
+    case 2: return -0.0f;
+    case 3: return 0.0f;
+    case 4: return std::numeric_limits<float>::infinity();
+    case 5: return -std::numeric_limits<float>::infinity();
+    default: return tie;
+  }
+}
+
+class TopkCase final : public OpCase {
+ public:
+  explicit TopkCase(TopkSpec s) : s_(s) {}
+  std::string name() const override { return "topk"; }
+  std::string vars() const override {
+    static const char* kValueNames[] = {"normal", "ties", "specials"};
+    return "rows=" + std::to_string(s_.rows) + ",k=" + std::to_string(s_.k) +
+           ",len=" + std::to_string(s_.len) + ",values=" + kValueNames[int(s_.values)] +
+           (s_.with_slots ? ",slots" : "") + (s_.odd_stride ? ",odd_stride" : "");
+  }
+
+  void init(Workspace& ws, testing::Rng& rng) override {
+    ld_logits_ = s_.len + (s_.odd_stride ? 1 : 0);
+    ld_pt_ = (s_.len + kPageSize - 1) / kPageSize;
+    std::vector<int32_t> seq_lens, table;
+    std::vector<float> logits;
+    for (int r = 0; r < s_.rows; ++r) {
+      const int k = s_.k, len = s_.len;
+      int32_t n = len;
+      switch (r % 6) {
+        case 1: n = 0; break;                                   // padded row
+        case 2: n = std::min(k, len); break;                    // exactly k
+        case 3: n = std::min(k + 1, len); break;                // one to drop
+        case 4: n = int32_t(rng.integer(1, std::min(k, len))); break;  // fewer than k
+        case 5: n = int32_t(rng.integer(std::min(k, len), len)); break;
+        default: break;
+      }
+      seq_lens.push_back(n);
+      for (int64_t t = 0; t < ld_logits_; ++t) {
+        // Past seq_len: huge values, which a kernel that reads them would pick.
+        logits.push_back(t < n ? draw_logit(rng, s_.values) : 3e38f);
+      }
+      const auto pages = random_pages(rng, ld_pt_, 1 << 20);
+      table.insert(table.end(), pages.begin(), pages.end());
+    }
+    seq_lens_ = ws.input(seq_lens);
+    logits_ = ws.input(logits);
+    table_ = ws.input(table);
+    positions_ = ws.output<int32_t>(size_t(s_.rows) * s_.k, Check::exact());
+    if (s_.with_slots) slots_ = ws.output<int64_t>(size_t(s_.rows) * s_.k, Check::exact());
+  }
+
+  void run(Workspace& ws, Side side) override {
+    TopkParams p;
+    p.logits = ws.ptr(logits_, side);
+    p.seq_lens = ws.ptr(seq_lens_, side);
+    p.out_positions = ws.ptr(positions_, side);
+    p.out_slots = s_.with_slots ? ws.ptr(slots_, side) : nullptr;
+    p.page_table = ws.ptr(table_, side);
+    p.rows = s_.rows, p.k = s_.k;
+    p.ld_logits = ld_logits_, p.ld_page_table = ld_pt_;
+    ws.backend(side).topk(p);
+  }
+
+ private:
+  TopkSpec s_;
+  Buf<int32_t> seq_lens_, table_, positions_;
+  Buf<float> logits_;
+  Buf<int64_t> slots_;
+  int64_t ld_logits_ = 0, ld_pt_ = 0;
+};
+
+// ---- sparse MLA --------------------------------------------------------------------------------
+
+struct MlaSpec {
+  KvDtype dtype;
+  int rows, heads, topk;
+  bool padded_stride;
+};
+
+class SparseMlaCase final : public OpCase {
+ public:
+  explicit SparseMlaCase(MlaSpec s) : s_(s) {}
+  std::string name() const override { return "sparse_mla"; }
+  std::string vars() const override {
+    return std::string("dtype=") + kv_dtype_name(s_.dtype) + ",rows=" + std::to_string(s_.rows) +
+           ",heads=" + std::to_string(s_.heads) + ",topk=" + std::to_string(s_.topk) +
+           (s_.padded_stride ? ",padded_stride" : "");
+  }
+
+  void init(Workspace& ws, testing::Rng& rng) override {
+    std::vector<uint8_t> pool(size_t(kPages * latent_page_bytes(s_.dtype)), 0);
+    const PoolView host{pool.data(), s_.dtype, ScaleRounding::kExact, kPages};
+    for (int64_t slot = kPageSize; slot < host.capacity(); ++slot) {
+      const std::vector<float> c = rng.normals(kKvLoraRank, std::exp(rng.uniform(-1.0f, 1.0f)));
+      const std::vector<float> rope = rng.normals(kRopeDim);
+      encode_latent_token(host, slot, c.data(), rope.data());
+    }
+    pool_ = ws.input(pool);
+
+    const int64_t pad = s_.padded_stride ? 3 : 0;
+    ld_q_ = int64_t(s_.heads) * kLatentDim + pad;
+    ld_idx_ = s_.topk + pad;
+    ld_out_ = int64_t(s_.heads) * kKvLoraRank + pad;
+    const int64_t capacity = host.capacity();
+    std::vector<int64_t> indices;
+    std::vector<float> q;
+    for (int r = 0; r < s_.rows; ++r) {
+      for (int j = 0; j < s_.topk; ++j) {
+        int64_t slot = rng.integer(0, capacity - 1);  // page 0 (zeros) may be selected too
+        const int64_t u = rng.integer(0, 99);
+        if (u < 6) slot = kPadSlot;
+        else if (u < 8) slot = capacity + rng.integer(0, 100);
+        else if (u < 9) slot = -rng.integer(2, 1000);
+        if (r % 4 == 3) slot = kPadSlot;  // a padded row: nothing selected
+        indices.push_back(slot);
+      }
+      indices.resize(size_t(r + 1) * ld_idx_, int64_t(5));  // stride padding: never read
+      for (int i = 0; i < s_.heads * kLatentDim; ++i) q.push_back(rng.normal(2.0f));
+      q.resize(size_t(r + 1) * ld_q_, kJunk);
+    }
+    indices_ = ws.input(indices);
+    q_ = ws.input(q);
+    out_ = ws.output<float>(size_t(s_.rows) * ld_out_, Check::nmse(kAttentionOutNmse));
+    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads, Check::nmse(kAttentionLseNmse));
+  }
+
+  void run(Workspace& ws, Side side) override {
+    SparseMlaParams p;
+    p.q = ws.ptr(q_, side);
+    p.indices = ws.ptr(indices_, side);
+    p.out = ws.ptr(out_, side);
+    p.lse = ws.ptr(lse_, side);
+    p.pool = PoolView{ws.ptr(pool_, side), s_.dtype, ScaleRounding::kExact, kPages};
+    p.rows = s_.rows, p.heads = s_.heads, p.topk = s_.topk;
+    p.ld_q = ld_q_, p.ld_indices = ld_idx_, p.ld_out = ld_out_;
+    p.scale = 1.0f / std::sqrt(float(128 + kRopeDim));
+    ws.backend(side).sparse_mla(p);
+  }
+
+ private:
+  static constexpr int64_t kPages = 40;
+  MlaSpec s_;
+  Buf<uint8_t> pool_;
+  Buf<int64_t> indices_;
+  Buf<float> q_, out_, lse_;
+  int64_t ld_q_ = 0, ld_idx_ = 0, ld_out_ = 0;
+};
+
+// ---- tests -------------------------------------------------------------------------------------
+
+class ParityAttention : public ParityTest {};
+
+struct DtypeVariant {
+  KvDtype dtype;
+  ScaleRounding rounding;
+};
+constexpr DtypeVariant kIndexDtypes[] = {{KvDtype::kBf16, ScaleRounding::kExact},
+                                         {KvDtype::kFp8, ScaleRounding::kExact},
+                                         {KvDtype::kFp8, ScaleRounding::kUe8m0}};
+const std::vector<int> kInvarianceRows = {1, 7, 64, 256};
+
+TEST_F(ParityAttention, IndexerLogitsMatchCpu) {
+  int cases = 0;
+  for (const auto& d : kIndexDtypes) {
+    for (int heads : {64, 16, 4}) {
+      for (int max_len : {100, 2500}) {
+        for (bool padded : {false, true}) {
+          IndexerCase c({d.dtype, d.rounding, 7, heads, max_len, padded});
+          EXPECT_TRUE(check_parity(c, cpu(), cuda(), 300 + cases++));
+        }
+      }
+    }
+  }
+  IndexerCase one({KvDtype::kFp8, ScaleRounding::kExact, 1, 64, 33, false});
+  EXPECT_TRUE(check_parity(one, cpu(), cuda(), 399));
+}
+
+TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {
+  for (const auto& d : kIndexDtypes) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<IndexerCase>(IndexerSpec{d.dtype, d.rounding, rows, 64, 3000, false});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  }
+}
+
+TEST_F(ParityAttention, TopkMatchesCpuExactly) {
+  int cases = 0;
+  for (int k : {2048, 64, 1}) {
+    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+      for (bool odd : {false, true}) {
+        TopkCase c({7, k, 5000, v, !odd, odd});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 500 + cases++));
+      }
+    }
+  }
+  // Long rows: the shared-memory candidate path (normal values) and the all-global path (ties
+  // put far more than the candidate buffer into the threshold's bin).
+  for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+    TopkCase c({6, 2048, 131072, v, true, false});
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
+  }
+  TopkCase small({3, 2048, 100, Values::kNormal, true, true});  // every row has seq_len <= k
+  EXPECT_TRUE(check_parity(small, cpu(), cuda(), 700));
+}
+
+TEST_F(ParityAttention, TopkBatchInvariant) {
+  for (Values v : {Values::kNormal, Values::kSpecials}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<TopkCase>(TopkSpec{rows, 2048, 40000, v, true, false});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  }
+}
+
+TEST_F(ParityAttention, SparseMlaMatchesCpu) {
+  int cases = 0;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int heads : {128, 16, 4}) {
+      for (int topk : {100, 37}) {
+        SparseMlaCase c({dtype, 5, heads, topk, topk == 37});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 800 + cases++));
+      }
+    }
+    SparseMlaCase full({dtype, 4, 128, 2048, false});  // the real shape; row 3 is padded
+    EXPECT_TRUE(check_parity(full, cpu(), cuda(), 900 + cases++));
+  }
+}
+
+TEST_F(ParityAttention, SparseMlaBatchInvariant) {
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<SparseMlaCase>(MlaSpec{dtype, rows, 128, 512, false});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  }
+}
+
+}  // namespace
+}  // namespace dsa::parity
