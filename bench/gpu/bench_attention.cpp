@@ -1,0 +1,231 @@
+// Attention benches: the DSA decode hot path at serving shapes.
+//   indexer_logits/{fp8,bf16}/B=64/L=32768   64 heads x 128; floor: key + scale + page-table bytes
+//   topk/k=2048/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots written
+//   sparse_mla/{bf16,fp8}/B=64/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops per row
+// Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
+// more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "cache/token_codec.h"
+#include "dsa/slot.h"
+
+namespace dsa::bench {
+namespace {
+
+// Device memory from the backend, released on scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& be, size_t count)
+      : be_(be), count_(count), p_(static_cast<T*>(be.allocate(count * sizeof(T)))) {}
+  ~DeviceBuffer() { be_.deallocate(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* data() const { return p_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+ private:
+  Backend& be_;
+  size_t count_;
+  T* p_;
+};
+
+// Copies `block` over dst repeatedly until `bytes` are filled.
+void fill_repeating(Backend& be, void* dst, size_t bytes, const std::vector<uint8_t>& block) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t done = 0; done < bytes; done += block.size()) {
+    be.copy_to_device(d + done, block.data(), std::min(block.size(), bytes - done));
+  }
+}
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<float> normals(std::mt19937_64& gen, size_t n, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// Page tables [rows, pages_per_row] over pages 1 .. rows * pages_per_row, shuffled.
+std::vector<int32_t> shuffled_pages(std::mt19937_64& gen, int64_t count) {
+  std::vector<int32_t> pages(static_cast<size_t>(count));
+  std::iota(pages.begin(), pages.end(), 1);
+  std::shuffle(pages.begin(), pages.end(), gen);
+  return pages;
+}
+
+void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
+  constexpr int kRows = 64, kHeads = 64, kLen = 32768;
+  Backend& be = ctx.backend;
+  const int64_t pages_per_row = kLen / kPageSize, pages = kRows * pages_per_row + 1;
+  const int64_t page_bytes = index_k_page_bytes(dtype);
+  DeviceBuffer<uint8_t> pool(be, size_t(pages * page_bytes));
+  {  // 16 encoded pages, repeated over the pool
+    std::vector<uint8_t> block(size_t(16 * page_bytes));
+    const PoolView host{block.data(), dtype, ScaleRounding::kExact, 16};
+    for (int64_t slot = 0; slot < host.capacity(); ++slot) {
+      encode_index_k_token(host, slot, normals(gen, kIndexHeadDim).data());
+    }
+    fill_repeating(be, pool.data(), pool.bytes(), block);
+  }
+  DeviceBuffer<int32_t> table(be, size_t(kRows * pages_per_row)), seq_lens(be, kRows);
+  be.copy_to_device(table.data(), shuffled_pages(gen, kRows * pages_per_row).data(), table.bytes());
+  const std::vector<int32_t> lens(kRows, kLen);
+  be.copy_to_device(seq_lens.data(), lens.data(), seq_lens.bytes());
+  DeviceBuffer<float> q(be, size_t(kRows) * kHeads * kIndexHeadDim), w(be, size_t(kRows) * kHeads);
+  be.copy_to_device(q.data(), normals(gen, size_t(kRows) * kHeads * kIndexHeadDim).data(), q.bytes());
+  be.copy_to_device(w.data(), normals(gen, size_t(kRows) * kHeads, 0.1f).data(), w.bytes());
+  DeviceBuffer<float> logits(be, size_t(kRows) * kLen);
+
+  IndexerLogitsParams p;
+  p.q = q.data(), p.w = w.data(), p.page_table = table.data(), p.seq_lens = seq_lens.data();
+  p.logits = logits.data();
+  p.pool = PoolView{pool.data(), dtype, ScaleRounding::kExact, pages};
+  p.rows = kRows, p.heads = kHeads;
+  p.ld_q = kHeads * kIndexHeadDim, p.ld_w = kHeads, p.ld_page_table = pages_per_row;
+  p.ld_logits = kLen;
+  const double us = ctx.time_us([&] { be.indexer_logits(p); }, 20);
+
+  BenchResult r;
+  r.name = std::string("indexer_logits/") + kv_dtype_name(dtype) + "/B=64/L=32768";
+  r.us = us;
+  r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(table.bytes());
+  r.floor_us = ctx.hbm_floor_us(r.bytes);
+  r.floor_kind = "hbm";
+  const double gbs = r.bytes / (us * 1e3);
+  r.extra = {{"gbs_read", gbs}, {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs}, {"heads", kHeads}};
+  std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s\n", gbs, 100.0 * gbs / ctx.copy_gbs,
+              ctx.copy_gbs);
+  ctx.add(std::move(r));
+}
+
+void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
+  constexpr int kK = 2048;
+  Backend& be = ctx.backend;
+  const double set_bytes = double(rows) * len * 4;
+  const int sets = BenchContext::rotation_sets(set_bytes);
+  DeviceBuffer<float> logits(be, size_t(sets) * rows * len);
+  fill_repeating(be, logits.data(), logits.bytes(), as_bytes(normals(gen, size_t(1) << 22)));
+  const int64_t pages_per_row = len / kPageSize;
+  DeviceBuffer<int32_t> table(be, size_t(rows * pages_per_row)), seq_lens(be, size_t(rows));
+  be.copy_to_device(table.data(), shuffled_pages(gen, rows * pages_per_row).data(), table.bytes());
+  const std::vector<int32_t> lens(size_t(rows), len);
+  be.copy_to_device(seq_lens.data(), lens.data(), seq_lens.bytes());
+  DeviceBuffer<int32_t> positions(be, size_t(rows) * kK);
+  DeviceBuffer<int64_t> slots(be, size_t(rows) * kK);
+
+  TopkParams p;
+  p.seq_lens = seq_lens.data(), p.out_positions = positions.data(), p.out_slots = slots.data();
+  p.page_table = table.data();
+  p.rows = rows, p.k = kK, p.ld_logits = len, p.ld_page_table = pages_per_row;
+  int64_t call = 0;
+  const double us = ctx.time_us(
+      [&] {
+        p.logits = logits.data() + (call++ % sets) * int64_t(rows) * len;
+        be.topk(p);
+      },
+      rows == 1 ? 200 : 20);
+
+  BenchResult r;
+  r.name = "topk/k=2048/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
+  r.us = us;
+  r.bytes = set_bytes + double(rows) * kK * (4 + 8);
+  r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
+  r.floor_kind = ctx.hbm_floor_us(r.bytes) > ctx.empty_launch_us ? "hbm" : "launch";
+  r.extra = {{"rotation_sets", sets}};
+  ctx.add(std::move(r));
+}
+
+void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
+  constexpr int kRows = 64, kHeads = 128, kTopk = 2048;
+  Backend& be = ctx.backend;
+  const int64_t token_bytes = latent_token_bytes(dtype);
+  const double set_bytes = double(kRows) * kTopk * token_bytes +
+                           double(kRows) * kHeads * (kLatentDim + kKvLoraRank) * 4;
+  const int sets = BenchContext::rotation_sets(set_bytes);
+  // Each set selects from its own 2048 pages (131072 tokens) of the pool.
+  const int64_t set_tokens = int64_t(kRows) * kTopk, pages = sets * set_tokens / kPageSize + 1;
+  DeviceBuffer<uint8_t> pool(be, size_t(pages * kPageSize * token_bytes));
+  {
+    std::vector<uint8_t> block(size_t(kPageSize * 16 * token_bytes));
+    const PoolView host{block.data(), dtype, ScaleRounding::kExact, 16};
+    for (int64_t slot = 0; slot < host.capacity(); ++slot) {
+      encode_latent_token(host, slot, normals(gen, kKvLoraRank).data(),
+                          normals(gen, kRopeDim).data());
+    }
+    fill_repeating(be, pool.data(), pool.bytes(), block);
+  }
+  std::vector<int64_t> indices(size_t(sets) * set_tokens);
+  for (int s = 0; s < sets; ++s) {
+    std::vector<int64_t> slots(static_cast<size_t>(set_tokens));
+    std::iota(slots.begin(), slots.end(), kPageSize + s * set_tokens);
+    std::shuffle(slots.begin(), slots.end(), gen);  // each row: 2048 random distinct slots
+    std::copy(slots.begin(), slots.end(), indices.begin() + s * set_tokens);
+  }
+  DeviceBuffer<int64_t> d_indices(be, indices.size());
+  be.copy_to_device(d_indices.data(), indices.data(), d_indices.bytes());
+  const size_t q_count = size_t(kRows) * kHeads * kLatentDim;
+  DeviceBuffer<float> q(be, size_t(sets) * q_count);
+  fill_repeating(be, q.data(), q.bytes(), as_bytes(normals(gen, size_t(1) << 20)));
+  DeviceBuffer<float> out(be, size_t(sets) * kRows * kHeads * kKvLoraRank);
+  DeviceBuffer<float> lse(be, size_t(sets) * kRows * kHeads);
+
+  SparseMlaParams p;
+  p.pool = PoolView{pool.data(), dtype, ScaleRounding::kExact, pages};
+  p.rows = kRows, p.heads = kHeads, p.topk = kTopk;
+  p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
+  p.scale = 1.0f / std::sqrt(192.0f);
+  int64_t call = 0;
+  const double us = ctx.time_us(
+      [&] {
+        const int64_t s = call++ % sets;
+        p.q = q.data() + s * q_count;
+        p.indices = d_indices.data() + s * set_tokens;
+        p.out = out.data() + s * kRows * kHeads * kKvLoraRank;
+        p.lse = lse.data() + s * kRows * kHeads;
+        be.sparse_mla(p);
+      },
+      10);
+
+  BenchResult r;
+  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=64/H=128/topk=2048";
+  r.us = us;
+  r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
+  r.bytes = set_bytes;
+  r.floor_us = ctx.bf16_floor_us(r.flops);
+  r.floor_kind = "bf16";
+  const double tflops = r.flops / (us * 1e6);
+  r.extra = {{"tflops", tflops}, {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
+             {"rotation_sets", sets}};
+  std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
+              100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
+  ctx.add(std::move(r));
+}
+
+}  // namespace
+
+void run_attention_benches(BenchContext& ctx) {
+  std::mt19937_64 gen(2025);
+  std::puts("attention benches");
+  for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) bench_indexer(ctx, dtype, gen);
+  for (int len : {32768, 131072}) {
+    for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, gen);
+  }
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) bench_sparse_mla(ctx, dtype, gen);
+}
+
+}  // namespace dsa::bench
