@@ -13,7 +13,7 @@ void add_model_options(CLI::App* app, ModelOptions& o) {
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
-  app->add_option("--seed", o.seed, "synthetic weight seed")->capture_default_str();
+  app->add_option("--weights-seed", o.seed, "synthetic weight seed")->capture_default_str();
   app->add_option("--max-rows", o.max_rows, "most rows one step may carry")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));

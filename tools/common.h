@@ -39,5 +39,6 @@ ModelStack build_model_stack(const ModelOptions& o);
 // status).
 using Runner = std::function<int()>;
 void register_generate(CLI::App& app, Runner& run);
+void register_check_replay(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

@@ -59,6 +59,12 @@ class Runner {
   StepResult step(std::span<const RowInput> rows);
   StepResult step_eager(std::span<const RowInput> rows);
 
+  // Diagnostics: writes seeded garbage (wild and valid-looking slots, huge positions and seq_lens,
+  // out-of-vocabulary tokens, random page ids) into every per-row input of every bucket, on the
+  // device and in the staging. A correct runner rewrites all of it before the next replay; the
+  // stale-padding fault lets it through.
+  void plant_garbage_inputs(uint64_t seed);
+
   const RunnerOptions& options() const { return options_; }
   int bucket_for(int rows) const;  // 0 when no bucket holds `rows`
   int max_pages_per_row() const { return max_pages_; }

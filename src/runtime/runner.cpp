@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 
 #include "dsa/error.h"
 
@@ -154,6 +155,33 @@ StepResult Runner::step(std::span<const RowInput> rows) {
 
 StepResult Runner::step_eager(std::span<const RowInput> rows) {
   return run(*eager_, rows, /*replay_graph=*/false);
+}
+
+void Runner::plant_garbage_inputs(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t capacity = cache_.capacity_slots();
+  auto wild = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  Backend& be = model_.backend();
+  for (auto& g : graphs_) {
+    StaticStep& s = *g;
+    for (int r = 0; r < s.rows; ++r) {
+      s.h_tokens[r] = int32_t(wild(-1000, 1000000));
+      s.h_positions[r] = int32_t(wild(-5, 1 << 30));
+      s.h_seq_lens[r] = int32_t(wild(-5, 1 << 30));
+      s.h_slots[r] = wild(0, 3) == 0 ? -wild(2, 1 << 20) : wild(0, capacity + 100);
+    }
+    for (auto& p : s.h_page_table) p = int32_t(wild(-3, cache_.config().num_pages + 3));
+    be.copy_to_device(s.tokens.data(), s.h_tokens.data(), s.rows * sizeof(int32_t));
+    be.copy_to_device(s.positions.data(), s.h_positions.data(), s.rows * sizeof(int32_t));
+    be.copy_to_device(s.seq_lens.data(), s.h_seq_lens.data(), s.rows * sizeof(int32_t));
+    be.copy_to_device(s.slots.data(), s.h_slots.data(), s.rows * sizeof(int64_t));
+    be.copy_to_device(s.page_table.data(), s.h_page_table.data(),
+                      s.h_page_table.size() * sizeof(int32_t));
+    const int32_t wild_n_real = s.rows;
+    be.copy_to_device(s.n_real.data(), &wild_n_real, sizeof(int32_t));
+  }
 }
 
 void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding) {
