@@ -267,7 +267,7 @@ TEST_P(OpsRope, MatchesFloat64AndLeavesEverythingElse) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Styles, OpsRope,
+INSTANTIATE_TEST_SUITE_P(OpsAllStyles, OpsRope,
                          ::testing::Values(RopeCase{RopeStyle::kInterleaved, 192, 128, 64},
                                            RopeCase{RopeStyle::kHalfSplit, 128, 0, 64},
                                            RopeCase{RopeStyle::kHalfSplit, 40, 6, 8},

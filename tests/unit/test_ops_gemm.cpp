@@ -147,7 +147,7 @@ TEST_P(OpsGemm, BatchInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, OpsGemm,
+    OpsAllCases, OpsGemm,
     ::testing::Values(GemmCase{WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 1, 5, 37, 64},
                       GemmCase{WeightLayout::kNK, GemmOutput::kAccumulate, -0.75f, 3, 6, 48, 257},
                       GemmCase{WeightLayout::kNK, GemmOutput::kOverwrite, 0.5f, 2, 1, 1, 3},
