@@ -198,7 +198,10 @@ __device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s,
 template <KvDtype D>
 __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsParams p) {
   const int row = blockIdx.y;
-  const int64_t seq_len = p.seq_lens[row];
+  // A length past the logits row or the page table is the CPU's error; here it is clamped so
+  // nothing outside the row's buffers is touched.
+  const int64_t seq_len =
+      min(int64_t(p.seq_lens[row]), min(p.ld_logits, p.ld_page_table * kPageSize));
   const int64_t block_t0 = int64_t(blockIdx.x) * kBlockTokens;
   if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
 
