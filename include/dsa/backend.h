@@ -62,6 +62,10 @@ class Backend {
   // Default: one copy_on_device per row. Backends override with a strided copy.
   virtual void copy_rows(const CopyRowsParams& p);
 
+  // MoE routing and per-row scaling. Defaults throw kBackend (not implemented by the backend).
+  virtual void moe_route(const MoeRouteParams& p);
+  virtual void scale_rows(const ScaleRowsParams& p);
+
   virtual void store_index_k(const StoreIndexKParams& p) = 0;
   virtual void store_latent_kv(const StoreLatentKvParams& p) = 0;
 

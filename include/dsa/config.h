@@ -43,6 +43,7 @@ struct ModelConfig {
   int moe_intermediate_size = 0;
   int n_shared_experts = 0;
   int first_k_dense_replace = 0;
+  double routed_scaling_factor = 1.0;  // multiplies the normalized routed-expert weights
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool layer_is_moe(int layer) const {
@@ -58,8 +59,9 @@ struct ModelConfig {
 ModelConfig config_from_json(const nlohmann::json& j);
 nlohmann::json config_to_json(const ModelConfig& c);
 
-// The shipped presets: "tiny" (CI-sized, real per-token dims) and "v32" (DeepSeek-V3.2 attention
-// and indexer dims, few layers, smaller vocab, for GPU benchmarks).
+// The shipped presets: "tiny" (CI-sized, real per-token dims), "tiny-moe" (tiny with an MoE second
+// layer) and "v32" (DeepSeek-V3.2 attention and indexer dims, few layers, smaller vocab, for GPU
+// benchmarks).
 ModelConfig preset_config(std::string_view name);  // throws kInvalidArgument on unknown names
 std::vector<std::string> preset_names();
 

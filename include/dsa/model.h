@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,8 @@ struct StepOptions {
   StoreGuard index_k_guard = StoreGuard::kEnforced;
 };
 
+class MoeMlp;  // src/model/moe.h
+
 class Model {
  public:
   // max_rows: the most rows one step may carry; max_context: the longest seq_len.
@@ -103,6 +106,7 @@ class Model {
   DeviceArray<float> qi_, ki_, wi_, index_logits_;
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;
+  std::unique_ptr<MoeMlp> moe_;  // the MoE layers' weights and scratch; null without MoE layers
 };
 
 // The host-side rope table: cos/sin of position * inv_freq for positions [0, max_position),

@@ -124,6 +124,33 @@ struct CopyRowsParams {
   int64_t ld_x = 0, ld_y = 0;
 };
 
+// ---- MoE routing (DESIGN §1.8) ----------------------------------------------------------------
+
+// DeepSeek-V3 routing of each row over n_experts routed experts:
+//   score[e] = sigmoid(logits[r, e]) (f32); the top_k experts by score[e] + bias[e] are selected
+//   (ties to the lower expert id; a NaN choice score ranks below every number);
+//   weight[e] = score[e] / sum of the selected scores * scaling for selected e, else exactly 0.
+// Expert groups (n_group / topk_group) are not modelled: every expert is one group.
+inline constexpr int kMaxRoutedExperts = 256;  // DeepSeek-V3's count; kernels keep a bit mask
+
+struct MoeRouteParams {
+  const float* logits = nullptr;   // [rows, n_experts] router logits, row stride ld_logits
+  const Bf16* bias = nullptr;      // [n_experts] e_score_correction_bias, or null for none
+  float* weights = nullptr;        // [rows, n_experts] dense combine weights, row stride ld_weights
+  int32_t* expert_ids = nullptr;   // [rows, top_k] selected ids, best first (optional)
+  int rows = 0, n_experts = 0, top_k = 0;
+  int64_t ld_logits = 0, ld_weights = 0, ld_expert_ids = 0;
+  float scaling = 1.0f;            // routed_scaling_factor
+};
+
+// x[r, :dim] *= scale[r * ld_scale], in place: one expert's per-row combine weight.
+struct ScaleRowsParams {
+  float* x = nullptr;              // [rows, dim], row stride ld_x
+  const float* scale = nullptr;    // [rows] with stride ld_scale (a column of MoE weights)
+  int rows = 0, dim = 0;
+  int64_t ld_x = 0, ld_scale = 1;
+};
+
 // ---- The store contract (DESIGN §3) -----------------------------------------------------------
 
 // The slot map of one step. A writer processes exactly `rows` rows, never the value tensor's row

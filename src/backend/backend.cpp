@@ -20,6 +20,14 @@ void Backend::copy_rows(const CopyRowsParams& p) {
   }
 }
 
+void Backend::moe_route(const MoeRouteParams&) {
+  fail(ErrorCode::kBackend, "moe_route is not implemented by backend {}", describe());
+}
+
+void Backend::scale_rows(const ScaleRowsParams&) {
+  fail(ErrorCode::kBackend, "scale_rows is not implemented by backend {}", describe());
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind) {
   return kind == BackendKind::kCpu ? make_cpu_backend() : make_cuda_backend();
 }

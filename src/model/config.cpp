@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsa/error.h"
+#include "dsa/ops.h"
 #include "dsa/slot.h"
 
 namespace dsa {
@@ -63,6 +64,13 @@ void ModelConfig::validate() const {
     require(num_experts_per_tok <= n_routed_experts, ErrorCode::kInvalidArgument,
             "config: num_experts_per_tok = {} exceeds n_routed_experts = {}",
             num_experts_per_tok, n_routed_experts);
+    require(n_routed_experts <= kMaxRoutedExperts, ErrorCode::kInvalidArgument,
+            "config: n_routed_experts = {} exceeds the supported {}", n_routed_experts,
+            kMaxRoutedExperts);
+    require(n_shared_experts >= 0, ErrorCode::kInvalidArgument,
+            "config: n_shared_experts = {} must be >= 0", n_shared_experts);
+    require(routed_scaling_factor > 0, ErrorCode::kInvalidArgument,
+            "config: routed_scaling_factor = {} must be > 0", routed_scaling_factor);
   }
   require(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
           ErrorCode::kInvalidArgument,
@@ -103,6 +111,7 @@ ModelConfig config_from_json(const nlohmann::json& j) {
   get("moe_intermediate_size", c.moe_intermediate_size);
   get("n_shared_experts", c.n_shared_experts);
   get("first_k_dense_replace", c.first_k_dense_replace);
+  get("routed_scaling_factor", c.routed_scaling_factor);
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& r = j["rope_scaling"];
     c.rope_scaling.type = r.value("type", r.value("rope_type", std::string()));
@@ -145,6 +154,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
       {"moe_intermediate_size", c.moe_intermediate_size},
       {"n_shared_experts", c.n_shared_experts},
       {"first_k_dense_replace", c.first_k_dense_replace},
+      {"routed_scaling_factor", c.routed_scaling_factor},
   };
   if (!c.rope_scaling.type.empty()) {
     j["rope_scaling"] = {{"type", c.rope_scaling.type},
@@ -161,12 +171,12 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   return j;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "v32"}; }
+std::vector<std::string> preset_names() { return {"tiny", "tiny-moe", "v32"}; }
 
 ModelConfig preset_config(std::string_view name) {
   ModelConfig c;
   c.name = std::string(name);
-  if (name == "tiny") {
+  if (name == "tiny" || name == "tiny-moe") {
     // Real per-token cache dims (512 + 64 latent, 128 index key); everything else shrunk so a
     // 2-core CI machine runs it, with index_topk small enough that selection really drops tokens
     // in contexts of a few hundred.
@@ -193,9 +203,17 @@ ModelConfig preset_config(std::string_view name) {
     c.max_position_embeddings = 163840;
     c.rope_scaling = {"yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0};
   } else {
-    fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (known: tiny, v32)", name);
+    fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (known: tiny, tiny-moe, v32)", name);
   }
   c.first_k_dense_replace = c.num_hidden_layers;
+  if (name == "tiny-moe") {
+    // Layer 0 dense, layer 1 MoE: 8 routed experts, top-2, and one shared expert.
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 128;
+    c.n_shared_experts = 1;
+    c.first_k_dense_replace = 1;
+  }
   c.validate();
   return c;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dsa/error.h"
+#include "model/moe.h"
 
 namespace dsa {
 
@@ -53,6 +54,9 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
           config_.max_position_embeddings);
   for (const WeightSpec& spec : weight_manifest(config_)) weights_.get(spec.name, spec.shape);
   for (int l = 0; l < config_.num_hidden_layers; ++l) layers_.push_back(layer_ptrs(l));
+  if (config_.layer_is_moe(config_.num_hidden_layers - 1)) {
+    moe_ = std::make_unique<MoeMlp>(backend, config_, weights_, max_rows);
+  }
 
   const std::vector<float> table = rope_cos_sin_table(config_, max_context);
   cos_sin_ = DeviceArray<float>(backend, table.size());
@@ -103,9 +107,11 @@ Model::LayerPtrs Model::layer_ptrs(int l) const {
   L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
   L.weights_proj = w(a + "indexer.weights_proj.weight", {IH, hidden});
   L.post_norm = w(p + "post_attention_layernorm.weight", {hidden});
-  L.gate = w(p + "mlp.gate_proj.weight", {inter, hidden});
-  L.up = w(p + "mlp.up_proj.weight", {inter, hidden});
-  L.down = w(p + "mlp.down_proj.weight", {hidden, inter});
+  if (!c.layer_is_moe(l)) {  // MoE layers' weights live in moe_
+    L.gate = w(p + "mlp.gate_proj.weight", {inter, hidden});
+    L.up = w(p + "mlp.up_proj.weight", {inter, hidden});
+    L.down = w(p + "mlp.down_proj.weight", {hidden, inter});
+  }
   return L;
 }
 
@@ -282,6 +288,10 @@ void Model::mlp(int l, int rows) {
   const LayerPtrs& L = layers_[l];
   const int hidden = c.hidden_size, inter = c.intermediate_size;
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.post_norm, rows, hidden, c.rms_norm_eps);
+  if (c.layer_is_moe(l)) {
+    moe_->forward(l, x_.data(), h_.data(), rows);
+    return;
+  }
   linear(be, x_.data(), hidden, L.gate, inter, hidden, gate_up_.data(), 2 * inter, rows);
   linear(be, x_.data(), hidden, L.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows);
   be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});

@@ -63,6 +63,24 @@ std::vector<WeightSpec> weight_manifest(const ModelConfig& c) {
       add(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
       add(p + "mlp.up_proj.weight", {c.intermediate_size, hidden});
       add(p + "mlp.down_proj.weight", {hidden, c.intermediate_size});
+    } else {
+      // MoE: the router (its correction bias is f32 in Hugging Face files, bf16 here), the routed
+      // experts, and the shared experts fused into one MLP of n_shared_experts times the width.
+      const int64_t experts = c.n_routed_experts, inter = c.moe_intermediate_size;
+      add(p + "mlp.gate.weight", {experts, hidden});
+      add(p + "mlp.gate.e_score_correction_bias", {experts}, Init::kNormBias);
+      for (int e = 0; e < experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        add(x + "gate_proj.weight", {inter, hidden});
+        add(x + "up_proj.weight", {inter, hidden});
+        add(x + "down_proj.weight", {hidden, inter});
+      }
+      if (c.n_shared_experts > 0) {
+        const int64_t shared = inter * c.n_shared_experts;
+        add(p + "mlp.shared_experts.gate_proj.weight", {shared, hidden});
+        add(p + "mlp.shared_experts.up_proj.weight", {shared, hidden});
+        add(p + "mlp.shared_experts.down_proj.weight", {hidden, shared});
+      }
     }
   }
   add("model.norm.weight", {hidden}, Init::kNormWeight);

@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
   void softmax(const SoftmaxParams& p) override { cpu::softmax(p); }
   void embed(const EmbedParams& p) override { cpu::embed(p); }
   void add(const AddParams& p) override { cpu::add(p); }
+  void moe_route(const MoeRouteParams& p) override { cpu::moe_route(p); }
+  void scale_rows(const ScaleRowsParams& p) override { cpu::scale_rows(p); }
   void store_index_k(const StoreIndexKParams& p) override { cpu::store_index_k(p); }
   void store_latent_kv(const StoreLatentKvParams& p) override { cpu::store_latent_kv(p); }
   void indexer_logits(const IndexerLogitsParams& p) override { cpu::indexer_logits(p); }

@@ -16,6 +16,9 @@ void softmax(const SoftmaxParams& p);      // elementwise.cpp
 void embed(const EmbedParams& p);          // elementwise.cpp
 void add(const AddParams& p);              // elementwise.cpp
 
+void moe_route(const MoeRouteParams& p);    // moe.cpp
+void scale_rows(const ScaleRowsParams& p);  // moe.cpp
+
 void store_index_k(const StoreIndexKParams& p);     // store.cpp
 void store_latent_kv(const StoreLatentKvParams& p);  // store.cpp
 
