@@ -1,6 +1,6 @@
 // Top-k over the indexer's logits (DESIGN §1.6), identical to the CPU's sets and order.
 //
-// One block of 1024 threads per row. The CPU's strict total order (numbers above NaN, larger
+// One block of 512 threads per row (two blocks fit an SM). The CPU's strict total order (numbers above NaN, larger
 // value first, -0 == +0, then lower position first) becomes an order on uint32 keys: rank_key()
 // maps floats monotonically, every NaN to 0 (below -inf) and -0 to +0, and equal keys are
 // broken by position. So the k winners are every t with key > thr plus the first (k - count_gt)
@@ -9,7 +9,7 @@
 //   1. Radix select finds thr in three passes of 11, 11 and 10 bits with shared-memory
 //      histograms. The second pass also gathers the keys of the chosen 11-bit bin into shared
 //      memory when they fit, so the third pass reads no global memory.
-//   2. An ordered scan over t (chunks of 4096, block-wide exclusive scan of the packed counts
+//   2. An ordered scan over t (chunks of 2048, block-wide exclusive scan of the packed counts
 //      of > thr and == thr) gives each winner its output index directly: the output is in
 //      ascending position order with no sort. The scan stops once k winners are placed.
 // Every decision depends on the row alone, so the op is batch-invariant and deterministic.
@@ -21,10 +21,11 @@
 namespace dsa::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPerThread = 4;                       // consecutive positions per thread per chunk
-constexpr int kChunk = kThreads * kPerThread;       // 4096 positions per scan step
+constexpr int kChunk = kThreads * kPerThread;       // 2048 positions per scan step
+constexpr int kUnroll = 4;                          // chunks loaded ahead per pass step
 constexpr int kMaxBins = 2048;                      // 11-bit digits
 constexpr int kCandidateCap = 8192;                 // keys of the pass-1 bin kept in shared memory
 
@@ -56,13 +57,13 @@ __device__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_sums, uint32
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    uint32_t s = warp_sums[lane];
+    uint32_t s = lane < kWarps ? warp_sums[lane] : 0u;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const uint32_t y = __shfl_up_sync(0xffffffffu, s, o);
       if (lane >= o) s += y;
     }
-    warp_sums[lane] = s;
+    if (lane < kWarps) warp_sums[lane] = s;
   }
   __syncthreads();
   const uint32_t before = (warp > 0 ? warp_sums[warp - 1] : 0u) + x - v;
@@ -93,7 +94,7 @@ struct Selection {
 // After hist holds the counts of one digit (nbins bins), finds the bin holding the k_rem-th
 // largest candidate, narrows the selection to it and returns how many candidates it holds.
 __device__ uint32_t narrow(TopkShared& s, int nbins, int shift, Selection& sel) {
-  const int per = nbins / kThreads;  // 1 or 2 bins per thread, visited from the top bin down
+  const int per = nbins / kThreads;  // bins per thread, visited from the top bin down
   uint32_t local = 0;
   for (int j = 0; j < per; ++j) local += s.hist[nbins - 1 - (threadIdx.x * per + j)];
   uint32_t total;
@@ -121,16 +122,24 @@ __device__ void clear_hist(TopkShared& s) {
 }
 
 // One histogram pass over the row in global memory; optionally gathers the candidates' keys.
+// kUnroll chunks are loaded before any is counted, to keep enough bytes in flight per block.
 __device__ void global_pass(TopkShared& s, const float* row, bool aligned, int64_t n, int shift,
                             int nbins, const Selection& sel, bool gather) {
-  for (int64_t t = int64_t(threadIdx.x) * kPerThread; t < n; t += kChunk) {
-    uint32_t key[kPerThread];
-    load_keys(row, aligned, t, n, key);
+  for (int64_t base = 0; base < n; base += int64_t(kChunk) * kUnroll) {
+    uint32_t key[kUnroll][kPerThread];
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      if (t + j >= n || (key[j] & sel.mask) != sel.prefix) continue;
-      atomicAdd(&s.hist[(key[j] >> shift) & uint32_t(nbins - 1)], 1u);
-      if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      load_keys(row, aligned, base + u * kChunk + threadIdx.x * kPerThread, n, key[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * kChunk + threadIdx.x * kPerThread;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (t + j >= n || (key[u][j] & sel.mask) != sel.prefix) continue;
+        atomicAdd(&s.hist[(key[u][j] >> shift) & uint32_t(nbins - 1)], 1u);
+        if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[u][j];
+      }
     }
   }
   __syncthreads();
@@ -157,41 +166,48 @@ __device__ __forceinline__ void emit(const TopkParams& p, int row, int i, int32_
 }
 
 // The ordered scan: every key > thr, then the first take_eq keys == thr, in ascending t.
+// Loads run kUnroll chunks ahead of the scans; the scan stops once k winners are placed.
 __device__ void emit_winners(const TopkParams& p, TopkShared& s, int row, const float* row_ptr,
                              bool aligned, int64_t n, uint32_t thr, uint32_t take_eq) {
   uint32_t base_gt = 0, base_eq = 0;
-  for (int64_t chunk = 0; chunk < n; chunk += kChunk) {
-    const int64_t t = chunk + int64_t(threadIdx.x) * kPerThread;
-    uint32_t key[kPerThread];
-    load_keys(row_ptr, aligned, t, n, key);
-    uint32_t gt = 0, eq = 0;
+  for (int64_t base = 0; base < n; base += int64_t(kChunk) * kUnroll) {
+    uint32_t key[kUnroll][kPerThread];
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const bool in = t + j < n;
-      gt += in && key[j] > thr;
-      eq += in && key[j] == thr;
+    for (int u = 0; u < kUnroll; ++u) {
+      load_keys(row_ptr, aligned, base + u * kChunk + threadIdx.x * kPerThread, n, key[u]);
     }
-    uint32_t total;
-    const uint32_t before = block_exclusive_scan(gt | (eq << 16), s.warp_sums, total);
-    uint32_t gt_before = base_gt + (before & 0xFFFFu), eq_before = base_eq + (before >> 16);
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      if (t + j >= n) break;
-      if (key[j] > thr) {
-        emit(p, row, int(gt_before + min(eq_before, take_eq)), int32_t(t + j));
-        ++gt_before;
-      } else if (key[j] == thr) {
-        if (eq_before < take_eq) emit(p, row, int(gt_before + eq_before), int32_t(t + j));
-        ++eq_before;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * kChunk + threadIdx.x * kPerThread;
+      uint32_t gt = 0, eq = 0;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const bool in = t + j < n;
+        gt += in && key[u][j] > thr;
+        eq += in && key[u][j] == thr;
       }
+      uint32_t total;
+      const uint32_t before = block_exclusive_scan(gt | (eq << 16), s.warp_sums, total);
+      uint32_t gt_before = base_gt + (before & 0xFFFFu), eq_before = base_eq + (before >> 16);
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (t + j >= n) break;
+        if (key[u][j] > thr) {
+          emit(p, row, int(gt_before + min(eq_before, take_eq)), int32_t(t + j));
+          ++gt_before;
+        } else if (key[u][j] == thr) {
+          if (eq_before < take_eq) emit(p, row, int(gt_before + eq_before), int32_t(t + j));
+          ++eq_before;
+        }
+      }
+      base_gt += total & 0xFFFFu;
+      base_eq += total >> 16;
+      if (base_gt + min(base_eq, take_eq) >= uint32_t(p.k)) return;  // block-uniform
     }
-    base_gt += total & 0xFFFFu;
-    base_eq += total >> 16;
-    if (base_gt + min(base_eq, take_eq) >= uint32_t(p.k)) break;  // block-uniform
   }
 }
 
-__global__ void __launch_bounds__(kThreads) topk_kernel(TopkParams p) {
+__global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkParams p) {
   const int row = blockIdx.x;
   int64_t n = p.seq_lens[row];
   n = n < 0 ? 0 : (n > p.ld_logits ? p.ld_logits : n);
