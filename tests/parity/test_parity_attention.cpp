@@ -12,9 +12,10 @@
 //       cores' fp8 accumulation is narrower than f32.
 //   sparse MLA, bf16 cache: out 2e-5, lse 1e-8. CUDA rounds P to bf16 for the tensor cores (a
 //       relative error near 2^-9 per weight); the scores are exact products summed in f32.
-//   sparse MLA, fp8 cache: out 2e-4, lse 1e-6. CUDA also rounds the dequantized c (e4m3 * tile
+//   sparse MLA, fp8 cache: out 2e-4, lse 5e-6. CUDA also rounds the dequantized c (e4m3 * tile
 //       scale) to bf16 in shared memory, so each score carries a relative error near 2^-9 of
-//       its own size, while the CPU dequantizes in f32.
+//       its own size, while the CPU dequantizes in f32. A float64 model of exactly these
+//       roundings measures out ~2e-5 and lse ~4e-7 on these inputs (bf16: 3e-7 and 2e-14).
 //   A wrong token, head or mask gives nmse near 1 in every case.
 //   top-k positions and slots: exact, bytes.
 #include <cmath>
@@ -34,7 +35,7 @@ namespace {
 constexpr double kLogitsBf16Nmse = 1e-8;
 constexpr double kLogitsFp8Nmse = 1e-6;
 constexpr double kAttentionOutNmse[] = {2e-5, 2e-4};  // by KvDtype: bf16, fp8
-constexpr double kAttentionLseNmse[] = {1e-8, 1e-6};
+constexpr double kAttentionLseNmse[] = {1e-8, 5e-6};
 constexpr float kJunk = 9.5e8f;  // fills stride padding; a kernel that reads it goes far off
 
 // A random page-table row of `n` entries: distinct-enough page ids in [1, pages), any order.
