@@ -9,7 +9,7 @@
 //   1. Radix select finds thr in three passes of 11, 11 and 10 bits with shared-memory
 //      histograms. The second pass also gathers the keys of the chosen 11-bit bin into shared
 //      memory when they fit, so the third pass reads no global memory.
-//   2. An ordered scan over t (chunks of 2048, block-wide exclusive scan of the packed counts
+//   2. An ordered scan over t (chunks of 4096, block-wide exclusive scan of the packed counts
 //      of > thr and == thr) gives each winner its output index directly: the output is in
 //      ascending position order with no sort. The scan stops once k winners are placed.
 // Every decision depends on the row alone, so the op is batch-invariant and deterministic.
@@ -23,9 +23,8 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPerThread = 4;                       // consecutive positions per thread per chunk
-constexpr int kChunk = kThreads * kPerThread;       // 2048 positions per scan step
-constexpr int kUnroll = 4;                          // chunks loaded ahead per pass step
+constexpr int kPerThread = 8;                       // consecutive positions per thread per chunk
+constexpr int kChunk = kThreads * kPerThread;       // 4096 positions per scan step (< 2^16)
 constexpr int kMaxBins = 2048;                      // 11-bit digits
 constexpr int kCandidateCap = 8192;                 // keys of the pass-1 bin kept in shared memory
 
@@ -72,12 +71,16 @@ __device__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_sums, uint32
   return before;
 }
 
-// Keys of positions [t, t + 4); positions >= n get key 0 (callers mask them by t < n).
+// Keys of positions [t, t + kPerThread); positions >= n get key 0 (callers mask them by t < n).
 __device__ __forceinline__ void load_keys(const float* row, bool aligned, int64_t t, int64_t n,
                                           uint32_t (&key)[kPerThread]) {
   if (aligned && t + kPerThread <= n) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(row + t));
-    key[0] = rank_key(v.x), key[1] = rank_key(v.y), key[2] = rank_key(v.z), key[3] = rank_key(v.w);
+#pragma unroll
+    for (int v = 0; v < kPerThread / 4; ++v) {
+      const float4 x = __ldg(reinterpret_cast<const float4*>(row + t) + v);
+      key[4 * v] = rank_key(x.x), key[4 * v + 1] = rank_key(x.y);
+      key[4 * v + 2] = rank_key(x.z), key[4 * v + 3] = rank_key(x.w);
+    }
     return;
   }
 #pragma unroll
@@ -122,24 +125,16 @@ __device__ void clear_hist(TopkShared& s) {
 }
 
 // One histogram pass over the row in global memory; optionally gathers the candidates' keys.
-// kUnroll chunks are loaded before any is counted, to keep enough bytes in flight per block.
 __device__ void global_pass(TopkShared& s, const float* row, bool aligned, int64_t n, int shift,
                             int nbins, const Selection& sel, bool gather) {
-  for (int64_t base = 0; base < n; base += int64_t(kChunk) * kUnroll) {
-    uint32_t key[kUnroll][kPerThread];
+  for (int64_t t = int64_t(threadIdx.x) * kPerThread; t < n; t += kChunk) {
+    uint32_t key[kPerThread];
+    load_keys(row, aligned, t, n, key);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      load_keys(row, aligned, base + u * kChunk + threadIdx.x * kPerThread, n, key[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = base + u * kChunk + threadIdx.x * kPerThread;
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        if (t + j >= n || (key[u][j] & sel.mask) != sel.prefix) continue;
-        atomicAdd(&s.hist[(key[u][j] >> shift) & uint32_t(nbins - 1)], 1u);
-        if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[u][j];
-      }
+    for (int j = 0; j < kPerThread; ++j) {
+      if (t + j >= n || (key[j] & sel.mask) != sel.prefix) continue;
+      atomicAdd(&s.hist[(key[j] >> shift) & uint32_t(nbins - 1)], 1u);
+      if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[j];
     }
   }
   __syncthreads();
@@ -165,45 +160,39 @@ __device__ __forceinline__ void emit(const TopkParams& p, int row, int i, int32_
   p.out_slots[int64_t(row) * p.k + i] = slot;
 }
 
-// The ordered scan: every key > thr, then the first take_eq keys == thr, in ascending t.
-// Loads run kUnroll chunks ahead of the scans; the scan stops once k winners are placed.
+// The ordered scan: every key > thr, then the first take_eq keys == thr, in ascending t. Each
+// thread owns kPerThread consecutive positions of a chunk; the scan stops once k are placed.
 __device__ void emit_winners(const TopkParams& p, TopkShared& s, int row, const float* row_ptr,
                              bool aligned, int64_t n, uint32_t thr, uint32_t take_eq) {
   uint32_t base_gt = 0, base_eq = 0;
-  for (int64_t base = 0; base < n; base += int64_t(kChunk) * kUnroll) {
-    uint32_t key[kUnroll][kPerThread];
+  for (int64_t chunk = 0; chunk < n; chunk += kChunk) {
+    const int64_t t = chunk + int64_t(threadIdx.x) * kPerThread;
+    uint32_t key[kPerThread];
+    load_keys(row_ptr, aligned, t, n, key);
+    uint32_t gt = 0, eq = 0;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      load_keys(row_ptr, aligned, base + u * kChunk + threadIdx.x * kPerThread, n, key[u]);
+    for (int j = 0; j < kPerThread; ++j) {
+      const bool in = t + j < n;
+      gt += in && key[j] > thr;
+      eq += in && key[j] == thr;
     }
+    uint32_t total;
+    const uint32_t before = block_exclusive_scan(gt | (eq << 16), s.warp_sums, total);
+    uint32_t gt_before = base_gt + (before & 0xFFFFu), eq_before = base_eq + (before >> 16);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = base + u * kChunk + threadIdx.x * kPerThread;
-      uint32_t gt = 0, eq = 0;
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        const bool in = t + j < n;
-        gt += in && key[u][j] > thr;
-        eq += in && key[u][j] == thr;
+    for (int j = 0; j < kPerThread; ++j) {
+      if (t + j >= n) break;
+      if (key[j] > thr) {
+        emit(p, row, int(gt_before + min(eq_before, take_eq)), int32_t(t + j));
+        ++gt_before;
+      } else if (key[j] == thr) {
+        if (eq_before < take_eq) emit(p, row, int(gt_before + eq_before), int32_t(t + j));
+        ++eq_before;
       }
-      uint32_t total;
-      const uint32_t before = block_exclusive_scan(gt | (eq << 16), s.warp_sums, total);
-      uint32_t gt_before = base_gt + (before & 0xFFFFu), eq_before = base_eq + (before >> 16);
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        if (t + j >= n) break;
-        if (key[u][j] > thr) {
-          emit(p, row, int(gt_before + min(eq_before, take_eq)), int32_t(t + j));
-          ++gt_before;
-        } else if (key[u][j] == thr) {
-          if (eq_before < take_eq) emit(p, row, int(gt_before + eq_before), int32_t(t + j));
-          ++eq_before;
-        }
-      }
-      base_gt += total & 0xFFFFu;
-      base_eq += total >> 16;
-      if (base_gt + min(base_eq, take_eq) >= uint32_t(p.k)) return;  // block-uniform
     }
+    base_gt += total & 0xFFFFu;
+    base_eq += total >> 16;
+    if (base_gt + min(base_eq, take_eq) >= uint32_t(p.k)) break;  // block-uniform
   }
 }
 
