@@ -87,7 +87,8 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
   const std::vector<int32_t> lens(kRows, kLen);
   be.copy_to_device(seq_lens.data(), lens.data(), seq_lens.bytes());
   DeviceBuffer<float> q(be, size_t(kRows) * kHeads * kIndexHeadDim), w(be, size_t(kRows) * kHeads);
-  be.copy_to_device(q.data(), normals(gen, size_t(kRows) * kHeads * kIndexHeadDim).data(), q.bytes());
+  const std::vector<float> q_host = normals(gen, size_t(kRows) * kHeads * kIndexHeadDim);
+  be.copy_to_device(q.data(), q_host.data(), q.bytes());
   be.copy_to_device(w.data(), normals(gen, size_t(kRows) * kHeads, 0.1f).data(), w.bytes());
   DeviceBuffer<float> logits(be, size_t(kRows) * kLen);
 

@@ -41,7 +41,9 @@ struct KeyShape {
 };
 
 // Byte offset, inside a token's key row, of word w (0 .. 4*kLoads-1) held by lane column c.
-__device__ __forceinline__ int word_byte(int c, int w) { return (w >> 2) * 64 + c * 16 + (w & 3) * 4; }
+__device__ __forceinline__ int word_byte(int c, int w) {
+  return (w >> 2) * 64 + c * 16 + (w & 3) * 4;
+}
 
 struct SharedQuery {
   uint4 frag[kMaxMTiles * 8 * 32];    // A fragments [m-tile][k-step][lane], 4 regs each

@@ -1,10 +1,10 @@
 // Top-k over the indexer's logits (DESIGN §1.6), identical to the CPU's sets and order.
 //
-// One block of 512 threads per row (two blocks fit an SM). The CPU's strict total order (numbers above NaN, larger
-// value first, -0 == +0, then lower position first) becomes an order on uint32 keys: rank_key()
-// maps floats monotonically, every NaN to 0 (below -inf) and -0 to +0, and equal keys are
-// broken by position. So the k winners are every t with key > thr plus the first (k - count_gt)
-// positions with key == thr, where thr is the k-th largest key.
+// One block of 512 threads per row (two fit an SM). The CPU's strict total order (numbers above
+// NaN, larger value first, -0 == +0, then lower position first) is an order on uint32 keys:
+// rank_key() maps floats monotonically, every NaN to 0 (below -inf) and -0 to +0, and equal keys
+// are broken by position. So the k winners are every t with key > thr plus the first
+// (k - count_gt) positions with key == thr, where thr is the k-th largest key.
 //
 //   1. Radix select finds thr in three passes of 11, 11 and 10 bits with shared-memory
 //      histograms. The second pass also gathers the keys of the chosen 11-bit bin into shared
@@ -143,7 +143,8 @@ __device__ void global_pass(TopkShared& s, const float* row, bool aligned, int64
 __device__ void shared_pass(TopkShared& s, int shift, int nbins, const Selection& sel) {
   for (uint32_t i = threadIdx.x; i < s.candidate_count; i += kThreads) {
     const uint32_t key = s.candidates[i];
-    if ((key & sel.mask) == sel.prefix) atomicAdd(&s.hist[(key >> shift) & uint32_t(nbins - 1)], 1u);
+    if ((key & sel.mask) != sel.prefix) continue;
+    atomicAdd(&s.hist[(key >> shift) & uint32_t(nbins - 1)], 1u);
   }
   __syncthreads();
 }
