@@ -2,13 +2,17 @@
 
 #include <algorithm>
 
+#include "dsa/checkpoint.h"
 #include "dsa/config.h"
 #include "dsa/error.h"
 
 namespace dsa::tools {
 
 void add_model_options(CLI::App* app, ModelOptions& o) {
-  app->add_option("--preset", o.preset, "model preset: tiny | v32")->capture_default_str();
+  app->add_option("--preset", o.preset, "model preset: tiny | tiny-moe | v32")
+      ->capture_default_str();
+  app->add_option("--checkpoint", o.checkpoint,
+                  "load config and weights from this checkpoint directory instead of a preset");
   app->add_option("--backend", o.backend, "cpu | cuda")->capture_default_str();
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
@@ -32,15 +36,20 @@ KvDtype parse_kv_dtype(const std::string& name, const char* flag) {
 
 ModelStack build_model_stack(const ModelOptions& o) {
   ModelStack s;
-  const ModelConfig config = preset_config(o.preset);
+  ModelConfig config;
+  Weights weights;
   const KvDtype index_k = parse_kv_dtype(o.index_k, "--index-k");
   const KvDtype latent = parse_kv_dtype(o.latent, "--latent");
   s.backend = make_backend(parse_backend(o.backend));
+  if (o.checkpoint.empty()) {
+    config = preset_config(o.preset);
+    weights = Weights::synthetic(*s.backend, config, o.seed);
+  } else {
+    weights = load_checkpoint(*s.backend, o.checkpoint, &config);
+  }
   const int context = o.max_context > 0 ? o.max_context
                                         : std::min(config.max_position_embeddings, 4096);
-  s.model = std::make_unique<Model>(*s.backend, config,
-                                    Weights::synthetic(*s.backend, config, o.seed), o.max_rows,
-                                    context);
+  s.model = std::make_unique<Model>(*s.backend, config, std::move(weights), o.max_rows, context);
   CacheConfig cc;
   cc.num_layers = config.num_hidden_layers;
   const int64_t pages_per_context = (context + kPageSize - 1) / kPageSize;

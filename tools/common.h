@@ -22,6 +22,7 @@ struct ModelOptions {
   int max_rows = 64;
   int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
   int64_t pages = 0;    // 0: enough for max_rows full contexts
+  std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
 };
 void add_model_options(CLI::App* app, ModelOptions& o);
 
@@ -39,6 +40,7 @@ ModelStack build_model_stack(const ModelOptions& o);
 // status).
 using Runner = std::function<int()>;
 void register_generate(CLI::App& app, Runner& run);
+void register_write_checkpoint(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

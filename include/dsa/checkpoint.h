@@ -1,0 +1,53 @@
+// Checkpoint directories laid out as the DeepSeek-V3.2 releases on the Hugging Face hub:
+//   config.json                       the model config (Hugging Face field names)
+//   model.safetensors                 one file, or
+//   model-0000k-of-0000n.safetensors  shards, with
+//   model.safetensors.index.json      {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+//
+// Tensor names and shapes are those of weight_manifest(config). A tensor loads from
+//   BF16: as is;
+//   F32: rounded to bf16 (nearest even), e.g. the router's e_score_correction_bias;
+//   F8_E4M3 with "<name>_scale_inv" (F32, [ceil(out/128), ceil(in/128)]): each 128x128 block is
+//     dequantized as bf16(fp8 * scale_inv), the product taken in f32 (nearest even) and then
+//     rounded to bf16 (nearest even), as DeepSeek's own weight_dequant does.
+// A missing, truncated or mismatched tensor is a dsa::Error (kIo) naming the tensor, the file,
+// and what was expected and found.
+#pragma once
+
+#include <string>
+
+#include "dsa/backend.h"
+#include "dsa/config.h"
+#include "dsa/model.h"
+
+namespace dsa {
+
+inline constexpr int kFp8BlockSize = 128;  // the weight_scale_inv block: 128 x 128
+
+struct CheckpointLoadOptions {
+  // Tensors the manifest does not name are logged as a warning; strict makes them an error.
+  bool strict = false;
+};
+
+// Reads and validates DIR/config.json.
+ModelConfig load_checkpoint_config(const std::string& dir);
+
+// Loads every tensor of the manifest into `backend`, and the config into *config_out when set.
+Weights load_checkpoint(Backend& backend, const std::string& dir, ModelConfig* config_out = nullptr,
+                        const CheckpointLoadOptions& options = {});
+
+struct CheckpointWriteOptions {
+  int shards = 1;    // 1: model.safetensors; more: model-0000k-of-0000n + the index
+  bool fp8 = false;  // 2-D projections as F8_E4M3 with 128x128 block weight_scale_inv
+};
+
+// Writes config.json and the safetensors file(s) of `weights` (read back from `backend`) into DIR,
+// creating it. With fp8, embeddings, lm_head, the router and the indexer's weights_proj stay
+// bf16, as in DeepSeek's release; 1-D tensors are bf16, the router bias f32.
+void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights& weights,
+                      const std::string& dir, const CheckpointWriteOptions& options = {});
+
+// Whether write_checkpoint(fp8) stores this manifest tensor as F8_E4M3.
+bool checkpoint_stores_fp8(const std::string& name, const std::vector<int64_t>& shape);
+
+}  // namespace dsa
