@@ -35,7 +35,7 @@ void register_check_replay(CLI::App& app, Runner& run) {
   struct Opts {
     ModelOptions model;
     ReplayCheckOptions check;
-    std::string inject;
+    std::string inject, mode = "graph";
     std::vector<int> buckets;
   };
   auto o = std::make_shared<Opts>();
@@ -47,6 +47,7 @@ void register_check_replay(CLI::App& app, Runner& run) {
   cmd->add_option("--steps", o->check.steps, "decode steps")->capture_default_str()->check(CLI::Range(1, 10000000));
   cmd->add_option("--seed", o->check.seed, "seed of the batch sequence")->capture_default_str();
   cmd->add_option("--inject", o->inject, "faults: stale-padding,unguarded-store (or incident)");
+  cmd->add_option("--mode", o->mode, "graph | eager (the checked runner)")->capture_default_str();
   cmd->add_option("--buckets", o->buckets, "graph batch buckets (default 1 2 4 8 12 16)");
   cmd->add_option("--max-live", o->check.max_live_requests, "concurrent sequences")
       ->capture_default_str()->check(CLI::Range(1, 4096));
@@ -63,6 +64,9 @@ void register_check_replay(CLI::App& app, Runner& run) {
       for (int b : ro.buckets) mo.max_rows = std::max(mo.max_rows, b);
       ro.max_request_tokens = std::min(ro.max_request_tokens, mo.max_context);
       ro.faults = parse_faults(o->inject);
+      require(o->mode == "graph" || o->mode == "eager", ErrorCode::kInvalidArgument,
+              "--mode must be graph or eager, got '{}'", o->mode);
+      ro.mode = o->mode == "graph" ? RunMode::kGraph : RunMode::kEager;
       ModelStack stack = build_model_stack(mo);
       CacheConfig cc = stack.cache->config();
       stack.cache.reset();  // the check makes its own pair of caches of this shape

@@ -16,7 +16,8 @@ namespace dsa {
 struct ReplayCheckOptions {
   int steps = 1000;
   uint64_t seed = 1;
-  FaultSet faults;                 // applied to the graph runner only; eager is the reference
+  RunMode mode = RunMode::kGraph;  // the checked runner; kEager runs it at the batch's size
+  FaultSet faults;                 // applied to the checked runner only; eager is the reference
   std::vector<int> buckets = {1, 2, 4, 8, 12, 16};
   int max_live_requests = 16;      // concurrent sequences
   int max_request_tokens = 160;    // a sequence ends at this length (or earlier, at random)

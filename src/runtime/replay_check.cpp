@@ -32,7 +32,7 @@ ReplayCheckReport run_replay_check(Model& model, const CacheConfig& cache_config
           o.max_request_tokens, model.max_context());
   KvCache cache(be, cache_config);
   KvCache twin(be, cache_config);
-  RunnerOptions graph_options{RunMode::kGraph, o.buckets, o.faults};
+  RunnerOptions graph_options{o.mode, o.buckets, o.faults};
   Runner graph(model, cache, graph_options);
   Runner eager(model, twin, RunnerOptions{RunMode::kEager, {}, {}});
   SlotAuditor auditor(be, cache);
@@ -42,8 +42,10 @@ ReplayCheckReport run_replay_check(Model& model, const CacheConfig& cache_config
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   const int vocab = model.config().vocab_size;
-  const int max_batch = std::min(o.max_live_requests, o.buckets.empty() ? 1 : *std::max_element(
-                                                          o.buckets.begin(), o.buckets.end()));
+  const int widest = o.mode == RunMode::kGraph && !o.buckets.empty()
+                         ? *std::max_element(o.buckets.begin(), o.buckets.end())
+                         : model.max_rows();
+  const int max_batch = std::min(o.max_live_requests, widest);
   std::vector<Sequence> live;
   int64_t next_id = 1;
   ReplayCheckReport report;

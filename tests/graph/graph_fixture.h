@@ -1,0 +1,111 @@
+// A small model with a graph runner on one cache and an eager runner on a twin cache, kept in
+// lockstep, for replay-vs-eager tests.
+#pragma once
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "dsa/generate.h"
+#include "dsa/runner.h"
+
+namespace dsa::testing {
+
+// The tiny preset shrunk further (the cache's per-token dims stay real) so thousands of steps
+// run in seconds on the CPU.
+inline ModelConfig micro_config() {
+  ModelConfig c = preset_config("tiny");
+  c.name = "micro";
+  c.hidden_size = 64;
+  c.num_attention_heads = 2;
+  c.q_lora_rank = 32;
+  c.index_n_heads = 2;
+  c.index_topk = 16;
+  c.vocab_size = 64;
+  c.intermediate_size = 96;
+  c.max_position_embeddings = 256;
+  c.first_k_dense_replace = c.num_hidden_layers;
+  return c;
+}
+
+struct GraphFixture {
+  struct Request {
+    PageTable graph_pages, eager_pages;
+    int32_t length = 0;
+    int32_t next_token = 0;
+  };
+
+  GraphFixture(const ModelConfig& config, KvDtype index_k, std::vector<int> buckets,
+               FaultSet faults = {}) {
+    backend = make_cpu_backend();
+    model = std::make_unique<Model>(*backend, config, Weights::synthetic(*backend, config, 11),
+                                    /*max_rows=*/64, /*max_context=*/256);
+    CacheConfig cc;
+    cc.num_layers = config.num_hidden_layers;
+    cc.num_pages = 64;
+    cc.index_k_dtype = index_k;
+    graph_cache = std::make_unique<KvCache>(*backend, cc);
+    eager_cache = std::make_unique<KvCache>(*backend, cc);
+    graph = std::make_unique<Runner>(*model, *graph_cache,
+                                     RunnerOptions{RunMode::kGraph, std::move(buckets), faults});
+    eager = std::make_unique<Runner>(*model, *eager_cache, RunnerOptions{});
+  }
+
+  // n requests with random prompts of 5..40 tokens, prefilled eagerly into both caches.
+  void start_requests(int n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < n; ++i) {
+      Request r;
+      const int len = int(rng() % 36) + 5;
+      reserve(r, len);
+      std::vector<RowInput> rows;
+      for (int t = 0; t < len; ++t) {
+        rows.push_back({int32_t(rng() % model->config().vocab_size), t, r.graph_pages.slot(t),
+                        t + 1, r.graph_pages.pages()});
+      }
+      StepResult g = graph->step_eager(rows);
+      eager->step_eager(rows);
+      r.length = len;
+      r.next_token = argmax({g.logits.data() + (len - 1) * model->config().vocab_size,
+                             size_t(model->config().vocab_size)});
+      requests.push_back(std::move(r));
+    }
+  }
+
+  // The next decode row of each listed request (pages reserved in both caches).
+  std::vector<RowInput> decode_rows(const std::vector<int>& which) {
+    std::vector<RowInput> rows;
+    for (int i : which) {
+      Request& r = requests[i];
+      reserve(r, r.length + 1);
+      rows.push_back({r.next_token, r.length, r.graph_pages.slot(r.length), r.length + 1,
+                      r.graph_pages.pages()});
+    }
+    return rows;
+  }
+
+  void advance(const std::vector<int>& which, const StepResult& result) {
+    const size_t vocab = size_t(model->config().vocab_size);
+    for (size_t k = 0; k < which.size(); ++k) {
+      Request& r = requests[which[k]];
+      r.next_token = argmax({result.logits.data() + k * vocab, vocab});
+      ++r.length;
+    }
+  }
+
+  void reserve(Request& r, int tokens) {
+    if (!r.graph_pages.reserve(tokens, graph_cache->allocator()) ||
+        !r.eager_pages.reserve(tokens, eager_cache->allocator()) ||
+        r.graph_pages.pages() != r.eager_pages.pages()) {
+      throw std::runtime_error("fixture caches out of pages or out of lockstep");
+    }
+  }
+
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> graph_cache, eager_cache;
+  std::unique_ptr<Runner> graph, eager;
+  std::vector<Request> requests;
+};
+
+}  // namespace dsa::testing
