@@ -61,6 +61,9 @@ class BenchContext {
   std::vector<BenchResult> results_;
 };
 
+// An empty kernel on `stream` (empty_kernel.cu), for the launch floor.
+cudaError_t launch_empty_kernel(cudaStream_t stream);
+
 // Defined in bench_store.cpp.
 void run_store_benches(BenchContext& ctx);
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).

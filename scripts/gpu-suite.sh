@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The GPU suite. Runs ON the device, from the repository root, with the build of
+# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}). One run tells everything:
+#   parity tests (gtest JSON), CPU tests, compute-sanitizer (memcheck, racecheck, initcheck,
+#   synccheck) over a short parity filter, dsa_gpu_bench, the torch baselines, the joined report.
+# Every step has a timeout and the suite goes on after a failure. Files written to $OUT (a few,
+# logs concatenated): summary.md, results.json, suite.log, parity.json, bench_merged.json.
+# Environment: OUT (default ./gpu-out), SANITIZER_FILTER (gtest filter for the sanitizer runs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+TMP="$(mktemp -d)"
+B=build-gpu
+export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/suite.log"
+STEPS="$TMP/steps.tsv"  # name, rc, seconds, note
+: > "$LOG"
+: > "$STEPS"
+SANITIZER_FILTER="${SANITIZER_FILTER:-ParityStore.LargeBatchMatchesCpu:ParityOps.Hadamard:ParityOps.Softmax:ParityOps.RmsNorm:ParityAttention.*BatchInvariant*}"
+
+# step NAME TIMEOUT_S COMMAND...: runs, appends its output to the log, records rc and seconds.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  echo "=== $name: $* (timeout ${limit}s)" | tee -a "$LOG"
+  local start=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
+  local rc=$?
+  local note=""
+  [[ $rc -eq 124 || $rc -eq 137 ]] && note="TIMEOUT"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$note" >> "$STEPS"
+  echo "=== $name: rc=$rc $note in $((SECONDS - start))s" | tee -a "$LOG"
+}
+
+step nvidia-smi 20 nvidia-smi
+step parity 150 "$B/tests/dsa_parity_tests" --gtest_output="json:$OUT/parity.json"
+step dsa_tests 90 "$B/tests/dsa_tests" --gtest_brief=1
+
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+for tool in memcheck racecheck initcheck synccheck; do
+  extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
+  step "sanitizer-$tool" 50 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
+    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+done
+
+step dsa_gpu_bench 150 "$B/bench/dsa_gpu_bench" --json "$TMP/dsa_bench.json"
+torch_jsons=()
+for script in bench/gpu/torch_*.py; do
+  [[ -f $script ]] || continue
+  stem="$(basename "$script" .py)"
+  step "$stem" 60 python3 "$script" --json "$TMP/$stem.json"
+  [[ -f $TMP/$stem.json ]] && torch_jsons+=("$TMP/$stem.json")
+done
+if [[ -f $TMP/dsa_bench.json ]]; then
+  step report 20 python3 bench/gpu/report.py --dsa "$TMP/dsa_bench.json" \
+    --torch "${torch_jsons[@]}" --markdown "$TMP/report.md" --json "$OUT/bench_merged.json"
+fi
+
+# summary.md and results.json: every step's status, the gtest counts, the sanitizer error
+# counts (from the log), and the bench report.
+python3 - "$STEPS" "$LOG" "$OUT" "$TMP/report.md" <<'PY'
+import json, os, re, sys
+steps_path, log_path, out, report = sys.argv[1:5]
+log = open(log_path, errors="replace").read()
+steps = []
+for line in open(steps_path):
+    name, rc, secs, note = (line.rstrip("\n").split("\t") + [""])[:4]
+    s = {"name": name, "rc": int(rc), "seconds": int(secs), "note": note}
+    begin = log.find(f"=== {name}: ")
+    section = log[begin:log.find(f"=== {name}: rc=", begin)] if begin >= 0 else ""
+    if name.startswith("sanitizer-"):
+        m = re.findall(r"ERROR SUMMARY: (\d+) error", section)
+        s["errors"] = int(m[-1]) if m else None
+        s["racecheck_hazards"] = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", section)
+    m = re.findall(r"\[  PASSED  \] (\d+) test", section)
+    if m: s["passed"] = int(m[-1])
+    m = re.findall(r"\[  FAILED  \] (\d+) test", section)
+    if m: s["failed"] = int(m[-1])
+    m = re.findall(r"\[  SKIPPED \] (\d+) test", section)
+    if m: s["skipped"] = int(m[-1])
+    steps.append(s)
+failures = []
+pj = os.path.join(out, "parity.json")
+if os.path.exists(pj):
+    g = json.load(open(pj))
+    for suite in g.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            for f in t.get("failures", []):
+                failures.append(f"{suite['name']}.{t['name']}: {f.get('failure', '')[:600]}")
+ok = all(s["rc"] == 0 for s in steps)
+lines = ["# GPU suite", "", f"overall: {'PASS' if ok else 'FAIL'}", "",
+         "| step | rc | s | passed | failed | skipped | sanitizer errors | note |",
+         "|---|---|---|---|---|---|---|---|"]
+for s in steps:
+    lines.append(f"| {s['name']} | {s['rc']} | {s['seconds']} | {s.get('passed', '')} | "
+                 f"{s.get('failed', '')} | {s.get('skipped', '')} | {s.get('errors', '')} | "
+                 f"{s['note']} |")
+if failures:
+    lines += ["", "## parity failures (first 20)", ""] + [f"- {f}" for f in failures[:20]]
+if os.path.exists(report):
+    lines += ["", open(report).read()]
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
+json.dump({"ok": ok, "steps": steps, "parity_failures": failures},
+          open(os.path.join(out, "results.json"), "w"), indent=2)
+PY
+rm -rf "$TMP"
+echo
+cat "$OUT/summary.md"
