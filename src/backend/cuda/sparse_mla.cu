@@ -74,6 +74,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The two warps (mt, 0) and (mt, 1) of a pair meet at named barrier 1 + mt (0 is __syncthreads).
+__device__ __forceinline__ void pair_barrier(int mt) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + mt), "r"(64) : "memory");
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -236,14 +240,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
     __nv_bfloat16* kv = kv_s + buf * kChunk * kPitch;
     const int* valid = valid_s + buf * kChunk;
     const bool prefetch = ch + 1 < n_chunks;
+    cp_async_wait<0>();  // this thread's copies of chunk ch have landed
+    // Chunk ch (and q) is visible to all, and every warp is done with step ch - 1: its buffer
+    // (the other one) and the exchange area may be overwritten from here on.
+    __syncthreads();
     if (prefetch) {
       fetch_chunk<D>(p, indices, ch + 1, kv_s + (buf ^ 1) * kChunk * kPitch,
                      valid_s + (buf ^ 1) * kChunk, raw, tile_scale);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();  // chunk ch (and q) visible to all
 
     float s[4][4];
     partial_scores(q_s, kv, mt, half, s);
@@ -251,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
     const float* partner = exchange + (warp ^ 4) * 16 * 32;
 #pragma unroll
     for (int i = 0; i < 16; ++i) mine[i * 32 + lane] = s[i / 4][i % 4];
-    __syncthreads();
+    pair_barrier(mt);
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];  // S_0 + S_1 in both
 
@@ -296,7 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
     if constexpr (D == KvDtype::kFp8) {
       if (prefetch) store_fp8_pieces(kv_s + (buf ^ 1) * kChunk * kPitch, raw, tile_scale);
     }
-    __syncthreads();  // the buffer of chunk ch is refilled by the next step's prefetch
   }
 
   // Epilogue: full row sums over the quad, normalize, write; unused rows stay exactly zero.
