@@ -28,7 +28,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroupTokens = 32;                 // tokens per warp iteration: 4 n-tiles of 8
 constexpr int kNTiles = kGroupTokens / 8;
-constexpr int kBlockTokens = 1024;               // tokens per block (16 pages)
+constexpr int kBlockTokens = 2048;               // tokens per block (32 pages)
 constexpr int kMaxHeads = 64;                    // heads padded to 16; up to 4 m-tiles
 constexpr int kMaxMTiles = kMaxHeads / 16;
 
@@ -51,28 +51,36 @@ struct SharedQuery {
   float weight[kMaxHeads];            // w, or w * s_q for fp8; 0 for padded heads
 };
 
-// Quantizes (or rounds) the row's q into s.natural and the weights, one warp per head.
+// Quantizes (or rounds) the row's q into s.natural and the weights, one warp per head. All of
+// a warp's loads are issued before any is used, so the block pays one global latency here.
 template <KvDtype D>
 __device__ void prepare_natural(const IndexerLogitsParams& p, int row, int heads_padded,
                                 SharedQuery& s) {
+  constexpr int kHeadsPerWarp = kMaxHeads / kWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int h = warp; h < heads_padded; h += kWarps) {
-    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // dims lane*4 .. lane*4+3; zero for padded heads
-    float w = 0.0f;
-    if (h < p.heads) {
-      const float* qh = p.q + int64_t(row) * p.ld_q + int64_t(h) * kIndexHeadDim + lane * 4;
-      for (int i = 0; i < 4; ++i) x[i] = qh[i];
-      w = p.w[int64_t(row) * p.ld_w + h];
-    }
+  float x[kHeadsPerWarp][4], w[kHeadsPerWarp];  // dims lane*4 .. +3 of head warp + i*kWarps
+#pragma unroll
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    const int h = warp + i * kWarps;
+    const bool real = h < p.heads;  // padded heads are zero
+    const float* qh = p.q + int64_t(row) * p.ld_q + int64_t(h) * kIndexHeadDim + lane * 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[i][j] = real ? qh[j] : 0.0f;
+    w[i] = real ? p.w[int64_t(row) * p.ld_w + h] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    const int h = warp + i * kWarps;
+    if (h >= heads_padded) break;  // warp-uniform
     if constexpr (D == KvDtype::kBf16) {
       Bf16* dst = reinterpret_cast<Bf16*>(s.natural + h * 256) + lane * 4;
-      for (int i = 0; i < 4; ++i) dst[i] = float_to_bf16(x[i]);
-      if (lane == 0) s.weight[h] = w;
+      for (int j = 0; j < 4; ++j) dst[j] = float_to_bf16(x[i][j]);
+      if (lane == 0) s.weight[h] = w[i];
     } else {
       // The same encoder as the CPU: amax with NaN never winning, exact scale, x / scale.
       float amax = 0.0f;
-      for (int i = 0; i < 4; ++i) {
-        const float a = x[i] < 0 ? -x[i] : x[i];
+      for (int j = 0; j < 4; ++j) {
+        const float a = x[i][j] < 0 ? -x[i][j] : x[i][j];
         amax = a > amax ? a : amax;
       }
       for (int o = 16; o > 0; o >>= 1) {
@@ -81,8 +89,8 @@ __device__ void prepare_natural(const IndexerLogitsParams& p, int row, int heads
       }
       const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
       uint8_t* dst = s.natural + h * 256 + lane * 4;
-      for (int i = 0; i < 4; ++i) dst[i] = float_to_fp8(x[i] / s_q).bits;
-      if (lane == 0) s.weight[h] = h < p.heads ? w * s_q : 0.0f;
+      for (int j = 0; j < 4; ++j) dst[j] = float_to_fp8(x[i][j] / s_q).bits;
+      if (lane == 0) s.weight[h] = w[i] * s_q;  // 0 for padded heads
     }
   }
 }
