@@ -125,16 +125,24 @@ __device__ void clear_hist(TopkShared& s) {
 }
 
 // One histogram pass over the row in global memory; optionally gathers the candidates' keys.
+// Two chunks are loaded before either is counted, to keep more bytes in flight per block.
 __device__ void global_pass(TopkShared& s, const float* row, bool aligned, int64_t n, int shift,
                             int nbins, const Selection& sel, bool gather) {
-  for (int64_t t = int64_t(threadIdx.x) * kPerThread; t < n; t += kChunk) {
-    uint32_t key[kPerThread];
-    load_keys(row, aligned, t, n, key);
+  for (int64_t base = 0; base < n; base += 2 * kChunk) {
+    uint32_t key[2][kPerThread];
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      if (t + j >= n || (key[j] & sel.mask) != sel.prefix) continue;
-      atomicAdd(&s.hist[(key[j] >> shift) & uint32_t(nbins - 1)], 1u);
-      if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[j];
+    for (int u = 0; u < 2; ++u) {
+      load_keys(row, aligned, base + u * kChunk + threadIdx.x * kPerThread, n, key[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t t = base + u * kChunk + threadIdx.x * kPerThread;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (t + j >= n || (key[u][j] & sel.mask) != sel.prefix) continue;
+        atomicAdd(&s.hist[(key[u][j] >> shift) & uint32_t(nbins - 1)], 1u);
+        if (gather) s.candidates[atomicAdd(&s.candidate_count, 1u)] = key[u][j];
+      }
     }
   }
   __syncthreads();
