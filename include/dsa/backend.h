@@ -98,7 +98,7 @@ class DeviceArray {
   DeviceArray() = default;
   DeviceArray(Backend& backend, size_t count)
       : backend_(&backend),
-        data_(static_cast<T*>(backend.allocate(count * sizeof(T) ? count * sizeof(T) : 1))),
+        data_(static_cast<T*>(backend.allocate(count ? count * sizeof(T) : 1))),
         count_(count) {}
   DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
