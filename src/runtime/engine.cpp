@@ -1,0 +1,415 @@
+// The engine's scheduler: admission, page growth, preemption, prefill and decode steps, and the
+// auditor's bookkeeping. Sessions' turn bookkeeping lives in session.cpp.
+#include "dsa/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "engine_state.h"
+
+namespace dsa {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAborted: return "aborted";
+    case FinishReason::kFailed: return "failed";
+  }
+  return "?";
+}
+
+Engine::Engine(Model& model, KvCache& cache, EngineOptions options)
+    : model_(model), cache_(cache), options_(std::move(options)) {
+  const int max_rows = model_.max_rows();
+  if (options_.max_prefill_rows <= 0) options_.max_prefill_rows = max_rows;
+  if (options_.max_running <= 0) options_.max_running = max_rows;
+  require(options_.max_prefill_rows <= max_rows && options_.max_running <= max_rows,
+          ErrorCode::kInvalidArgument,
+          "max_prefill_rows = {} and max_running = {} must be at most the model's max_rows = {}",
+          options_.max_prefill_rows, options_.max_running, max_rows);
+  require(options_.audit_sample >= 1, ErrorCode::kInvalidArgument,
+          "audit_sample = {} must be >= 1", options_.audit_sample);
+  auto& buckets = options_.runner.buckets;  // buckets above max_rows could never be captured
+  std::erase_if(buckets, [max_rows](int b) { return b > max_rows; });
+  if (options_.runner.mode == RunMode::kGraph && buckets.empty()) buckets = {max_rows};
+  runner_ = std::make_unique<Runner>(model_, cache_, options_.runner);
+  if (options_.audit) auditor_ = std::make_unique<SlotAuditor>(model_.backend(), cache_);
+}
+
+Engine::~Engine() = default;
+
+Engine::Request* Engine::find(int64_t id) {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+int64_t Engine::owner_of(const Request& r) const { return r.session >= 0 ? r.session : r.id; }
+
+void Engine::validate(const std::vector<int32_t>& tokens, const RequestParams& params) const {
+  require(!tokens.empty(), ErrorCode::kInvalidArgument, "the prompt is empty");
+  const int vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    require(tokens[i] >= 0 && tokens[i] < vocab, ErrorCode::kInvalidArgument,
+            "prompt token {} is {}, outside the vocabulary [0, {})", i, tokens[i], vocab);
+  }
+  require(params.max_new_tokens >= 1, ErrorCode::kInvalidArgument,
+          "max_new_tokens = {} must be >= 1", params.max_new_tokens);
+  params.sampling.validate();
+}
+
+int64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params) {
+  validate(prompt, params);
+  auto r = std::make_unique<Request>();
+  r->seq = std::move(prompt);
+  r->params = params;
+  return enqueue(std::move(r));
+}
+
+int64_t Engine::enqueue(std::unique_ptr<Request> r) {
+  r->id = next_id_++;
+  r->prompt_len = int(r->seq.size());
+  r->prefill_end = int64_t(r->seq.size());
+  const int64_t id = r->id;
+  waiting_.push_back(id);
+  requests_[id] = std::move(r);
+  return id;
+}
+
+// ---- pages -------------------------------------------------------------------------------------
+
+void Engine::release_pages(PageTable& pages) {
+  if (auditor_) {
+    std::vector<int64_t> slots;
+    slots.reserve(pages.pages().size() * kPageSize);
+    for (int32_t page : pages.pages()) {
+      for (int i = 0; i < kPageSize; ++i) slots.push_back(int64_t(page) * kPageSize + i);
+    }
+    auditor_->forget(slots);
+  }
+  pages.release_all(cache_.allocator());
+}
+
+bool Engine::reserve(Request& r, int64_t n_tokens) {
+  while (!r.pages.reserve(n_tokens, cache_.allocator())) {
+    if (!evict_idle_session()) return false;
+  }
+  return true;
+}
+
+// Grows a running request's pages to n_tokens, preempting the newest running requests for room.
+// False when r itself was preempted or failed.
+bool Engine::grow(Request& r, int64_t n_tokens) {
+  while (!reserve(r, n_tokens)) {
+    Request* newest = find(running_.back());
+    if (newest != &r) {
+      preempt(*newest);
+      continue;
+    }
+    if (running_.size() == 1) {
+      fail(r, ErrorCode::kResourceExhausted,
+           fmt::format("request {} needs {} pages for {} tokens, but only {} of the pool's {} "
+                       "are free with nothing else running",
+                       r.id, (n_tokens + kPageSize - 1) / kPageSize, n_tokens,
+                       cache_.allocator().free_pages(), cache_.allocator().total_pages() - 1));
+    } else {
+      preempt(r);
+    }
+    return false;
+  }
+  return true;
+}
+
+void Engine::preempt(Request& r) {
+  spdlog::debug("engine: preempting request {} ({} tokens cached, {} pages)", r.id, r.n_cached,
+                r.pages.pages().size());
+  release_pages(r.pages);
+  r.n_cached = 0;
+  r.prefill_end = int64_t(r.seq.size());  // recompute the prompt and every generated token
+  r.admit_order = -1;
+  ++r.preemptions;
+  ++stats_.preemptions;
+  std::erase(running_, r.id);
+  waiting_.push_front(r.id);
+}
+
+// Admits the request at the queue front with room for its first prefill chunk. False (and the
+// request stays at the front) when the running set is full or the pages are not there now.
+Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
+  const int64_t total = int64_t(r.prompt_len) + r.params.max_new_tokens;
+  if (total > model_.max_context()) {
+    fail(r, ErrorCode::kOutOfRange,
+         fmt::format("request {}: prompt of {} tokens plus {} new tokens exceeds the context of "
+                     "{} tokens", r.id, r.prompt_len, r.params.max_new_tokens,
+                     model_.max_context()));
+    return Admission::kFailed;
+  }
+  const int64_t pages_needed = (total + kPageSize - 1) / kPageSize;
+  const int64_t usable = cache_.allocator().total_pages() - 1;
+  if (pages_needed > usable) {
+    fail(r, ErrorCode::kResourceExhausted,
+         fmt::format("request {}: {} tokens need {} pages, but the pool has only {} usable pages",
+                     r.id, total, pages_needed, usable));
+    return Admission::kFailed;
+  }
+  if (int(running_.size()) >= options_.max_running) return Admission::kWait;
+  Session* s = r.session >= 0 ? sessions_.at(r.session).get() : nullptr;
+  if (s && !s->pages.pages().empty()) {  // the kept history cache becomes the turn's
+    r.pages = std::move(s->pages);
+    s->pages = PageTable();
+    r.n_cached = s->n_cached;
+    s->n_cached = 0;
+  }
+  *chunk_rows = std::min<int64_t>(budget, r.prefill_end - r.n_cached);
+  if (!reserve(r, r.n_cached + *chunk_rows)) {
+    if (s && r.n_cached > 0) {  // give the cache back untouched; it stays evictable
+      s->pages = std::move(r.pages);
+      r.pages = PageTable();
+      s->n_cached = r.n_cached;
+      r.n_cached = 0;
+    }
+    return Admission::kWait;
+  }
+  waiting_.pop_front();
+  r.admit_order = next_admit_++;
+  running_.push_back(r.id);
+  return Admission::kAdmitted;
+}
+
+// ---- finishing ---------------------------------------------------------------------------------
+
+void Engine::fail(Request& r, ErrorCode code, std::string message) {
+  spdlog::warn("engine: request {} failed: {}", r.id, message);
+  r.error = code;
+  r.message = std::move(message);
+  finish(r, FinishReason::kFailed);
+}
+
+void Engine::finish(Request& r, FinishReason reason) {
+  RequestOutput out;
+  out.id = r.id;
+  out.session = r.session;
+  out.tokens.assign(r.seq.begin() + r.prompt_len, r.seq.end());
+  out.prompt_tokens = r.prompt_len;
+  out.reason = reason;
+  out.error = r.error;
+  out.message = r.message;
+  out.preemptions = r.preemptions;
+  out.corrupted = r.corrupted;
+  out.findings = r.findings;
+  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
+  if (r.session >= 0) {
+    end_turn(r, completed);  // keeps or releases the pages, per the session's policy
+  } else {
+    release_pages(r.pages);
+  }
+  std::erase(running_, r.id);
+  std::erase(waiting_, r.id);
+  finished_.push_back(std::move(out));
+  progress_ = true;
+  requests_.erase(r.id);  // r is gone from here on
+}
+
+bool Engine::abort(int64_t id) {
+  Request* r = find(id);
+  if (!r) return false;
+  finish(*r, FinishReason::kAborted);
+  return true;
+}
+
+std::vector<RequestOutput> Engine::take_finished() {
+  std::vector<RequestOutput> out;
+  out.swap(finished_);
+  return out;
+}
+
+// ---- steps -------------------------------------------------------------------------------------
+
+bool Engine::step() {
+  ++stats_.steps;
+  progress_ = false;
+  const bool prefilled = prefill_step();
+  const bool decoded = decode_step();
+  return prefilled || decoded || progress_;
+}
+
+void Engine::run_until_idle() {
+  while (!idle()) {
+    require(step(), ErrorCode::kInternal,
+            "the engine made no progress with {} waiting and {} running requests",
+            waiting_.size(), running_.size());
+  }
+}
+
+RowInput Engine::row_of(const Request& r, int64_t position) const {
+  return RowInput{r.seq[size_t(position)], int32_t(position), r.pages.slot(position),
+                  int32_t(position + 1), r.pages.pages()};
+}
+
+bool Engine::prefill_step() {
+  struct Chunk {
+    Request* r;
+    int64_t start, count;
+  };
+  std::vector<Chunk> plan;
+  int budget = options_.max_prefill_rows;
+  // Requests already prefilling continue first, oldest first. A preemption for room only ever
+  // takes a request newer than the one growing, so none already planned.
+  for (int64_t id : std::vector<int64_t>(running_)) {
+    Request* r = find(id);
+    if (budget == 0) break;
+    if (!r || r->admit_order < 0 || !r->prefilling()) continue;
+    const int64_t n = std::min<int64_t>(budget, r->prefill_end - r->n_cached);
+    if (!grow(*r, r->n_cached + n)) continue;
+    plan.push_back({r, r->n_cached, n});
+    budget -= int(n);
+  }
+  while (budget > 0 && !waiting_.empty()) {
+    Request* r = find(waiting_.front());
+    int64_t n = 0;
+    const Admission a = admit(*r, budget, &n);
+    if (a == Admission::kFailed) continue;  // it is finished with an error; try the next one
+    if (a == Admission::kWait) break;       // no room now: keep the queue's order
+    plan.push_back({r, r->n_cached, n});
+    budget -= int(n);
+  }
+  if (plan.empty()) return false;
+
+  std::vector<RowInput> rows;
+  std::vector<Request*> owners;
+  for (const Chunk& c : plan) {
+    for (int64_t p = c.start; p < c.start + c.count; ++p) {
+      rows.push_back(row_of(*c.r, p));
+      owners.push_back(c.r);
+    }
+  }
+  const StepResult result = runner_->step_eager(rows);  // prefill is never captured
+  ++stats_.prefill_steps;
+  stats_.prefill_rows += int64_t(rows.size());
+  for (const Chunk& c : plan) c.r->n_cached += c.count;
+  after_runner_step(owners, rows, result);
+
+  const size_t vocab = size_t(model_.config().vocab_size);
+  size_t row = 0;
+  for (const Chunk& c : plan) {
+    row += size_t(c.count);
+    if (c.r->prefilling()) continue;
+    const std::span<const float> all(result.logits);
+    sample_next(*c.r, all.subspan((row - 1) * vocab, vocab));  // the chunk's last row
+  }
+  return true;
+}
+
+bool Engine::decode_step() {
+  std::vector<Request*> batch;
+  for (int64_t id : std::vector<int64_t>(running_)) {
+    Request* r = find(id);
+    if (!r || r->admit_order < 0 || r->prefilling()) continue;
+    if (!grow(*r, r->n_cached + 1)) continue;
+    batch.push_back(r);
+  }
+  if (batch.empty()) return false;
+  std::vector<RowInput> rows;
+  rows.reserve(batch.size());
+  for (Request* r : batch) rows.push_back(row_of(*r, r->n_cached));
+  const StepResult result = runner_->step(rows);
+  ++stats_.decode_steps;
+  stats_.decode_rows += int64_t(rows.size());
+  if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
+  for (Request* r : batch) ++r->n_cached;
+  after_runner_step(batch, rows, result);
+
+  const size_t vocab = size_t(model_.config().vocab_size);
+  const std::span<const float> all(result.logits);
+  for (size_t i = 0; i < batch.size(); ++i) sample_next(*batch[i], all.subspan(i * vocab, vocab));
+  return true;
+}
+
+void Engine::sample_next(Request& r, std::span<const float> logits) {
+  const int32_t token = sample_token(logits, r.params.sampling, uint64_t(r.generated()));
+  r.seq.push_back(token);
+  ++stats_.generated_tokens;
+  if (r.params.stop_token >= 0 && token == r.params.stop_token) {
+    finish(r, FinishReason::kStop);
+  } else if (r.generated() >= r.params.max_new_tokens) {
+    finish(r, FinishReason::kLength);
+  }
+}
+
+// ---- the auditor -------------------------------------------------------------------------------
+
+void Engine::after_runner_step(const std::vector<Request*>& row_owners,
+                               const std::vector<RowInput>& rows, const StepResult& result) {
+  stats_.store_errors += result.store_errors;
+  ++runner_steps_;
+  if (!auditor_) return;
+  std::vector<int64_t> slots, owners;
+  slots.reserve(rows.size());
+  owners.reserve(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    slots.push_back(rows[i].slot);
+    owners.push_back(owner_of(*row_owners[i]));
+  }
+  // Verify first, then record: a slot this step rewrote legitimately gets its new truth, and a
+  // slot clobbered behind its owner's back is compared against its old truth.
+  std::vector<Request*> readers(row_owners);
+  readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+  audit(readers, slots);
+  auditor_->record(slots, owners, runner_steps_);
+}
+
+void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written) {
+  std::vector<AuditFinding> findings;
+  switch (options_.audit_scope) {
+    case AuditScope::kAll:
+      findings = auditor_->verify_all(runner_steps_);
+      break;
+    case AuditScope::kListed: {
+      std::vector<int64_t> read;  // every slot the step's rows attended over
+      for (const Request* r : readers) {
+        for (int64_t p = 0; p < r->n_cached; ++p) read.push_back(r->pages.slot(p));
+      }
+      findings = auditor_->verify(read, runner_steps_);
+      break;
+    }
+    case AuditScope::kSample:
+      findings = auditor_->verify_sample(options_.audit_sample, options_.audit_seed,
+                                         runner_steps_);
+      break;
+  }
+  // A slot the step's own rows just wrote is new truth, not a finding.
+  std::erase_if(findings, [&](const AuditFinding& f) {
+    return std::find(written.begin(), written.end(), f.slot) != written.end();
+  });
+  std::vector<int64_t> bad_slots, bad_owners;
+  for (const AuditFinding& f : findings) {
+    mark_corrupted(f);
+    bad_slots.push_back(f.slot);
+    bad_owners.push_back(f.owner);
+  }
+  // Report each change once: the changed contents become the slot's truth.
+  if (!bad_slots.empty()) auditor_->record(bad_slots, bad_owners, runner_steps_);
+}
+
+void Engine::mark_corrupted(const AuditFinding& f) {
+  ++stats_.audit_findings;
+  spdlog::debug("engine: auditor: {}", f.describe());
+  auto s = sessions_.find(f.owner);
+  Request* r = nullptr;
+  if (s != sessions_.end()) {
+    SessionState& st = s->second->state;
+    if (!st.corrupted) st.first_corrupted_turn = st.turns;
+    st.corrupted = true;
+    st.findings.push_back(f);
+    r = st.active_request >= 0 ? find(st.active_request) : nullptr;
+  } else {
+    r = find(f.owner);
+  }
+  if (r) {
+    r->corrupted = true;
+    r->findings.push_back(f);
+  }
+}
+
+}  // namespace dsa

@@ -1,0 +1,312 @@
+// dsa stress: the seeded workload, the driver that plays it against an engine on a virtual clock
+// of engine steps, the per-session references, and the matrix of cells.
+#include "dsa/stress.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+#include "dsa/config.h"
+#include "dsa/error.h"
+
+namespace dsa {
+namespace {
+
+// One session of the workload: when it arrives, and what each turn says and may reply.
+struct SessionPlan {
+  int64_t arrival = 0;                      // engine step
+  std::vector<std::vector<int32_t>> turns;  // each turn's new tokens
+  std::vector<int> replies;                 // max_new_tokens per turn
+  std::vector<int> think;                   // steps after turn t's reply before turn t + 1
+};
+
+// What one session produced in one run.
+struct SessionRun {
+  std::vector<std::vector<int32_t>> replies;  // per finished turn
+  std::vector<bool> failed;
+  bool flagged = false;
+  int first_flagged_turn = -1;
+};
+
+std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int max_context) {
+  std::vector<SessionPlan> plans(size_t(shape.sessions));
+  int64_t clock = 0;
+  for (int i = 0; i < shape.sessions; ++i) {
+    std::mt19937_64 rng(shape.seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
+    auto draw = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    SessionPlan& p = plans[size_t(i)];
+    clock += draw(0, shape.max_arrival_gap);
+    p.arrival = clock;
+    const int turns = draw(shape.min_turns, shape.max_turns);
+    int context = 0;
+    for (int t = 0; t < turns; ++t) {
+      const int prompt = draw(shape.min_prompt, shape.max_prompt);
+      const int reply = draw(shape.min_reply, shape.max_reply);
+      if (context + prompt + reply > max_context) break;  // the session ends at the context
+      context += prompt + reply;
+      std::vector<int32_t> tokens(static_cast<size_t>(prompt), 0);
+      for (auto& tok : tokens) tok = draw(0, vocab - 1);
+      p.turns.push_back(std::move(tokens));
+      p.replies.push_back(reply);
+      p.think.push_back(draw(0, shape.max_think));
+    }
+    require(!p.turns.empty(), ErrorCode::kInvalidArgument,
+            "a first turn of up to {} + {} tokens does not fit the context of {}",
+            shape.max_prompt, shape.max_reply, max_context);
+  }
+  return plans;
+}
+
+// Plays `plans` against the engine: sessions start at their arrival, at most `concurrency` at a
+// time; each submits its next turn `think` steps after its previous reply. The clock is engine
+// steps; when the engine is idle it jumps to the next event.
+std::vector<SessionRun> drive(Engine& engine, const std::vector<SessionPlan>& plans,
+                              int concurrency, SessionPolicy policy,
+                              const std::function<void(size_t, const SessionRun&)>& on_done) {
+  struct Live {
+    int64_t session = -1;
+    int next_turn = 0;
+    int64_t due = 0;
+    bool in_turn = false;
+  };
+  const size_t n = plans.size();
+  std::vector<SessionRun> runs(n);
+  std::vector<Live> live(n);
+  std::map<int64_t, size_t> by_request;
+  size_t next_arrival = 0, done = 0;
+  int active = 0;
+  int64_t clock = 0;
+  while (done < n) {
+    while (next_arrival < n && active < concurrency && plans[next_arrival].arrival <= clock) {
+      live[next_arrival].session = engine.open_session(policy);
+      live[next_arrival].due = clock;
+      ++active;
+      ++next_arrival;
+    }
+    int64_t next_event = INT64_MAX;
+    for (size_t i = 0; i < next_arrival; ++i) {
+      Live& l = live[i];
+      if (l.session < 0 || l.in_turn) continue;
+      if (l.due > clock) {
+        next_event = std::min(next_event, l.due);
+        continue;
+      }
+      RequestParams params;
+      params.max_new_tokens = plans[i].replies[size_t(l.next_turn)];
+      by_request[engine.submit_turn(l.session, plans[i].turns[size_t(l.next_turn)], params)] = i;
+      l.in_turn = true;
+    }
+    if (engine.idle()) {  // nothing to run: jump to the next arrival or turn
+      if (next_arrival < n && active < concurrency) {
+        next_event = std::min(next_event, plans[next_arrival].arrival);
+      }
+      require(next_event != INT64_MAX, ErrorCode::kInternal, "stress driver: no next event");
+      clock = std::max(clock + 1, next_event);
+      continue;
+    }
+    engine.step();
+    ++clock;
+    for (RequestOutput& out : engine.take_finished()) {
+      const size_t i = by_request.at(out.id);
+      Live& l = live[i];
+      SessionRun& run = runs[i];
+      run.replies.push_back(std::move(out.tokens));
+      run.failed.push_back(out.reason == FinishReason::kFailed);
+      l.in_turn = false;
+      l.due = clock + plans[i].think[size_t(l.next_turn)];
+      if (++l.next_turn < int(plans[i].turns.size()) && out.reason != FinishReason::kFailed) {
+        continue;
+      }
+      const SessionState& st = engine.session(l.session);
+      run.flagged = st.corrupted;
+      run.first_flagged_turn = st.first_corrupted_turn;
+      engine.close_session(l.session);
+      l.session = -1;
+      --active;
+      ++done;
+      if (on_done) on_done(i, run);
+    }
+  }
+  return runs;
+}
+
+// The first turn whose reply (or failure) differs from the reference's; -1 when none does.
+int first_divergent_turn(const SessionRun& run, const SessionRun& reference) {
+  const size_t turns = std::max(run.replies.size(), reference.replies.size());
+  for (size_t t = 0; t < turns; ++t) {
+    if (t >= run.replies.size() || t >= reference.replies.size()) return int(t);
+    if (run.replies[t] != reference.replies[t] || run.failed[t] != reference.failed[t]) {
+      return int(t);
+    }
+  }
+  return -1;
+}
+
+struct Stack {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  CacheConfig cache;
+};
+
+EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool audit) {
+  EngineOptions o;
+  o.runner.mode = cell.runner;
+  if (!c.buckets.empty()) o.runner.buckets = c.buckets;
+  o.runner.faults.stale_padding = o.runner.faults.unguarded_store = cell.faults;
+  o.audit = audit;
+  o.audit_scope = c.audit_scope;
+  o.max_running = std::min(c.max_rows, c.shape.concurrency);
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void StressShape::validate() const {
+  auto range = [](int lo, int hi, const char* what) {
+    require(lo >= 1 && lo <= hi, ErrorCode::kInvalidArgument,
+            "{}: min {} and max {} must satisfy 1 <= min <= max", what, lo, hi);
+  };
+  require(sessions >= 1 && concurrency >= 1, ErrorCode::kInvalidArgument,
+          "sessions = {} and concurrency = {} must be >= 1", sessions, concurrency);
+  range(min_turns, max_turns, "turns");
+  range(min_prompt, max_prompt, "prompt tokens per turn");
+  range(min_reply, max_reply, "reply tokens per turn");
+  require(max_arrival_gap >= 0 && max_think >= 0, ErrorCode::kInvalidArgument,
+          "arrival gap {} and think time {} must be >= 0", max_arrival_gap, max_think);
+}
+
+std::string StressCell::condition() const {
+  return fmt::format("{} index-K + {} + {}", kv_dtype_name(index_k),
+                     runner == RunMode::kGraph ? "graph" : "eager",
+                     faults ? "incident faults" : "guarded");
+}
+
+std::vector<StressCell> stress_matrix() {
+  std::vector<StressCell> cells;
+  for (bool faults : {false, true}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      for (RunMode mode : {RunMode::kEager, RunMode::kGraph}) cells.push_back({dtype, mode, faults});
+    }
+  }
+  return cells;
+}
+
+bool StressReport::guarded_clean() const {
+  return std::none_of(cells.begin(), cells.end(),
+                      [](const CellResult& c) { return !c.cell.faults && c.corrupted > 0; });
+}
+
+StressReport run_stress(const StressConfig& c, const StressProgressFn& progress) {
+  c.shape.validate();
+  require(!c.cells.empty(), ErrorCode::kInvalidArgument, "stress: no cells to run");
+  Stack s;
+  const ModelConfig config = preset_config(c.preset);
+  s.backend = make_backend(c.backend);
+  const int context = std::min(config.max_position_embeddings, 4096);
+  s.model = std::make_unique<Model>(*s.backend, config,
+                                    Weights::synthetic(*s.backend, config, c.weight_seed),
+                                    c.max_rows, context);
+  const std::vector<SessionPlan> plans = make_workload(c.shape, config.vocab_size, context);
+  int64_t longest = 0;  // tokens of the longest session
+  for (const SessionPlan& p : plans) {
+    int64_t total = 0;
+    for (size_t t = 0; t < p.turns.size(); ++t) total += int64_t(p.turns[t].size()) + p.replies[t];
+    longest = std::max(longest, total);
+  }
+  s.cache.num_layers = config.num_hidden_layers;
+  s.cache.num_pages = c.pages > 0 ? c.pages
+                                  : 1 + c.shape.concurrency * ((longest + kPageSize - 1) / kPageSize);
+
+  StressReport report;
+  report.config = {{"preset", c.preset},
+                   {"backend", std::string(backend_name(c.backend))},
+                   {"device", s.backend->describe()},
+                   {"weight_seed", c.weight_seed},
+                   {"seed", c.shape.seed},
+                   {"sessions", c.shape.sessions},
+                   {"concurrency", c.shape.concurrency},
+                   {"turns", {c.shape.min_turns, c.shape.max_turns}},
+                   {"prompt_tokens", {c.shape.min_prompt, c.shape.max_prompt}},
+                   {"reply_tokens", {c.shape.min_reply, c.shape.max_reply}},
+                   {"max_arrival_gap", c.shape.max_arrival_gap},
+                   {"max_think", c.shape.max_think},
+                   {"policy", c.shape.policy == SessionPolicy::kKeepCache ? "keep" : "recompute"},
+                   {"max_rows", c.max_rows},
+                   {"pages", s.cache.num_pages},
+                   {"longest_session_tokens", longest},
+                   {"index_topk", config.index_topk},
+                   {"audit", c.audit},
+                   {"compare_reference", c.compare_reference}};
+  const int n = c.shape.sessions;
+
+  // References: each session alone, eager, no faults, per index-K dtype; computed once.
+  std::map<KvDtype, std::vector<SessionRun>> references;
+  const auto t_ref = std::chrono::steady_clock::now();
+  for (const StressCell& cell : c.cells) {
+    if (!c.compare_reference || references.count(cell.index_k)) continue;
+    CacheConfig cc = s.cache;
+    cc.index_k_dtype = cell.index_k;
+    KvCache cache(*s.backend, cc);
+    Engine engine(*s.model, cache, engine_options(c, {cell.index_k, RunMode::kEager, false}, false));
+    std::vector<SessionRun>& refs = references[cell.index_k];
+    for (int i = 0; i < n; ++i) {
+      SessionPlan alone = plans[size_t(i)];
+      alone.arrival = 0;
+      refs.push_back(drive(engine, {alone}, 1, c.shape.policy, {})[0]);
+      if (progress) {
+        progress({-1, int(c.cells.size()), fmt::format("{} reference", kv_dtype_name(cell.index_k)),
+                  i + 1, n, 0, 0, seconds_since(t_ref)});
+      }
+    }
+  }
+  report.reference_seconds = seconds_since(t_ref);
+
+  for (size_t k = 0; k < c.cells.size(); ++k) {
+    const StressCell& cell = c.cells[k];
+    CacheConfig cc = s.cache;
+    cc.index_k_dtype = cell.index_k;
+    KvCache cache(*s.backend, cc);
+    Engine engine(*s.model, cache, engine_options(c, cell, c.audit));
+    CellResult r;
+    r.cell = cell;
+    r.sessions = n;
+    const auto t0 = std::chrono::steady_clock::now();
+    int done = 0, corrupted_so_far = 0;
+    auto diverges = [&](size_t i, const SessionRun& run) {
+      return c.compare_reference ? first_divergent_turn(run, references[cell.index_k][i]) : -1;
+    };
+    auto on_done = [&](size_t i, const SessionRun& run) {
+      ++done;
+      corrupted_so_far += run.flagged || diverges(i, run) >= 0;
+      if (progress) {
+        progress({int(k), int(c.cells.size()), cell.condition(), done, n, corrupted_so_far,
+                  engine.stats().generated_tokens, seconds_since(t0)});
+      }
+    };
+    const std::vector<SessionRun> runs =
+        drive(engine, plans, c.shape.concurrency, c.shape.policy, on_done);
+    r.seconds = seconds_since(t0);
+    r.stats = engine.stats();
+    r.tokens = r.stats.generated_tokens;
+    r.audit_findings = r.stats.audit_findings;
+    for (int i = 0; i < n; ++i) {
+      const int turn = diverges(size_t(i), runs[size_t(i)]);
+      if (turn >= 0) r.first_divergent_turns.push_back(turn);
+      r.diverged += turn >= 0;
+      r.auditor_flagged += runs[size_t(i)].flagged;
+      r.corrupted += turn >= 0 || runs[size_t(i)].flagged;
+    }
+    require(cache.allocator().used_pages() == 0, ErrorCode::kInternal,
+            "stress: {} pages still in use after every session closed",
+            cache.allocator().used_pages());
+    report.cells.push_back(std::move(r));
+  }
+  return report;
+}
+
+}  // namespace dsa

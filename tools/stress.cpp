@@ -1,0 +1,182 @@
+// dsa stress: concurrent multi-turn sessions against the engine, across the incident's matrix,
+// with the auditor and reference divergence on every session. Prints the incident's table.
+//
+// CPU defaults are smaller than the CUDA ones (12 sessions at concurrency 8 instead of 60 at 60)
+// so the whole matrix runs in about a minute on two cores; --sessions and --concurrency override.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "common.h"
+#include "dsa/error.h"
+#include "dsa/stress.h"
+
+namespace dsa::tools {
+namespace {
+
+struct StressOpts {
+  std::string preset = "tiny", backend = "cpu", index_k = "all", mode = "all", faults = "all";
+  std::string policy = "keep", audit_scope = "all", json, plot;
+  uint64_t weight_seed = 0;
+  int max_rows = 64;
+  int64_t pages = 0;
+  bool no_audit = false, no_reference = false, quiet = false;
+  StressShape shape;
+};
+
+std::vector<StressCell> select_cells(const StressOpts& o) {
+  auto pick = [](const std::string& v, const char* flag, const char* a, const char* b) {
+    require(v == "all" || v == a || v == b, ErrorCode::kInvalidArgument,
+            "{} must be {}, {} or all, got '{}'", flag, a, b, v);
+    return v;
+  };
+  const std::string index_k = pick(o.index_k, "--index-k", "bf16", "fp8");
+  const std::string mode = pick(o.mode, "--mode", "eager", "graph");
+  std::string faults = o.faults;
+  if (faults != "all" && faults != "guarded") {  // a fault list, as --inject takes it
+    const FaultSet f = parse_faults(faults);
+    require(f.stale_padding && f.unguarded_store, ErrorCode::kInvalidArgument,
+            "--faults must be guarded, incident (stale-padding,unguarded-store) or all, got '{}'",
+            faults);
+    faults = "incident";
+  }
+  std::vector<StressCell> cells;
+  for (const StressCell& c : stress_matrix()) {
+    if (index_k != "all" && index_k != kv_dtype_name(c.index_k)) continue;
+    if (mode != "all" && mode != (c.runner == RunMode::kGraph ? "graph" : "eager")) continue;
+    if (faults != "all" && (faults == "incident") != c.faults) continue;
+    cells.push_back(c);
+  }
+  return cells;
+}
+
+AuditScope parse_scope(const std::string& s) {
+  if (s == "all") return AuditScope::kAll;
+  if (s == "read") return AuditScope::kListed;
+  if (s == "sample") return AuditScope::kSample;
+  fail(ErrorCode::kInvalidArgument, "--audit-scope must be all, read or sample, got '{}'", s);
+}
+
+void print_progress(const StressProgress& p) {
+  const std::string line =
+      p.cell < 0 ? fmt::format("{}: {}/{} sessions", p.phase, p.sessions_done, p.sessions)
+                 : fmt::format("[{}/{}] {}: {}/{} sessions, {} corrupted, {:.0f} tok/s",
+                               p.cell + 1, p.cells, p.phase, p.sessions_done, p.sessions,
+                               p.corrupted, p.seconds > 0 ? p.tokens / p.seconds : 0.0);
+  fmt::print(stderr, "\r{:<100}", line);
+  std::fflush(stderr);
+}
+
+int run_stress_command(StressOpts& o) {
+  const BackendKind backend = parse_backend(o.backend);
+  const bool cpu = backend == BackendKind::kCpu;
+  if (o.shape.sessions == 0) o.shape.sessions = cpu ? 12 : 60;
+  if (o.shape.concurrency == 0) o.shape.concurrency = std::min(o.shape.sessions, cpu ? 8 : 60);
+  require(o.policy == "keep" || o.policy == "recompute", ErrorCode::kInvalidArgument,
+          "--policy must be keep or recompute, got '{}'", o.policy);
+  o.shape.policy = o.policy == "keep" ? SessionPolicy::kKeepCache : SessionPolicy::kRecompute;
+
+  StressConfig c;
+  c.preset = o.preset;
+  c.backend = backend;
+  c.weight_seed = o.weight_seed;
+  c.max_rows = o.max_rows;
+  c.pages = o.pages;
+  c.shape = o.shape;
+  c.cells = select_cells(o);
+  c.audit = !o.no_audit;
+  c.compare_reference = !o.no_reference;
+  c.audit_scope = parse_scope(o.audit_scope);
+  require(!c.cells.empty(), ErrorCode::kInvalidArgument, "no cell matches the flags");
+
+  StressProgressFn progress;
+  if (!o.quiet) progress = print_progress;
+  const StressReport report = run_stress(c, progress);
+  if (!o.quiet) fmt::print(stderr, "\r{:<100}\r", "");
+
+  fmt::print("{}", stress_table(report));
+  int64_t tokens = 0;
+  double seconds = report.reference_seconds;
+  for (const CellResult& r : report.cells) {
+    tokens += r.tokens;
+    seconds += r.seconds;
+  }
+  fmt::print("\n{} sessions per cell at concurrency {}, preset {}, {} ({}), seed {}: {} tokens "
+             "in {:.1f} s ({:.1f} s for the references)\n",
+             c.shape.sessions, c.shape.concurrency, c.preset, o.backend,
+             report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
+             report.reference_seconds);
+  if (!o.json.empty()) {
+    std::ofstream out(o.json);
+    require(bool(out), ErrorCode::kIo, "cannot write --json file '{}'", o.json);
+    out << stress_json(report).dump(2) << "\n";
+  }
+  if (!o.plot.empty()) {
+    std::ofstream out(o.plot);
+    require(bool(out), ErrorCode::kIo, "cannot write --plot file '{}'", o.plot);
+    out << stress_svg(report);
+  }
+  if (!report.guarded_clean()) {
+    fmt::print(stderr, "dsa stress: a guarded cell had corrupted sessions\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_stress(CLI::App& app, Runner& run) {
+  auto o = std::make_shared<StressOpts>();
+  o->shape.sessions = 0;  // 0: the backend's default
+  o->shape.concurrency = 0;
+  CLI::App* cmd = app.add_subcommand(
+      "stress", "concurrent multi-turn sessions across index-K x runner x faults; prints the "
+                "incident's table (exit 0 iff the guarded cells are clean)");
+  cmd->add_option("--preset", o->preset, "model preset")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
+  cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
+  cmd->add_option("--mode", o->mode, "eager | graph | all")->capture_default_str();
+  cmd->add_option("--faults,--inject", o->faults,
+                  "guarded | incident (= stale-padding,unguarded-store) | all")
+      ->capture_default_str();
+  cmd->add_option("--sessions", o->shape.sessions, "sessions per cell (0: 12 on cpu, 60 on cuda)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--concurrency", o->shape.concurrency,
+                  "sessions active at once (0: 8 on cpu, 60 on cuda)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o->shape.seed, "workload seed")->capture_default_str();
+  cmd->add_option("--weight-seed", o->weight_seed, "synthetic weight seed")->capture_default_str();
+  cmd->add_option("--min-turns", o->shape.min_turns, "turns per session, least")->capture_default_str();
+  cmd->add_option("--max-turns", o->shape.max_turns, "turns per session, most")->capture_default_str();
+  cmd->add_option("--min-prompt", o->shape.min_prompt, "new tokens per turn, least")
+      ->capture_default_str();
+  cmd->add_option("--max-prompt", o->shape.max_prompt, "new tokens per turn, most")
+      ->capture_default_str();
+  cmd->add_option("--min-reply", o->shape.min_reply, "reply tokens per turn, least")
+      ->capture_default_str();
+  cmd->add_option("--max-reply", o->shape.max_reply, "reply tokens per turn, most")
+      ->capture_default_str();
+  cmd->add_option("--arrival-gap", o->shape.max_arrival_gap, "most engine steps between arrivals")
+      ->capture_default_str();
+  cmd->add_option("--think", o->shape.max_think, "most engine steps between a reply and the next "
+                                                 "turn")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy, "session cache between turns: keep | recompute")
+      ->capture_default_str();
+  cmd->add_option("--max-rows", o->max_rows, "rows per step (prefill chunk, largest bucket)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--pages", o->pages, "pages per pool (0: room for every concurrent session)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--audit-scope", o->audit_scope, "auditor verification: all | read | sample")
+      ->capture_default_str();
+  cmd->add_flag("--no-audit", o->no_audit, "turn the auditor off (detection by divergence only)");
+  cmd->add_flag("--no-reference", o->no_reference, "skip the reference comparison");
+  cmd->add_option("--json", o->json, "write the results as JSON");
+  cmd->add_option("--plot", o->plot, "write a bar chart as SVG");
+  cmd->add_flag("--quiet", o->quiet, "no progress line");
+  cmd->callback([&run, o] { run = [o] { return run_stress_command(*o); }; });
+}
+
+}  // namespace dsa::tools
