@@ -167,7 +167,7 @@ void register_stress(CLI::App& app, Runner& run) {
   cmd->add_option("--max-rows", o->max_rows, "rows per step (prefill chunk, largest bucket)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--pages", o->pages, "pages per pool (0: room for every concurrent session)")
+  cmd->add_option("--pages", o->pages, "pages per pool (0: a third of what the concurrent sessions could need)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--audit-scope", o->audit_scope, "auditor verification: all | read | sample")
       ->capture_default_str();

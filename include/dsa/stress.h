@@ -45,7 +45,7 @@ struct StressConfig {
   uint64_t weight_seed = 0;
   int max_rows = 64;               // rows per step: the prefill chunk and the largest bucket
   std::vector<int> buckets;        // graph buckets; empty: the default list up to max_rows
-  int64_t pages = 0;               // pages per pool; 0: room for `concurrency` longest sessions
+  int64_t pages = 0;               // pages per pool; 0: a third of the concurrent sessions' need
   StressShape shape;
   std::vector<StressCell> cells = stress_matrix();
   bool audit = true;               // the auditor on every session

@@ -160,6 +160,14 @@ EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool
   return o;
 }
 
+// A serving pool runs full: by default it holds a third of what the concurrent sessions could
+// need at their longest (and always one longest session), so idle sessions' caches are evicted
+// and requests preempted under pressure, and pages change hands between sessions all the time.
+int64_t default_pool_pages(int concurrency, int64_t longest_tokens) {
+  const int64_t longest_pages = (longest_tokens + kPageSize - 1) / kPageSize;
+  return 1 + std::max(longest_pages, (concurrency * longest_pages + 2) / 3);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -219,8 +227,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     longest = std::max(longest, total);
   }
   s.cache.num_layers = config.num_hidden_layers;
-  s.cache.num_pages = c.pages > 0 ? c.pages
-                                  : 1 + c.shape.concurrency * ((longest + kPageSize - 1) / kPageSize);
+  s.cache.num_pages = c.pages > 0 ? c.pages : default_pool_pages(c.shape.concurrency, longest);
 
   StressReport report;
   report.config = {{"preset", c.preset},
