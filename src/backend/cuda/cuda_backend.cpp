@@ -170,6 +170,12 @@ class CudaBackend final : public Backend {
   void softmax(const SoftmaxParams& p) override { launched(cuda::softmax(p, stream_), "softmax"); }
   void embed(const EmbedParams& p) override { launched(cuda::embed(p, stream_), "embed"); }
   void add(const AddParams& p) override { launched(cuda::add(p, stream_), "add"); }
+  void moe_route(const MoeRouteParams& p) override {
+    launched(cuda::moe_route(p, stream_), "moe_route");
+  }
+  void scale_rows(const ScaleRowsParams& p) override {
+    launched(cuda::scale_rows(p, stream_), "scale_rows");
+  }
   void store_index_k(const StoreIndexKParams& p) override {
     launched(cuda::store_index_k(p, stream_), "store_index_k");
   }

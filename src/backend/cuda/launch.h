@@ -20,6 +20,9 @@ cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);      // elemen
 cudaError_t embed(const EmbedParams& p, cudaStream_t stream);          // elementwise.cu
 cudaError_t add(const AddParams& p, cudaStream_t stream);              // elementwise.cu
 
+cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream);    // moe.cu
+cudaError_t scale_rows(const ScaleRowsParams& p, cudaStream_t stream);  // moe.cu
+
 cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream);     // store.cu
 cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream);  // store.cu
 
