@@ -41,6 +41,7 @@ ModelStack build_model_stack(const ModelOptions& o);
 using Runner = std::function<int()>;
 void register_generate(CLI::App& app, Runner& run);
 void register_write_checkpoint(CLI::App& app, Runner& run);
+void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

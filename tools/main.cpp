@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   dsa::tools::Runner run;
   dsa::tools::register_generate(app, run);
   dsa::tools::register_write_checkpoint(app, run);
+  dsa::tools::register_stress(app, run);
   dsa::tools::register_check_replay(app, run);
   try {
     app.parse(argc, argv);

@@ -141,10 +141,10 @@ void register_stress(CLI::App& app, Runner& run) {
                   "guarded | incident (= stale-padding,unguarded-store) | all")
       ->capture_default_str();
   cmd->add_option("--sessions", o->shape.sessions, "sessions per cell (0: 12 on cpu, 60 on cuda)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 100000));
   cmd->add_option("--concurrency", o->shape.concurrency,
                   "sessions active at once (0: 8 on cpu, 60 on cuda)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 100000));
   cmd->add_option("--seed", o->shape.seed, "workload seed")->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed, "synthetic weight seed")->capture_default_str();
   cmd->add_option("--min-turns", o->shape.min_turns, "turns per session, least")->capture_default_str();
@@ -167,8 +167,9 @@ void register_stress(CLI::App& app, Runner& run) {
   cmd->add_option("--max-rows", o->max_rows, "rows per step (prefill chunk, largest bucket)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--pages", o->pages, "pages per pool (0: a third of what the concurrent sessions could need)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--pages", o->pages,
+                  "pages per pool (0: a third of what the concurrent sessions could need)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--audit-scope", o->audit_scope, "auditor verification: all | read | sample")
       ->capture_default_str();
   cmd->add_flag("--no-audit", o->no_audit, "turn the auditor off (detection by divergence only)");
