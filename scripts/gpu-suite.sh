@@ -37,7 +37,7 @@ step() {
 
 step nvidia-smi 20 nvidia-smi
 step parity 150 "$B/tests/dsa_parity_tests" --gtest_output="json:$OUT/parity.json"
-step dsa_tests 90 "$B/tests/dsa_tests" --gtest_brief=1
+# The CPU tests (dsa_tests) run in CI; device time goes to what needs the GPU.
 
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 for tool in memcheck racecheck initcheck synccheck; do

@@ -43,5 +43,6 @@ void register_generate(CLI::App& app, Runner& run);
 void register_write_checkpoint(CLI::App& app, Runner& run);
 void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
+void register_bench_decode(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   dsa::tools::register_write_checkpoint(app, run);
   dsa::tools::register_stress(app, run);
   dsa::tools::register_check_replay(app, run);
+  dsa::tools::register_bench_decode(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

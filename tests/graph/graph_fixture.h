@@ -36,8 +36,8 @@ struct GraphFixture {
   };
 
   GraphFixture(const ModelConfig& config, KvDtype index_k, std::vector<int> buckets,
-               FaultSet faults = {}) {
-    backend = make_cpu_backend();
+               FaultSet faults = {}, BackendKind kind = BackendKind::kCpu) {
+    backend = make_backend(kind);
     model = std::make_unique<Model>(*backend, config, Weights::synthetic(*backend, config, 11),
                                     /*max_rows=*/64, /*max_context=*/256);
     CacheConfig cc;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The runtime half of the GPU runs. Runs ON the device from the repository root, with the build of
+# scripts/gpu-build.sh carried: the decode step (graph replay vs eager, V3.2 dims and tiny), the
+# replay check through real CUDA graphs (guarded, then the incident), and the stress matrix when
+# the dsa program has it. Writes $OUT/runtime.json and $OUT/runtime.log; prints a summary last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+TMP="$(mktemp -d)"
+export LD_LIBRARY_PATH="$PWD/build-gpu/lib:${LD_LIBRARY_PATH:-}"
+DSA=build-gpu/dsa
+LOG="$OUT/runtime.log"
+: > "$LOG"
+
+run() {  # run NAME TIMEOUT COMMAND...
+  local name="$1" limit="$2"
+  shift 2
+  echo "=== $name: $*" | tee -a "$LOG"
+  local start=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: rc=$rc in $((SECONDS - start))s" | tee -a "$LOG"
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$TMP/steps.tsv"
+}
+
+run decode-v32-invariant 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
+  --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --json "$TMP/decode_v32_inv.json"
+run decode-v32-fast 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
+  --batches 1 8 64 256 --context 4096 --iters 10 --gemm fast --json "$TMP/decode_v32_fast.json"
+run decode-tiny 60 "$DSA" bench-decode --backend cuda --preset tiny --layers 0 \
+  --batches 1 8 64 256 --context 1000 --iters 20 --json "$TMP/decode_tiny.json"
+run check-replay-guarded 90 "$DSA" check-replay --backend cuda --steps 3000 --seed 7
+run check-replay-incident 60 "$DSA" check-replay --backend cuda --steps 600 --seed 7 --inject incident
+run check-replay-incident-fp8 60 "$DSA" check-replay --backend cuda --steps 600 --seed 7 \
+  --inject incident --index-k fp8
+if "$DSA" stress --help > /dev/null 2>&1; then
+  run stress-cuda 240 "$DSA" stress --backend cuda --sessions 60 --concurrency 60 \
+    --json "$TMP/stress.json" --plot "$OUT/stress.svg"
+fi
+
+python3 - "$TMP" "$OUT/runtime.json" <<'PY'
+import glob, json, os, sys
+tmp, out = sys.argv[1:3]
+res = {"steps": []}
+for line in open(os.path.join(tmp, "steps.tsv")):
+    name, rc, secs = line.split()
+    res["steps"].append({"name": name, "rc": int(rc), "seconds": int(secs)})
+for path in glob.glob(os.path.join(tmp, "*.json")):
+    res[os.path.basename(path)[:-5]] = json.load(open(path))
+json.dump(res, open(out, "w"), indent=2)
+print("runtime summary:")
+for s in res["steps"]:
+    print(f"  {s['name']:28s} rc={s['rc']} {s['seconds']}s")
+PY

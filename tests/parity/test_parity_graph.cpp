@@ -1,0 +1,118 @@
+// The graph-runner tests of tests/graph, through real CUDA graphs (stream capture, instantiate,
+// launch) on the CUDA backend. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "dsa/replay_check.h"
+#include "graph/graph_fixture.h"
+
+namespace dsa {
+namespace {
+
+using testing::GraphFixture;
+using testing::micro_config;
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<uint8_t> pool_bytes(Backend& be, const PoolView& p, int64_t page_bytes) {
+  std::vector<uint8_t> host(size_t(p.num_pages * page_bytes));
+  be.copy_to_host(host.data(), p.data, host.size());
+  return host;
+}
+
+class ParityGraph : public ::testing::TestWithParam<KvDtype> {};
+
+TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
+  REQUIRE_GPU();
+  GraphFixture f(micro_config(), GetParam(), {4, 16}, {}, BackendKind::kCuda);
+  f.start_requests(16, 7);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const auto full = f.decode_rows(all);
+  StepResult g16 = f.graph->step(full);
+  StepResult e16 = f.eager->step(full);
+  ASSERT_EQ(g16.bucket, 16);
+  EXPECT_TRUE(same_bits(g16.logits, e16.logits));
+  f.advance(all, g16);
+
+  f.graph->plant_garbage_inputs(99);
+  const KvCache& c = *f.graph_cache;
+  const int64_t ik_page = index_k_page_bytes(c.config().index_k_dtype);
+  const int64_t lat_page = latent_page_bytes(c.config().latent_dtype);
+  std::vector<std::vector<uint8_t>> before;
+  for (int l = 0; l < c.config().num_layers; ++l) {
+    before.push_back(pool_bytes(*f.backend, c.latent(l), lat_page));
+    before.push_back(pool_bytes(*f.backend, c.index_k(l), ik_page));
+  }
+  const auto rows = f.decode_rows({3, 8, 9, 12, 15});
+  StepResult g5 = f.graph->step(rows);
+  StepResult e5 = f.eager->step(rows);
+  EXPECT_EQ(g5.store_errors, 0);
+  EXPECT_TRUE(same_bits(g5.logits, e5.logits));
+
+  // Only the five new tokens' bytes changed, in every pool of every layer.
+  const int64_t lat_tok = latent_token_bytes(c.config().latent_dtype);
+  std::set<int64_t> expected, changed;
+  for (const RowInput& r : rows) expected.insert(r.slot);
+  for (int l = 0; l < c.config().num_layers; ++l) {
+    const auto lat = pool_bytes(*f.backend, c.latent(l), lat_page);
+    for (size_t i = 0; i < lat.size(); ++i) {
+      if (lat[i] != before[2 * l][i]) changed.insert(int64_t(i) / lat_tok);
+    }
+    const auto ik = pool_bytes(*f.backend, c.index_k(l), ik_page);
+    for (size_t i = 0; i < ik.size(); ++i) {
+      if (ik[i] != before[2 * l + 1][i]) changed.insert(-1 - int64_t(i) / ik_page);  // page only
+    }
+  }
+  for (int64_t s : expected) changed.erase(-1 - s / kPageSize);
+  EXPECT_EQ(changed, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
+                         [](const auto& info) { return std::string(kv_dtype_name(info.param)); });
+
+ReplayCheckReport run_cuda_check(KvDtype index_k, int steps, FaultSet faults,
+                                 RunMode mode = RunMode::kGraph) {
+  auto backend = make_cuda_backend();
+  const ModelConfig config = micro_config();
+  Model model(*backend, config, Weights::synthetic(*backend, config, 5), 16, 128);
+  CacheConfig cc;
+  cc.num_layers = config.num_hidden_layers;
+  cc.num_pages = 1 + 16 * 2;
+  cc.index_k_dtype = index_k;
+  ReplayCheckOptions o;
+  o.steps = steps;
+  o.seed = 2026;
+  o.faults = faults;
+  o.mode = mode;
+  o.max_request_tokens = 96;
+  return run_replay_check(model, cc, o);
+}
+
+TEST(ParityGraphRandomized, TenThousandStepsKeepParityAndAuditClean) {
+  REQUIRE_GPU();
+  const ReplayCheckReport r = run_cuda_check(KvDtype::kBf16, 10000, {});
+  EXPECT_EQ(r.parity_mismatches, 0) << "first at step " << r.first_parity_mismatch_step;
+  EXPECT_EQ(r.store_errors, 0);
+  EXPECT_TRUE(r.findings.empty()) << r.findings.front().describe();
+  EXPECT_GE(r.bucket_histogram.size(), 5u);
+}
+
+TEST(ParityGraphIncident, FingerprintThroughRealGraphs) {
+  REQUIRE_GPU();
+  const ReplayCheckReport bad = run_cuda_check(KvDtype::kBf16, 400, {true, true});
+  EXPECT_FALSE(bad.findings.empty()) << "the auditor kernel missed the incident";
+  EXPECT_FALSE(bad.victims.empty());
+  EXPECT_TRUE(run_cuda_check(KvDtype::kFp8, 400, {true, true}).findings.empty());
+  EXPECT_TRUE(run_cuda_check(KvDtype::kBf16, 400, {true, true}, RunMode::kEager).findings.empty());
+  EXPECT_TRUE(run_cuda_check(KvDtype::kBf16, 400, {}).findings.empty());
+}
+
+}  // namespace
+}  // namespace dsa
