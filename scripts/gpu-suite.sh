@@ -36,6 +36,8 @@ step() {
 }
 
 step nvidia-smi 20 nvidia-smi
+# Tensor cores in the SASS of the kernels (the dsa program links all of them), per kernel.
+step sass 60 bash -c "cuobjdump --dump-sass build-gpu/dsa | awk '/Function :/ {f=\$3} /HMMA|HGMMA|QMMA|QGMMA/ {match(\$0, /[HQ]G?MMA[.A-Z0-9]*/); c[f\" \"substr(\$0, RSTART, RLENGTH)]++} END {for (k in c) print c[k], k}' | sort -k2"
 step parity 150 "$B/tests/dsa_parity_tests" --gtest_output="json:$OUT/parity.json"
 # The CPU tests (dsa_tests) run in CI; device time goes to what needs the GPU.
 
