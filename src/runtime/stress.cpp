@@ -163,6 +163,14 @@ EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool
 // A serving pool runs full: by default it holds a third of what the concurrent sessions could
 // need at their longest (and always one longest session), so idle sessions' caches are evicted
 // and requests preempted under pressure, and pages change hands between sessions all the time.
+//
+// That matters for the incident. A stale padded row replays the previous replay's row whole:
+// token, position, slot, page table. While that row's owner still holds the slot, the unguarded
+// store rewrites the very bytes the owner wrote (the stale row recomputes them from the same
+// inputs and the same cache), which is harmless. It corrupts when the slot has meanwhile been
+// released and handed to another session, or when a never-used row's -1 sentinel wraps to the
+// pool's last slot and that page is in use: both need pages that change hands and a pool that
+// runs full. A roomy pool (--pages) shows the fingerprint much more rarely.
 int64_t default_pool_pages(int concurrency, int64_t longest_tokens) {
   const int64_t longest_pages = (longest_tokens + kPageSize - 1) / kPageSize;
   return 1 + std::max(longest_pages, (concurrency * longest_pages + 2) / 3);

@@ -77,7 +77,7 @@ std::string stress_svg(const StressReport& report) {
   // One bar per cell: corrupted sessions in percent; faulty cells drawn in red, guarded in grey.
   const int bar = 56, gap = 24, left = 60, top = 40, height = 240, label = 150;
   const int n = int(report.cells.size());
-  const int width = left + n * (bar + gap) + gap;
+  const int width = left + n * (bar + gap) + gap + label;  // room for the last slanted label
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n"
@@ -89,7 +89,7 @@ std::string stress_svg(const StressReport& report) {
     const int y = top + height - height * pct / 100;
     svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>"
                        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}%</text>\n",
-                       left, y, width - gap, y, left - 6, y + 4, pct);
+                       left, y, width - label, y, left - 6, y + 4, pct);
   }
   for (int i = 0; i < n; ++i) {
     const CellResult& c = report.cells[size_t(i)];
