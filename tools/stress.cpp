@@ -3,6 +3,8 @@
 //
 // CPU defaults are smaller than the CUDA ones (12 sessions at concurrency 8 instead of 60 at 60)
 // so the whole matrix runs in about a minute on two cores; --sessions and --concurrency override.
+#include "dsa/stress.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -10,7 +12,6 @@
 
 #include "common.h"
 #include "dsa/error.h"
-#include "dsa/stress.h"
 
 namespace dsa::tools {
 namespace {
@@ -61,9 +62,9 @@ AuditScope parse_scope(const std::string& s) {
 void print_progress(const StressProgress& p) {
   const std::string line =
       p.cell < 0 ? fmt::format("{}: {}/{} sessions", p.phase, p.sessions_done, p.sessions)
-                 : fmt::format("[{}/{}] {}: {}/{} sessions, {} corrupted, {:.0f} tok/s",
-                               p.cell + 1, p.cells, p.phase, p.sessions_done, p.sessions,
-                               p.corrupted, p.seconds > 0 ? p.tokens / p.seconds : 0.0);
+                 : fmt::format("[{}/{}] {}: {}/{} sessions, {} corrupted, {:.0f} tok/s", p.cell + 1,
+                               p.cells, p.phase, p.sessions_done, p.sessions, p.corrupted,
+                               p.seconds > 0 ? p.tokens / p.seconds : 0.0);
   fmt::print(stderr, "\r{:<100}", line);
   std::fflush(stderr);
 }
@@ -102,11 +103,12 @@ int run_stress_command(StressOpts& o) {
     tokens += r.tokens;
     seconds += r.seconds;
   }
-  fmt::print("\n{} sessions per cell at concurrency {}, preset {}, {} ({}), seed {}: {} tokens "
-             "in {:.1f} s ({:.1f} s for the references)\n",
-             c.shape.sessions, c.shape.concurrency, c.preset, o.backend,
-             report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
-             report.reference_seconds);
+  fmt::print(
+      "\n{} sessions per cell at concurrency {}, preset {}, {} ({}), seed {}: {} tokens "
+      "in {:.1f} s ({:.1f} s for the references)\n",
+      c.shape.sessions, c.shape.concurrency, c.preset, o.backend,
+      report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
+      report.reference_seconds);
   if (!o.json.empty()) {
     std::ofstream out(o.json);
     require(bool(out), ErrorCode::kIo, "cannot write --json file '{}'", o.json);
@@ -131,8 +133,9 @@ void register_stress(CLI::App& app, Runner& run) {
   o->shape.sessions = 0;  // 0: the backend's default
   o->shape.concurrency = 0;
   CLI::App* cmd = app.add_subcommand(
-      "stress", "concurrent multi-turn sessions across index-K x runner x faults; prints the "
-                "incident's table (exit 0 iff the guarded cells are clean)");
+      "stress",
+      "concurrent multi-turn sessions across index-K x runner x faults; prints the "
+      "incident's table (exit 0 iff the guarded cells are clean)");
   cmd->add_option("--preset", o->preset, "model preset")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
@@ -147,8 +150,10 @@ void register_stress(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--seed", o->shape.seed, "workload seed")->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed, "synthetic weight seed")->capture_default_str();
-  cmd->add_option("--min-turns", o->shape.min_turns, "turns per session, least")->capture_default_str();
-  cmd->add_option("--max-turns", o->shape.max_turns, "turns per session, most")->capture_default_str();
+  cmd->add_option("--min-turns", o->shape.min_turns, "turns per session, least")
+      ->capture_default_str();
+  cmd->add_option("--max-turns", o->shape.max_turns, "turns per session, most")
+      ->capture_default_str();
   cmd->add_option("--min-prompt", o->shape.min_prompt, "new tokens per turn, least")
       ->capture_default_str();
   cmd->add_option("--max-prompt", o->shape.max_prompt, "new tokens per turn, most")
@@ -159,8 +164,9 @@ void register_stress(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--arrival-gap", o->shape.max_arrival_gap, "most engine steps between arrivals")
       ->capture_default_str();
-  cmd->add_option("--think", o->shape.max_think, "most engine steps between a reply and the next "
-                                                 "turn")
+  cmd->add_option("--think", o->shape.max_think,
+                  "most engine steps between a reply and the next "
+                  "turn")
       ->capture_default_str();
   cmd->add_option("--policy", o->policy, "session cache between turns: keep | recompute")
       ->capture_default_str();

@@ -43,13 +43,13 @@ enum class SessionPolicy : uint8_t {
 };
 
 struct EngineOptions {
-  RunnerOptions runner;       // decode: eager or graph buckets, faults
-  int max_prefill_rows = 0;   // rows per prefill step; 0: the model's max_rows
-  int max_running = 0;        // requests admitted at once; 0 (and at most): the model's max_rows
-  bool audit = false;         // run the slot-integrity auditor
+  RunnerOptions runner;      // decode: eager or graph buckets, faults
+  int max_prefill_rows = 0;  // rows per prefill step; 0: the model's max_rows
+  int max_running = 0;       // requests admitted at once; 0 (and at most): the model's max_rows
+  bool audit = false;        // run the slot-integrity auditor
   AuditScope audit_scope = AuditScope::kListed;  // kListed: the slots read in the step
-  int audit_sample = 256;     // kSample: slots per verification
-  uint64_t audit_seed = 0;    // kSample: the sample's seed
+  int audit_sample = 256;                        // kSample: slots per verification
+  uint64_t audit_seed = 0;                       // kSample: the sample's seed
 };
 
 struct RequestParams {
@@ -63,32 +63,32 @@ const char* finish_reason_name(FinishReason r);
 
 struct RequestOutput {
   int64_t id = -1;
-  int64_t session = -1;          // -1 for a plain request
-  std::vector<int32_t> tokens;   // generated tokens (kept across preemptions)
-  int prompt_tokens = 0;         // history + new tokens for a session turn
+  int64_t session = -1;         // -1 for a plain request
+  std::vector<int32_t> tokens;  // generated tokens (kept across preemptions)
+  int prompt_tokens = 0;        // history + new tokens for a session turn
   FinishReason reason = FinishReason::kLength;
   std::optional<ErrorCode> error;  // kFailed: why
   std::string message;
   int preemptions = 0;
-  bool corrupted = false;                 // the auditor found one of its slots changed
+  bool corrupted = false;  // the auditor found one of its slots changed
   std::vector<AuditFinding> findings;
 };
 
 struct SessionState {
   SessionPolicy policy = SessionPolicy::kKeepCache;
-  std::vector<int32_t> history;     // every finished turn's prompt and reply
-  int turns = 0;                    // finished turns
-  int64_t active_request = -1;      // the running or waiting turn, -1 when idle
-  bool corrupted = false;           // any auditor finding on the session's slots
-  int first_corrupted_turn = -1;    // 0-based turn during which the first finding came
+  std::vector<int32_t> history;   // every finished turn's prompt and reply
+  int turns = 0;                  // finished turns
+  int64_t active_request = -1;    // the running or waiting turn, -1 when idle
+  bool corrupted = false;         // any auditor finding on the session's slots
+  int first_corrupted_turn = -1;  // 0-based turn during which the first finding came
   std::vector<AuditFinding> findings;
 };
 
 struct EngineStats {
-  int64_t steps = 0;           // engine steps
+  int64_t steps = 0;  // engine steps
   int64_t prefill_steps = 0, decode_steps = 0;
   int64_t prefill_rows = 0, decode_rows = 0;
-  int64_t padded_rows = 0;     // graph replays: bucket - real rows, summed
+  int64_t padded_rows = 0;  // graph replays: bucket - real rows, summed
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t evicted_sessions = 0;  // idle sessions whose kept cache was released for room
@@ -156,8 +156,8 @@ class Engine {
   bool prefill_step();
   bool decode_step();
   RowInput row_of(const Request& r, int64_t position) const;
-  void after_runner_step(const std::vector<Request*>& row_owners,
-                         const std::vector<RowInput>& rows, const StepResult& result);
+  void after_runner_step(const std::vector<Request*>& row_owners, const std::vector<RowInput>& rows,
+                         const StepResult& result);
   void audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written);
   void mark_corrupted(const AuditFinding& finding);
   void sample_next(Request& r, std::span<const float> logits);
@@ -173,7 +173,7 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t next_admit_ = 0;
   std::deque<int64_t> waiting_;
-  std::vector<int64_t> running_;                        // admission order, oldest first
+  std::vector<int64_t> running_;                          // admission order, oldest first
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // waiting and running
   std::map<int64_t, std::unique_ptr<Session>> sessions_;
   std::vector<RequestOutput> finished_;

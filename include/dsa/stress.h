@@ -6,10 +6,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dsa/backend.h"
 #include "dsa/engine.h"
@@ -20,21 +19,21 @@ namespace dsa {
 // arrival and think times from its own seeded stream, so a seed names the workload exactly.
 struct StressShape {
   int sessions = 60;
-  int concurrency = 60;          // sessions active at once
+  int concurrency = 60;  // sessions active at once
   int min_turns = 2, max_turns = 4;
   int min_prompt = 24, max_prompt = 96;  // new tokens per turn (user message or tool result)
   int min_reply = 8, max_reply = 24;     // tokens generated per turn
-  int max_arrival_gap = 3;       // engine steps between arrivals, drawn from [0, gap]
-  int max_think = 4;             // engine steps between a reply and the next turn, [0, think]
+  int max_arrival_gap = 3;               // engine steps between arrivals, drawn from [0, gap]
+  int max_think = 4;  // engine steps between a reply and the next turn, [0, think]
   SessionPolicy policy = SessionPolicy::kKeepCache;
   uint64_t seed = 1;
-  void validate() const;         // kInvalidArgument naming the bad field
+  void validate() const;  // kInvalidArgument naming the bad field
 };
 
 struct StressCell {
   KvDtype index_k = KvDtype::kBf16;
   RunMode runner = RunMode::kGraph;
-  bool faults = false;  // the incident: stale-padding + unguarded-store
+  bool faults = false;            // the incident: stale-padding + unguarded-store
   std::string condition() const;  // "bf16 index-K + graph + incident faults"
 };
 std::vector<StressCell> stress_matrix();  // all 8 cells, in the table's order
@@ -43,34 +42,34 @@ struct StressConfig {
   std::string preset = "tiny";
   BackendKind backend = BackendKind::kCpu;
   uint64_t weight_seed = 0;
-  int max_rows = 64;               // rows per step: the prefill chunk and the largest bucket
-  std::vector<int> buckets;        // graph buckets; empty: the default list up to max_rows
-  int64_t pages = 0;               // pages per pool; 0: a third of the concurrent sessions' need
+  int max_rows = 64;         // rows per step: the prefill chunk and the largest bucket
+  std::vector<int> buckets;  // graph buckets; empty: the default list up to max_rows
+  int64_t pages = 0;         // pages per pool; 0: a third of the concurrent sessions' need
   StressShape shape;
   std::vector<StressCell> cells = stress_matrix();
-  bool audit = true;               // the auditor on every session
-  bool compare_reference = true;   // divergence from the session run alone
+  bool audit = true;              // the auditor on every session
+  bool compare_reference = true;  // divergence from the session run alone
   AuditScope audit_scope = AuditScope::kAll;
 };
 
 struct CellResult {
   StressCell cell;
   int sessions = 0;
-  int corrupted = 0;         // flagged or diverged
+  int corrupted = 0;  // flagged or diverged
   int auditor_flagged = 0;
   int diverged = 0;
   std::vector<int> first_divergent_turns;  // per diverged session, 0-based
-  int64_t tokens = 0;        // generated
+  int64_t tokens = 0;                      // generated
   double seconds = 0;
   int64_t audit_findings = 0;
   EngineStats stats;
 };
 
 struct StressProgress {
-  int cell = 0, cells = 0;           // the cell running, 0-based, of how many
-  std::string phase;                 // "reference" or the cell's condition
+  int cell = 0, cells = 0;  // the cell running, 0-based, of how many
+  std::string phase;        // "reference" or the cell's condition
   int sessions_done = 0, sessions = 0;
-  int corrupted = 0;                 // so far in this cell
+  int corrupted = 0;  // so far in this cell
   int64_t tokens = 0;
   double seconds = 0;
 };

@@ -12,10 +12,14 @@ namespace dsa {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAborted: return "aborted";
-    case FinishReason::kFailed: return "failed";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -29,8 +33,8 @@ Engine::Engine(Model& model, KvCache& cache, EngineOptions options)
           ErrorCode::kInvalidArgument,
           "max_prefill_rows = {} and max_running = {} must be at most the model's max_rows = {}",
           options_.max_prefill_rows, options_.max_running, max_rows);
-  require(options_.audit_sample >= 1, ErrorCode::kInvalidArgument,
-          "audit_sample = {} must be >= 1", options_.audit_sample);
+  require(options_.audit_sample >= 1, ErrorCode::kInvalidArgument, "audit_sample = {} must be >= 1",
+          options_.audit_sample);
   auto& buckets = options_.runner.buckets;  // buckets above max_rows could never be captured
   std::erase_if(buckets, [max_rows](int b) { return b > max_rows; });
   if (options_.runner.mode == RunMode::kGraph && buckets.empty()) buckets = {max_rows};
@@ -141,8 +145,8 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
   if (total > model_.max_context()) {
     fail(r, ErrorCode::kOutOfRange,
          fmt::format("request {}: prompt of {} tokens plus {} new tokens exceeds the context of "
-                     "{} tokens", r.id, r.prompt_len, r.params.max_new_tokens,
-                     model_.max_context()));
+                     "{} tokens",
+                     r.id, r.prompt_len, r.params.max_new_tokens, model_.max_context()));
     return Admission::kFailed;
   }
   const int64_t pages_needed = (total + kPageSize - 1) / kPageSize;
@@ -237,8 +241,8 @@ bool Engine::step() {
 void Engine::run_until_idle() {
   while (!idle()) {
     require(step(), ErrorCode::kInternal,
-            "the engine made no progress with {} waiting and {} running requests",
-            waiting_.size(), running_.size());
+            "the engine made no progress with {} waiting and {} running requests", waiting_.size(),
+            running_.size());
   }
 }
 
@@ -374,8 +378,7 @@ void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64
       break;
     }
     case AuditScope::kSample:
-      findings = auditor_->verify_sample(options_.audit_sample, options_.audit_seed,
-                                         runner_steps_);
+      findings = auditor_->verify_sample(options_.audit_sample, options_.audit_seed, runner_steps_);
       break;
   }
   // A slot the step's own rows just wrote is new truth, not a finding.

@@ -12,14 +12,14 @@ namespace dsa {
 
 struct Engine::Request {
   int64_t id = -1;
-  int64_t session = -1;       // -1: a plain request
-  std::vector<int32_t> seq;   // the prompt, then every generated token
-  int prompt_len = 0;         // seq[0, prompt_len) is the prompt (a turn: history + new tokens)
+  int64_t session = -1;      // -1: a plain request
+  std::vector<int32_t> seq;  // the prompt, then every generated token
+  int prompt_len = 0;        // seq[0, prompt_len) is the prompt (a turn: history + new tokens)
   RequestParams params;
   PageTable pages;
-  int64_t n_cached = 0;       // seq[0, n_cached) have their KV in the cache
-  int64_t prefill_end = 0;    // seq.size() at (re)admission: positions below it are prefill rows
-  int64_t admit_order = -1;   // -1 while waiting
+  int64_t n_cached = 0;      // seq[0, n_cached) have their KV in the cache
+  int64_t prefill_end = 0;   // seq.size() at (re)admission: positions below it are prefill rows
+  int64_t admit_order = -1;  // -1 while waiting
   int preemptions = 0;
   bool corrupted = false;
   std::vector<AuditFinding> findings;
@@ -32,9 +32,9 @@ struct Engine::Request {
 
 struct Engine::Session {
   SessionState state;
-  PageTable pages;          // the kept history cache between turns (kKeepCache), else empty
-  int64_t n_cached = 0;     // history tokens whose KV is in `pages`
-  int64_t last_used = 0;    // engine step of the last turn's end, for least-recently-used eviction
+  PageTable pages;        // the kept history cache between turns (kKeepCache), else empty
+  int64_t n_cached = 0;   // history tokens whose KV is in `pages`
+  int64_t last_used = 0;  // engine step of the last turn's end, for least-recently-used eviction
 };
 
 }  // namespace dsa

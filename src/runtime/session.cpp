@@ -27,8 +27,7 @@ int64_t Engine::submit_turn(int64_t session_id, std::vector<int32_t> new_tokens,
   require(it != sessions_.end(), ErrorCode::kInvalidArgument, "unknown session {}", session_id);
   Session& s = *it->second;
   require(s.state.active_request < 0, ErrorCode::kInvalidArgument,
-          "session {} already has turn request {} in flight", session_id,
-          s.state.active_request);
+          "session {} already has turn request {} in flight", session_id, s.state.active_request);
   validate(new_tokens, params);
   auto r = std::make_unique<Request>();
   r->session = session_id;

@@ -52,8 +52,8 @@ std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int 
       p.think.push_back(draw(0, shape.max_think));
     }
     require(!p.turns.empty(), ErrorCode::kInvalidArgument,
-            "a first turn of up to {} + {} tokens does not fit the context of {}",
-            shape.max_prompt, shape.max_reply, max_context);
+            "a first turn of up to {} + {} tokens does not fit the context of {}", shape.max_prompt,
+            shape.max_reply, max_context);
   }
   return plans;
 }
@@ -206,7 +206,8 @@ std::vector<StressCell> stress_matrix() {
   std::vector<StressCell> cells;
   for (bool faults : {false, true}) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      for (RunMode mode : {RunMode::kEager, RunMode::kGraph}) cells.push_back({dtype, mode, faults});
+      for (RunMode mode : {RunMode::kEager, RunMode::kGraph})
+        cells.push_back({dtype, mode, faults});
     }
   }
   return cells;
@@ -267,7 +268,8 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     CacheConfig cc = s.cache;
     cc.index_k_dtype = cell.index_k;
     KvCache cache(*s.backend, cc);
-    Engine engine(*s.model, cache, engine_options(c, {cell.index_k, RunMode::kEager, false}, false));
+    Engine engine(*s.model, cache,
+                  engine_options(c, {cell.index_k, RunMode::kEager, false}, false));
     std::vector<SessionRun>& refs = references[cell.index_k];
     for (int i = 0; i < n; ++i) {
       SessionPlan alone = plans[size_t(i)];

@@ -34,8 +34,7 @@ std::string stress_table(const StressReport& report) {
       "|---|---|---|---|\n";
   for (const CellResult& c : report.cells) {
     out += fmt::format("| {} | {}/{} ({:.0f}%) | {} | {} |\n", c.cell.condition(), c.corrupted,
-                       c.sessions, percent(c.corrupted, c.sessions), c.auditor_flagged,
-                       c.diverged);
+                       c.sessions, percent(c.corrupted, c.sessions), c.auditor_flagged, c.diverged);
   }
   return out;
 }
@@ -87,9 +86,10 @@ std::string stress_svg(const StressReport& report) {
       width, top + height + label, left, n > 0 ? report.cells[0].sessions : 0);
   for (int pct = 0; pct <= 100; pct += 25) {
     const int y = top + height - height * pct / 100;
-    svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}%</text>\n",
-                       left, y, width - label, y, left - 6, y + 4, pct);
+    svg += fmt::format(
+        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>"
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}%</text>\n",
+        left, y, width - label, y, left - 6, y + 4, pct);
   }
   for (int i = 0; i < n; ++i) {
     const CellResult& c = report.cells[size_t(i)];
@@ -98,8 +98,8 @@ std::string stress_svg(const StressReport& report) {
     const int x = left + gap + i * (bar + gap);
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/>\n", x,
                        top + height - h, bar, h, c.cell.faults ? "#c0392b" : "#7f8c8d");
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}/{}</text>\n",
-                       x + bar / 2, top + height - h - 4, c.corrupted, c.sessions);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}/{}</text>\n", x + bar / 2,
+                       top + height - h - 4, c.corrupted, c.sessions);
     svg += fmt::format("<text transform=\"translate({},{}) rotate(40)\">{}</text>\n", x + 8,
                        top + height + 14, xml_escape(c.cell.condition()));
   }

@@ -59,8 +59,8 @@ Workload make_workload(uint64_t seed, int n, int min_prompt, int max_prompt, int
 class EngineTest : public ::testing::Test {
  protected:
   Tiny& tiny() { return tiny_; }
-  std::map<int64_t, RequestOutput> run_workload(const Workload& w, int64_t pages,
-                                                EngineOptions o, EngineStats* stats = nullptr);
+  std::map<int64_t, RequestOutput> run_workload(const Workload& w, int64_t pages, EngineOptions o,
+                                                EngineStats* stats = nullptr);
   Tiny tiny_;
 };
 
@@ -205,7 +205,7 @@ TEST_F(EngineTest, AbortMidDecodeFreesEveryPage) {
   EXPECT_GT(cache->allocator().used_pages(), 4);
   const int64_t used_before = cache->allocator().used_pages();
   EXPECT_TRUE(e.abort(ids[1]));
-  EXPECT_FALSE(e.abort(ids[1]));  // already gone
+  EXPECT_FALSE(e.abort(ids[1]));                                // already gone
   EXPECT_EQ(cache->allocator().used_pages(), used_before - 2);  // 70 + a few tokens: 2 pages
   auto out = e.take_finished();
   ASSERT_EQ(out.size(), 1u);

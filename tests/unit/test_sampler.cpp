@@ -37,9 +37,7 @@ TEST(Sampler, GreedyIsArgmaxWithTiesToTheLowerId) {
 
 TEST(Sampler, NucleusStopsAtTheFirstPrefixReachingTopP) {
   const std::vector<float> logits = logits_of({0.1, 0.5, 0.25, 0.15});  // order: 1, 2, 3, 0
-  auto tokens = [&](float top_p) {
-    return nucleus(logits, SamplingParams{1.0f, top_p, 0}).tokens;
-  };
+  auto tokens = [&](float top_p) { return nucleus(logits, SamplingParams{1.0f, top_p, 0}).tokens; };
   EXPECT_EQ(tokens(0.2f), (std::vector<int32_t>{1}));
   EXPECT_EQ(tokens(0.5f), (std::vector<int32_t>{1}));  // exactly the first token's mass
   EXPECT_EQ(tokens(0.51f), (std::vector<int32_t>{1, 2}));

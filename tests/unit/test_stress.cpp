@@ -48,8 +48,8 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
     SCOPED_TRACE(c.cell.condition());
     EXPECT_EQ(c.sessions, 8);
     EXPECT_GT(c.tokens, 0);
-    const bool incident = c.cell.index_k == KvDtype::kBf16 && c.cell.runner == RunMode::kGraph &&
-                          c.cell.faults;
+    const bool incident =
+        c.cell.index_k == KvDtype::kBf16 && c.cell.runner == RunMode::kGraph && c.cell.faults;
     if (incident) {
       EXPECT_GT(c.corrupted, 0);
       EXPECT_GT(c.auditor_flagged, 0);
@@ -72,9 +72,8 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
 
   const nlohmann::json j = stress_json(report);
   ASSERT_EQ(j["cells"].size(), 8u);
-  for (const char* key : {"index_k", "runner", "faults", "sessions", "corrupted",
-                          "auditor_flagged", "diverged", "first_divergent_turns", "tokens",
-                          "seconds"}) {
+  for (const char* key : {"index_k", "runner", "faults", "sessions", "corrupted", "auditor_flagged",
+                          "diverged", "first_divergent_turns", "tokens", "seconds"}) {
     EXPECT_TRUE(j["cells"][0].contains(key)) << key;
   }
   EXPECT_EQ(j["config"]["sessions"], 8);
@@ -82,8 +81,7 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
   const std::string table = stress_table(report);
   EXPECT_NE(table.find("| condition | corrupted sessions (k/N, %) | auditor flagged | diverged |"),
             std::string::npos);
-  EXPECT_NE(table.find("| bf16 index-K + eager + guarded | 0/8 (0%) | 0 | 0 |"),
-            std::string::npos);
+  EXPECT_NE(table.find("| bf16 index-K + eager + guarded | 0/8 (0%) | 0 | 0 |"), std::string::npos);
   const std::string svg = stress_svg(report);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
