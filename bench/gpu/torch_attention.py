@@ -130,8 +130,9 @@ def bench_sparse_mla(dtype, device):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: torch_attention.py OUT.json")
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    if len(args) != 1:
+        sys.exit("usage: torch_attention.py [--json] OUT.json")
     device = torch.device("cuda")
     torch.manual_seed(0)
     rows = []
@@ -144,7 +145,7 @@ def main():
         rows.append(bench_sparse_mla(dtype, device))
     for name, us in rows:
         print(f"  {name:<44} {us:10.2f} us")
-    with open(sys.argv[1], "w") as f:
+    with open(args[0], "w") as f:
         json.dump([{"name": n, "us": u} for n, u in rows], f, indent=1)
 
 

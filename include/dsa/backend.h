@@ -75,6 +75,10 @@ class Backend {
 
   virtual void audit_slots(const AuditSlotsParams& p) = 0;
 
+  // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) now, so no step captured
+  // later needs to grow it. A no-op where gemm needs no scratch.
+  virtual void reserve_gemm_scratch(size_t x_elements) {}
+
   GemmMode gemm_mode() const { return gemm_mode_; }
   void set_gemm_mode(GemmMode mode) { gemm_mode_ = mode; }
 

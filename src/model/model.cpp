@@ -1,6 +1,7 @@
 // One forward step of the DSA decoder (DESIGN §1), built only from backend ops.
 #include "dsa/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "dsa/error.h"
@@ -58,11 +59,18 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
     moe_ = std::make_unique<MoeMlp>(backend, config_, weights_, max_rows);
   }
 
+  // The widest gemm input, batch * m * k, over every projection of a step (MoE experts read the
+  // hidden state or their intermediate, both below these).
+  const int64_t H = config_.num_attention_heads;
+  const int64_t widest = std::max<int64_t>({config_.hidden_size, config_.q_lora_rank,
+                                            config_.intermediate_size, H * config_.v_head_dim,
+                                            H * config_.qk_nope_head_dim, H * kKvLoraRank});
+  backend.reserve_gemm_scratch(size_t(max_rows) * size_t(widest));
   const std::vector<float> table = rope_cos_sin_table(config_, max_context);
   cos_sin_ = DeviceArray<float>(backend, table.size());
   backend.copy_to_device(cos_sin_.data(), table.data(), table.size() * sizeof(float));
 
-  const int64_t R = max_rows, H = config_.num_attention_heads;
+  const int64_t R = max_rows;
   auto f32 = [&](int64_t n) { return DeviceArray<float>(backend, size_t(R * n)); };
   h_ = f32(config_.hidden_size);
   x_ = f32(config_.hidden_size);

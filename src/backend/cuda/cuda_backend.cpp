@@ -189,6 +189,7 @@ class CudaBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override {
     launched(cuda::sparse_mla(p, stream_), "sparse_mla");
   }
+  void reserve_gemm_scratch(size_t x_elements) override { gemm_scratch(x_elements); }
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");
   }
