@@ -111,7 +111,7 @@ TEST_P(GraphReplay, CaptureRecordsWithoutRunning) {
 }
 
 INSTANTIATE_TEST_SUITE_P(IndexK, GraphReplay, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
-                         [](const auto& info) { return std::string(kv_dtype_name(info.param)); });
+                         [](const auto& p) { return std::string(kv_dtype_name(p.param)); });
 
 // ---- the randomized sequence and the incident ------------------------------------------------
 

@@ -75,7 +75,7 @@ TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
 }
 
 INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
-                         [](const auto& info) { return std::string(kv_dtype_name(info.param)); });
+                         [](const auto& p) { return std::string(kv_dtype_name(p.param)); });
 
 ReplayCheckReport run_cuda_check(KvDtype index_k, int steps, FaultSet faults,
                                  RunMode mode = RunMode::kGraph) {
