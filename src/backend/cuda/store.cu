@@ -8,6 +8,10 @@
 //   latent:  a warp per token, 16 values of c per lane; fp8 tile t (128 values) is lanes
 //            8t..8t+7; lanes 0..7 also write the 64 rope values (8 each).
 // The row count is batch.rows (a host int, fixed at capture); n_real is read on the device.
+//
+// fp8 encoding is the hardware conversion cvt.rn.satfinite.e4m3x2.f32 (two values an
+// instruction), which gives the bits of dsa::float_to_fp8 (dtype.h is defined to match it). The
+// quotient x / scale is the correctly rounded one of encode_fp8_group; see fp8_quotients.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
 #include "cache/token_codec.h"
@@ -30,6 +34,36 @@ __device__ __forceinline__ SlotVerdict judge_incident_scatter(int64_t& slot, int
   if (slot < 0) slot += capacity;
   if (slot < 0) return SlotVerdict::kErrorNegative;
   return slot < capacity ? SlotVerdict::kWrite : SlotVerdict::kErrorRange;
+}
+
+// The e4m3 codes of lo and hi, lo in the low byte: round to nearest even, saturate to +-448
+// (infinities too), NaN to 0x7F, the bits of dsa::float_to_fp8. The instruction's first source
+// goes to the upper byte.
+__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
+  uint16_t packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+// q[i] = x[i] / scale, correctly rounded, as encode_fp8_group divides. A ue8m0 scale is a power
+// of two <= 2^120 (or +inf when amax is), so 1 / scale is exact (a normal >= 2^-120, or 0) and
+// x * (1 / scale) is the same correctly rounded real, NaN and signed zeros included. An exact
+// scale keeps the IEEE division.
+template <int kN>
+__device__ __forceinline__ void fp8_quotients(float (&x)[kN], float scale, ScaleRounding rounding) {
+  if (rounding == ScaleRounding::kUe8m0) {
+    const float inverse = __frcp_rn(scale);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[i] = __fmul_rn(x[i], inverse);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[i] = __fdiv_rn(x[i], scale);
+  }
+}
+
+// Four e4m3 codes of already divided values q[0..3], low byte first.
+__device__ __forceinline__ uint32_t fp8x4(const float* q) {
+  return fp8x2(q[0], q[1]) | (fp8x2(q[2], q[3]) << 16);
 }
 
 // Threads per block for `rows` tokens of `lanes` threads each: small batches get one small block.
@@ -64,7 +98,8 @@ __global__ void __launch_bounds__(kMaxBlock)
     const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
     const float amax = group_max<kIndexLanes>(local_amax(x), mask);
     const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
-    store8(dst + sub * kIndexPerLane, pack_fp8x4(x, scale), pack_fp8x4(x + 4, scale));
+    fp8_quotients(x, scale, p.pool.rounding);
+    store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
     if (sub == 0) *index_k_scale(p.pool, slot) = scale;
   }
 }
@@ -102,8 +137,8 @@ __global__ void __launch_bounds__(kMaxBlock)
   } else {
     const float amax = group_max<kTileLanes>(local_amax(c), group_mask(lane, kTileLanes));
     const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
-    store16(dst + lane * kLatentPerLane, pack_fp8x4(c, scale), pack_fp8x4(c + 4, scale),
-            pack_fp8x4(c + 8, scale), pack_fp8x4(c + 12, scale));
+    fp8_quotients(c, scale, p.pool.rounding);
+    store16(dst + lane * kLatentPerLane, fp8x4(c), fp8x4(c + 4), fp8x4(c + 8), fp8x4(c + 12));
     if (lane % kTileLanes == 0) {
       reinterpret_cast<float*>(dst + kLatentFp8ScaleOffset)[lane / kTileLanes] = scale;
     }
