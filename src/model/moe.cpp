@@ -4,28 +4,9 @@
 #include <algorithm>
 
 #include "dsa/error.h"
+#include "model/linear.h"
 
 namespace dsa {
-namespace {
-
-// y[rows, n] (+)= x[rows, k] * w[n, k]^T, all rows contiguous.
-void linear(Backend& be, const float* x, int64_t ld_x, const Bf16* w, int n, int k, float* y,
-            int64_t ld_y, int rows, GemmOutput output) {
-  GemmParams g;
-  g.x = x;
-  g.w = w;
-  g.y = y;
-  g.m = rows;
-  g.n = n;
-  g.k = k;
-  g.ld_x = ld_x;
-  g.ld_w = k;
-  g.ld_y = ld_y;
-  g.output = output;
-  be.gemm(g);
-}
-
-}  // namespace
 
 MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& c, int layer) {
   const int64_t hidden = c.hidden_size, experts = c.n_routed_experts;
