@@ -2,13 +2,20 @@
 //
 // One block of 8 warps per (row, chunk of kBlockTokens tokens). The row's query is prepared once
 // per block in shared memory, already laid out as mma A fragments (bf16, or e4m3 quantized per
-// head exactly like the CPU); the head weights (times s_q for fp8) sit beside it. Each warp then
-// takes groups of 32 tokens (always inside one page) and streams their keys straight from global
-// memory into B-fragment registers with 16-byte loads: no shared-memory staging for keys.
+// head exactly like the CPU and widened to f16); the head weights (times s_q for fp8) sit beside
+// it. Each warp then takes groups of 32 tokens (always inside one page) and streams their keys
+// straight from global memory into B-fragment registers with 16-byte loads: no shared-memory
+// staging for keys.
 //
 // The k (dim) order inside an mma is a free permutation as long as A and B agree, so each lane
 // owns the bytes [u*64 + c*16, +16) of a token row (c = lane % 4, u = one 16-byte load), which
-// makes every load instruction cover contiguous 64-byte runs. frag_dim() is that permutation.
+// makes every load instruction cover contiguous 64-byte runs. word_byte() is that permutation.
+//
+// fp8 runs on the f16 m16n8k16 mma too: sm_90 has no native e4m3 mma.sync (the compiler would
+// emulate it with conversions inside every mma), so each key word of 4 e4m3 bytes is widened once
+// per group with the packed cvt to two f16x2 registers, one 32-bit word per k-step. Every e4m3
+// value is exact in f16 and every product of two is exact in f32, so the dot products are the
+// CPU's exact q8 * k8 products summed in f32.
 //
 // Per group: S[h, t] = q[h] . k[t] for 16 heads x 8 tokens per mma, relu, times w, summed over
 // heads in registers and then over the 8 lanes of a column with xor shuffles (a fixed order),
@@ -37,8 +44,19 @@ template <KvDtype D>
 struct KeyShape {
   static constexpr int kRowBytes = D == KvDtype::kBf16 ? 256 : 128;
   static constexpr int kLoads = kRowBytes / 64;       // 16-byte loads per lane per token
-  static constexpr int kKSteps = D == KvDtype::kBf16 ? 8 : 4;  // k16 bf16 or k32 e4m3 steps
+  static constexpr int kKSteps = kIndexHeadDim / 16;  // k16 steps (bf16, or f16 from e4m3)
 };
+
+// Four e4m3 bytes (byte i = element i) widened exactly to f16: .x holds bytes 0-1, .y bytes 2-3,
+// the lower byte in the lower half.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t word) {
+  uint2 r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(word));
+  return r;
+}
 
 // Byte offset, inside a token's key row, of word w (0 .. 4*kLoads-1) held by lane column c.
 __device__ __forceinline__ int word_byte(int c, int w) {
@@ -104,15 +122,24 @@ __device__ void build_fragments(int m_tiles, SharedQuery& s) {
     const int lane = i % 32, ks = (i / 32) % Shape::kKSteps, mt = i / (32 * Shape::kKSteps);
     const int g = lane / 4, c = lane % 4;
     const int h0 = mt * 16 + g, h1 = h0 + 8;
-    // Word 2*ks is the low k half (a0/a1), word 2*ks+1 the high half (a2/a3), as in the keys.
-    const int b_lo = word_byte(c, 2 * ks), b_hi = word_byte(c, 2 * ks + 1);
     const uint8_t* n0 = s.natural + h0 * 256;
     const uint8_t* n1 = s.natural + h1 * 256;
     uint4 f;
-    f.x = *reinterpret_cast<const uint32_t*>(n0 + b_lo);
-    f.y = *reinterpret_cast<const uint32_t*>(n1 + b_lo);
-    f.z = *reinterpret_cast<const uint32_t*>(n0 + b_hi);
-    f.w = *reinterpret_cast<const uint32_t*>(n1 + b_hi);
+    if constexpr (D == KvDtype::kBf16) {
+      // Word 2*ks is the low k half (a0/a1), word 2*ks+1 the high half (a2/a3), as in the keys.
+      const int b_lo = word_byte(c, 2 * ks), b_hi = word_byte(c, 2 * ks + 1);
+      f.x = *reinterpret_cast<const uint32_t*>(n0 + b_lo);
+      f.y = *reinterpret_cast<const uint32_t*>(n1 + b_lo);
+      f.z = *reinterpret_cast<const uint32_t*>(n0 + b_hi);
+      f.w = *reinterpret_cast<const uint32_t*>(n1 + b_hi);
+    } else {
+      // Word ks holds the whole k-step: bytes 0-1 the low k half, bytes 2-3 the high, as in the
+      // keys (key_fragments).
+      const int b = word_byte(c, ks);
+      const uint2 lo = e4m3x4_to_f16x4(*reinterpret_cast<const uint32_t*>(n0 + b));
+      const uint2 hi = e4m3x4_to_f16x4(*reinterpret_cast<const uint32_t*>(n1 + b));
+      f = make_uint4(lo.x, hi.x, lo.y, hi.y);
+    }
     s.frag[i] = f;
   }
 }
@@ -127,7 +154,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint4& a, uint32_t b0, 
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
   } else {
     asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
@@ -136,6 +163,21 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint4& a, uint32_t b0, 
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// The B fragments (b0, b1) of one token column for every k-step, from the lane's raw key words.
+template <KvDtype D>
+__device__ __forceinline__ void key_fragments(const uint4 (&raw)[KeyShape<D>::kLoads],
+                                              uint2 (&b)[KeyShape<D>::kKSteps]) {
+#pragma unroll
+  for (int ks = 0; ks < KeyShape<D>::kKSteps; ++ks) {
+    if constexpr (D == KvDtype::kBf16) {
+      const int w0 = 2 * ks, w1 = 2 * ks + 1;
+      b[ks] = make_uint2(word_of(raw[w0 / 4], w0 % 4), word_of(raw[w1 / 4], w1 % 4));
+    } else {
+      b[ks] = e4m3x4_to_f16x4(word_of(raw[ks / 4], ks % 4));
+    }
+  }
 }
 
 // One warp, 32 tokens [t0, t0 + 32) of one page: writes their logits where t < seq_len.
@@ -157,17 +199,18 @@ __device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s,
     }
   }
 
+  uint2 b[kNTiles][Shape::kKSteps];  // fp8 keys are widened once here, not once per m-tile
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) key_fragments<D>(keys[n], b[n]);
+
   float sum[kNTiles][2] = {};  // columns n*8 + c*2 + {0,1}, partial over rows g, g+8
   for (int mt = 0; mt < m_tiles; ++mt) {
     float acc[kNTiles][4] = {};
 #pragma unroll
     for (int ks = 0; ks < Shape::kKSteps; ++ks) {
       const uint4 a = s.frag[(mt * Shape::kKSteps + ks) * 32 + lane];
-      const int w0 = 2 * ks, w1 = 2 * ks + 1;
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        mma<D>(acc[n], a, word_of(keys[n][w0 / 4], w0 % 4), word_of(keys[n][w1 / 4], w1 % 4));
-      }
+      for (int n = 0; n < kNTiles; ++n) mma<D>(acc[n], a, b[n][ks].x, b[n][ks].y);
     }
     const float w_lo = s.weight[mt * 16 + g], w_hi = s.weight[mt * 16 + g + 8];
 #pragma unroll
