@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dsa/generate.h"
+#include "dsa/replay_check.h"
 #include "dsa/runner.h"
 
 namespace dsa::testing {
@@ -26,6 +27,27 @@ inline ModelConfig micro_config() {
   c.max_position_embeddings = 256;
   c.first_k_dense_replace = c.num_hidden_layers;
   return c;
+}
+
+// The randomized replay check on the micro model: 16 live sequences of up to 96 tokens over a
+// pool that holds them with no spare page, so freed pages are reused at once.
+inline ReplayCheckReport run_micro_check(BackendKind kind, KvDtype index_k, int steps,
+                                         FaultSet faults, RunMode mode = RunMode::kGraph) {
+  auto backend = make_backend(kind);
+  const ModelConfig config = micro_config();
+  Model model(*backend, config, Weights::synthetic(*backend, config, 5), 16, 128);
+  CacheConfig cc;
+  cc.num_layers = config.num_hidden_layers;
+  cc.num_pages = 1 + 16 * 2;
+  cc.index_k_dtype = index_k;
+  ReplayCheckOptions o;
+  o.steps = steps;
+  o.seed = 2026;
+  o.faults = faults;
+  o.mode = mode;
+  o.buckets = {1, 2, 4, 8, 12, 16};
+  o.max_request_tokens = 96;
+  return run_replay_check(model, cc, o);
 }
 
 struct GraphFixture {

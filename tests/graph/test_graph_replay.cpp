@@ -115,27 +115,9 @@ INSTANTIATE_TEST_SUITE_P(IndexK, GraphReplay, ::testing::Values(KvDtype::kBf16, 
 
 // ---- the randomized sequence and the incident ------------------------------------------------
 
-ReplayCheckOptions check_options(int steps, FaultSet faults) {
-  ReplayCheckOptions o;
-  o.steps = steps;
-  o.seed = 2026;
-  o.faults = faults;
-  o.buckets = {1, 2, 4, 8, 12, 16};
-  o.max_request_tokens = 96;
-  return o;
-}
-
-ReplayCheckReport run_check(KvDtype index_k, int steps, FaultSet faults, RunMode mode = RunMode::kGraph) {
-  auto backend = make_cpu_backend();
-  const ModelConfig config = micro_config();
-  Model model(*backend, config, Weights::synthetic(*backend, config, 5), 16, 128);
-  CacheConfig cc;
-  cc.num_layers = config.num_hidden_layers;
-  cc.num_pages = 1 + 16 * 2;
-  cc.index_k_dtype = index_k;
-  ReplayCheckOptions o = check_options(steps, faults);
-  o.mode = mode;
-  return run_replay_check(model, cc, o);
+ReplayCheckReport run_check(KvDtype index_k, int steps, FaultSet faults,
+                            RunMode mode = RunMode::kGraph) {
+  return testing::run_micro_check(BackendKind::kCpu, index_k, steps, faults, mode);
 }
 
 TEST(GraphReplayRandomized, TenThousandStepsKeepParityAndAuditClean) {

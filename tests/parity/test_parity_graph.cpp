@@ -79,20 +79,7 @@ INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, 
 
 ReplayCheckReport run_cuda_check(KvDtype index_k, int steps, FaultSet faults,
                                  RunMode mode = RunMode::kGraph) {
-  auto backend = make_cuda_backend();
-  const ModelConfig config = micro_config();
-  Model model(*backend, config, Weights::synthetic(*backend, config, 5), 16, 128);
-  CacheConfig cc;
-  cc.num_layers = config.num_hidden_layers;
-  cc.num_pages = 1 + 16 * 2;
-  cc.index_k_dtype = index_k;
-  ReplayCheckOptions o;
-  o.steps = steps;
-  o.seed = 2026;
-  o.faults = faults;
-  o.mode = mode;
-  o.max_request_tokens = 96;
-  return run_replay_check(model, cc, o);
+  return testing::run_micro_check(BackendKind::kCuda, index_k, steps, faults, mode);
 }
 
 TEST(ParityGraphRandomized, TenThousandStepsKeepParityAndAuditClean) {
