@@ -10,51 +10,19 @@
 
 #include "common.h"
 #include "dsa/error.h"
+#include "dsa/pool_fill.h"
 #include "dsa/runner.h"
 
 namespace dsa::tools {
 namespace {
 
-// Fills every slot of every pool (page 0 excepted) with valid random tokens through the guarded
-// writers, so the step's reads cost what real data costs (no NaN codes, no zeros) without
-// prefilling millions of tokens through the model.
+// Every pool full of valid random tokens, through the guarded writers: the step's reads cost
+// what real data costs, without prefilling millions of tokens through the model.
 void fill_cache(Backend& be, KvCache& cache, uint64_t seed) {
-  constexpr int kChunk = 16384;  // tokens per store call; the same random values for every chunk
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(size_t(kChunk) * kLatentDim);
-  for (float& x : values) x = normal(rng);
-  DeviceArray<float> d_values(be, values.size());
-  be.copy_to_device(d_values.data(), values.data(), values.size() * sizeof(float));
-  DeviceArray<int64_t> d_slots(be, kChunk);
-  DeviceArray<int32_t> d_n_real(be, 1), d_errors(be, 1);
-  be.fill(d_errors.data(), 0, sizeof(int32_t));
-  std::vector<int64_t> slots(kChunk);
-  for (int64_t first = kPageSize; first < cache.capacity_slots(); first += kChunk) {
-    const int n = int(std::min<int64_t>(kChunk, cache.capacity_slots() - first));
-    for (int i = 0; i < n; ++i) slots[i] = first + i;
-    be.copy_to_device(d_slots.data(), slots.data(), size_t(n) * sizeof(int64_t));
-    be.copy_to_device(d_n_real.data(), &n, sizeof(int32_t));
-    const SlotBatch batch{d_slots.data(), d_n_real.data(), n, d_errors.data()};
-    for (int l = 0; l < cache.config().num_layers; ++l) {
-      StoreLatentKvParams lat;
-      lat.batch = batch;
-      lat.latent = d_values.data();
-      lat.k_rope = d_values.data() + kKvLoraRank;
-      lat.ld_latent = lat.ld_rope = kLatentDim;
-      lat.pool = cache.latent(l);
-      be.store_latent_kv(lat);
-      StoreIndexKParams ik;
-      ik.batch = batch;
-      ik.k = d_values.data();
-      ik.ld_k = kLatentDim;
-      ik.pool = cache.index_k(l);
-      be.store_index_k(ik);
-    }
+  for (int l = 0; l < cache.config().num_layers; ++l) {
+    fill_pool_random(be, cache.latent(l), PoolKind::kLatent, seed + 2 * l);
+    fill_pool_random(be, cache.index_k(l), PoolKind::kIndexK, seed + 2 * l + 1);
   }
-  int32_t errors = 0;
-  be.copy_to_host(&errors, d_errors.data(), sizeof(int32_t));
-  require(errors == 0, ErrorCode::kInternal, "filling the cache raised {} store errors", errors);
 }
 
 double median_ms(std::vector<double> v) {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "cache/token_codec.h"
+#include "dsa/pool_fill.h"
 #include "dsa/slot.h"
 
 namespace dsa::bench {
@@ -74,14 +74,9 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
   const int64_t pages_per_row = kLen / kPageSize, pages = kRows * pages_per_row + 1;
   const int64_t page_bytes = index_k_page_bytes(dtype);
   DeviceBuffer<uint8_t> pool(be, size_t(pages * page_bytes));
-  {  // 16 encoded pages, repeated over the pool
-    std::vector<uint8_t> block(size_t(16 * page_bytes));
-    const PoolView host{block.data(), dtype, ScaleRounding::kExact, 16};
-    for (int64_t slot = 0; slot < host.capacity(); ++slot) {
-      encode_index_k_token(host, slot, normals(gen, kIndexHeadDim).data());
-    }
-    fill_repeating(be, pool.data(), pool.bytes(), block);
-  }
+  be.fill(pool.data(), 0, pool.bytes());  // page 0 stays zero
+  fill_pool_random(be, PoolView{pool.data(), dtype, ScaleRounding::kExact, pages},
+                   PoolKind::kIndexK, gen());
   DeviceBuffer<int32_t> table(be, size_t(kRows * pages_per_row)), seq_lens(be, kRows);
   be.copy_to_device(table.data(), shuffled_pages(gen, kRows * pages_per_row).data(), table.bytes());
   const std::vector<int32_t> lens(kRows, kLen);
@@ -161,15 +156,9 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
   // Each set selects from its own 2048 pages (131072 tokens) of the pool.
   const int64_t set_tokens = int64_t(kRows) * kTopk, pages = sets * set_tokens / kPageSize + 1;
   DeviceBuffer<uint8_t> pool(be, size_t(pages * kPageSize * token_bytes));
-  {
-    std::vector<uint8_t> block(size_t(kPageSize * 16 * token_bytes));
-    const PoolView host{block.data(), dtype, ScaleRounding::kExact, 16};
-    for (int64_t slot = 0; slot < host.capacity(); ++slot) {
-      encode_latent_token(host, slot, normals(gen, kKvLoraRank).data(),
-                          normals(gen, kRopeDim).data());
-    }
-    fill_repeating(be, pool.data(), pool.bytes(), block);
-  }
+  be.fill(pool.data(), 0, pool.bytes());  // page 0 stays zero
+  fill_pool_random(be, PoolView{pool.data(), dtype, ScaleRounding::kExact, pages},
+                   PoolKind::kLatent, gen());
   std::vector<int64_t> indices(size_t(sets) * set_tokens);
   for (int s = 0; s < sets; ++s) {
     std::vector<int64_t> slots(static_cast<size_t>(set_tokens));
