@@ -1,5 +1,6 @@
 // dsa bench-decode: one decode step, graph replay against eager, for several batch sizes, and the
-// cost of padding (B real rows replayed in a larger bucket G).
+// cost of padding (B real rows replayed in a larger bucket G). --profile adds, per batch size, the
+// eager step's ops one by one (stopwatch points around each) against their floors.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "dsa/error.h"
 #include "dsa/pool_fill.h"
 #include "dsa/runner.h"
+#include "op_profile.h"
 
 namespace dsa::tools {
 namespace {
@@ -38,6 +40,8 @@ void register_bench_decode(CLI::App& app, Runner& run) {
     int layers = 1, context = 4096, iters = 20;
     std::vector<int> batches = {1, 8, 64, 256};
     std::string gemm = "invariant", json;
+    bool profile = false;
+    Ceilings ceilings;
   };
   auto o = std::make_shared<Opts>();
   o->model.max_rows = 256;
@@ -50,17 +54,26 @@ void register_bench_decode(CLI::App& app, Runner& run) {
   cmd->add_option("--iters", o->iters, "timed steps per point")->capture_default_str();
   cmd->add_option("--gemm", o->gemm, "invariant | fast")->capture_default_str();
   cmd->add_option("--json", o->json, "write the results here");
+  cmd->add_flag("--profile", o->profile,
+                "per batch size, time every op of an eager step and compare it with its floor");
+  cmd->add_option("--peak-gbps", o->ceilings.gb_per_s, "memory bandwidth for the floors, GB/s")
+      ->capture_default_str();
+  cmd->add_option("--peak-tflops", o->ceilings.tflop_per_s, "matrix rate for the floors, TFLOP/s")
+      ->capture_default_str();
   cmd->callback([&run, o] {
     run = [o] {
       ModelConfig config = preset_config(o->model.preset);
       if (o->layers > 0) config.num_hidden_layers = std::min(o->layers, config.num_hidden_layers);
-      config.first_k_dense_replace = std::min(config.first_k_dense_replace, config.num_hidden_layers);
+      config.first_k_dense_replace =
+          std::min(config.first_k_dense_replace, config.num_hidden_layers);
       const int max_b = *std::max_element(o->batches.begin(), o->batches.end());
       require(o->context >= 2 && o->context <= config.max_position_embeddings,
               ErrorCode::kInvalidArgument, "--context {} must be in [2, {}]", o->context,
               config.max_position_embeddings);
-      auto backend = make_backend(parse_backend(o->model.backend));
-      backend->set_gemm_mode(o->gemm == "fast" ? GemmMode::kFast : GemmMode::kBatchInvariant);
+      auto device = make_backend(parse_backend(o->model.backend));
+      device->set_gemm_mode(o->gemm == "fast" ? GemmMode::kFast : GemmMode::kBatchInvariant);
+      ProfilingBackend profiler(*device);  // forwards only, until a profile starts recording
+      Backend* backend = &profiler;
       fmt::print(stderr, "bench-decode: building {} ({} layers) on {}\n", config.name,
                  config.num_hidden_layers, backend->describe());
       Model model(*backend, config, Weights::synthetic(*backend, config, o->model.seed), max_b,
@@ -88,39 +101,79 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       ro.mode = RunMode::kGraph;
       ro.buckets = o->batches;
       dsa::Runner runner(model, cache, ro);
+      // Median wall time of a step (ms), and of its host part: the wall time less the wait for
+      // the device at the step's end (us).
+      struct StepTime {
+        double ms, host_us;
+      };
       auto time_step = [&](const std::vector<RowInput>& rows, bool graph) {
         for (int i = 0; i < 3; ++i) graph ? runner.step(rows) : runner.step_eager(rows);
-        std::vector<double> ms;
+        std::vector<double> ms, host_us;
         for (int i = 0; i < o->iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
-          graph ? runner.step(rows) : runner.step_eager(rows);
-          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          const StepResult r = graph ? runner.step(rows) : runner.step_eager(rows);
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
+          host_us.push_back(1e3 * ms.back() - r.wait_us);
         }
-        return median_ms(ms);
+        return StepTime{median_ms(ms), median_ms(host_us)};
+      };
+      // The eager step's ops, medians over --iters recorded steps, printed after the row of b.
+      auto profile_step = [&](const std::vector<RowInput>& rows, double eager_ms, double graph_ms) {
+        std::vector<std::vector<OpTiming>> runs;
+        for (int i = 0; i < o->iters; ++i) {
+          profiler.start();
+          runner.step_eager(rows);
+          runs.push_back(profiler.finish());
+        }
+        const std::vector<OpTiming> ops = median_timings(runs);
+        nlohmann::json j = profile_json(ops, o->ceilings);
+        const double sum_ms = j["sum_us"].get<double>() / 1e3;
+        fmt::print("\nB = {}: the eager step's ops (median of {} steps)\n{}", rows.size(), o->iters,
+                   profile_table(ops, o->ceilings));
+        fmt::print(
+            "graph step {:.3f} ms = {:.2f}x the sum of its ops ({:.3f} ms); eager step "
+            "{:.3f} ms; floor {:.3f} ms\n\n",
+            graph_ms, graph_ms / sum_ms, sum_ms, eager_ms, j["floor_us"].get<double>() / 1e3);
+        j["graph_over_sum"] = graph_ms / sum_ms;
+        return j;
       };
       nlohmann::json results = nlohmann::json::array();
-      fmt::print("{:>5} {:>12} {:>12} {:>9} {:>16} {:>12}\n", "B", "eager ms", "graph ms",
-                 "speedup", "padded B-1 in B", "pad cost");
+      fmt::print("{:>5} {:>12} {:>12} {:>9} {:>14} {:>16} {:>12}\n", "B", "eager ms", "graph ms",
+                 "speedup", "graph host us", "padded B-1 in B", "pad cost");
       for (int b : o->batches) {
-        const double eager = time_step(rows_for(b), false);
-        const double graph = time_step(rows_for(b), true);
+        const StepTime eager = time_step(rows_for(b), false);
+        const StepTime graph = time_step(rows_for(b), true);
         // Padding: b-1 real rows replayed in bucket b, against b-1 rows eagerly.
         double padded = 0, eager_small = 0;
         if (b > 1) {
-          padded = time_step(rows_for(b - 1), true);
-          eager_small = time_step(rows_for(b - 1), false);
+          padded = time_step(rows_for(b - 1), true).ms;
+          eager_small = time_step(rows_for(b - 1), false).ms;
         }
-        fmt::print("{:>5} {:>12.3f} {:>12.3f} {:>8.2f}x {:>16.3f} {:>11.2f}x\n", b, eager, graph,
-                   eager / graph, padded, b > 1 ? padded / graph : 1.0);
-        results.push_back({{"batch", b}, {"eager_ms", eager}, {"graph_ms", graph},
-                           {"speedup", eager / graph}, {"padded_rows", b - 1},
-                           {"padded_graph_ms", padded}, {"eager_small_ms", eager_small}});
+        fmt::print("{:>5} {:>12.3f} {:>12.3f} {:>8.2f}x {:>14.1f} {:>16.3f} {:>11.2f}x\n", b,
+                   eager.ms, graph.ms, eager.ms / graph.ms, graph.host_us, padded,
+                   b > 1 ? padded / graph.ms : 1.0);
+        results.push_back({{"batch", b},
+                           {"eager_ms", eager.ms},
+                           {"graph_ms", graph.ms},
+                           {"speedup", eager.ms / graph.ms},
+                           {"eager_host_us", eager.host_us},
+                           {"graph_host_us", graph.host_us},
+                           {"padded_rows", b - 1},
+                           {"padded_graph_ms", padded},
+                           {"eager_small_ms", eager_small}});
+        if (o->profile) results.back()["profile"] = profile_step(rows_for(b), eager.ms, graph.ms);
       }
       if (!o->json.empty()) {
-        nlohmann::json j = {{"preset", config.name}, {"layers", config.num_hidden_layers},
-                            {"context", o->context}, {"backend", backend->describe()},
-                            {"index_k", o->model.index_k}, {"latent", o->model.latent},
-                            {"gemm", o->gemm}, {"results", results}};
+        nlohmann::json j = {{"preset", config.name},
+                            {"layers", config.num_hidden_layers},
+                            {"context", o->context},
+                            {"backend", backend->describe()},
+                            {"index_k", o->model.index_k},
+                            {"latent", o->model.latent},
+                            {"gemm", o->gemm},
+                            {"results", results}};
         std::ofstream(o->json) << j.dump(2) << "\n";
       }
       return 0;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -109,6 +110,15 @@ int run_stress_command(StressOpts& o) {
       c.shape.sessions, c.shape.concurrency, c.preset, o.backend,
       report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
       report.reference_seconds);
+  for (const CellResult& r : report.cells) {
+    const EngineStats& st = r.stats;
+    const double steps = double(std::max<int64_t>(st.steps, 1));
+    fmt::print(
+        "  {}: {:.0f} tokens/s; per engine step {:.1f} us on the host, {:.1f} us waiting "
+        "for the device\n",
+        r.cell.condition(), r.seconds > 0 ? r.tokens / r.seconds : 0.0,
+        1e6 * st.host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
+  }
   if (!o.json.empty()) {
     std::ofstream out(o.json);
     require(bool(out), ErrorCode::kIo, "cannot write --json file '{}'", o.json);

@@ -1,5 +1,9 @@
 #include "dsa/backend.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
 #include "dsa/error.h"
 
 namespace dsa {
@@ -13,6 +17,38 @@ BackendKind parse_backend(std::string_view name) {
   if (name == "cuda") return BackendKind::kCuda;
   fail(ErrorCode::kInvalidArgument, "unknown backend '{}' (expected cpu or cuda)", name);
 }
+
+void* Backend::allocate_host(size_t bytes) {
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded ? rounded : 256);
+  require(p != nullptr, ErrorCode::kResourceExhausted, "host allocation of {} bytes failed", bytes);
+  return p;
+}
+
+void Backend::deallocate_host(void* p) { std::free(p); }
+
+namespace {
+
+class HostStopwatch final : public Stopwatch {
+ public:
+  int mark() override {
+    points_.push_back(std::chrono::steady_clock::now());
+    return int(points_.size()) - 1;
+  }
+  double elapsed_us(int from, int to) override {
+    return std::chrono::duration<double, std::micro>(points_.at(size_t(to)) -
+                                                     points_.at(size_t(from)))
+        .count();
+  }
+  void reset() override { points_.clear(); }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> points_;
+};
+
+}  // namespace
+
+std::unique_ptr<Stopwatch> Backend::stopwatch() { return std::make_unique<HostStopwatch>(); }
 
 void Backend::copy_rows(const CopyRowsParams& p) {
   for (int r = 0; r < p.rows; ++r) {

@@ -73,8 +73,9 @@ ReplayCheckReport run_replay_check(Model& model, const CacheConfig& cache_config
       }
     }
     while (int(live.size()) < target) {
-      Sequence s{next_id++, int32_t(uniform(0, vocab - 1)), 0,
-                 int32_t(uniform(2, o.max_request_tokens)), {}, {}};
+      Sequence s{next_id++, int32_t(uniform(0, vocab - 1)),
+                 0,         int32_t(uniform(2, o.max_request_tokens)),
+                 {},        {}};
       live.push_back(std::move(s));
     }
     // Every live sequence stores one more token this step; a sequence that cannot get a page
@@ -90,21 +91,22 @@ ReplayCheckReport run_replay_check(Model& model, const CacheConfig& cache_config
         live.erase(live.begin() + i);
         continue;
       }
-      rows.push_back({s.next_token, s.length, s.pages.slot(s.length), s.length + 1, s.pages.pages()});
+      rows.push_back(
+          {s.next_token, s.length, s.pages.slot(s.length), s.length + 1, s.pages.pages()});
       owners.push_back(s.id);
       ++i;
     }
     if (rows.empty()) continue;
 
-    StepResult g = graph.step(rows);
+    StepResult g = graph.step(rows, StepOutputs().with_logits(o.parity));
     report.bucket_histogram[g.bucket]++;
     report.store_errors += g.store_errors;
     std::vector<int64_t> written;
     for (const RowInput& r : rows) written.push_back(r.slot);
     auditor.record(written, owners, step);
     if (o.parity) {
-      StepResult e = eager.step_eager(rows);
-      if (e.logits.size() != g.logits.size() ||
+      StepResult e = eager.step_eager(rows, StepOutputs().with_logits());
+      if (e.tokens != g.tokens || e.logits.size() != g.logits.size() ||
           std::memcmp(e.logits.data(), g.logits.data(), g.logits.size() * sizeof(float)) != 0) {
         if (report.parity_mismatches++ == 0) report.first_parity_mismatch_step = step;
       }
@@ -127,11 +129,10 @@ ReplayCheckReport run_replay_check(Model& model, const CacheConfig& cache_config
       }
       auditor.record(slots, who, step);
     }
-    // Next tokens: greedy from the graph runner's logits (any deterministic choice works).
+    // Next tokens: the graph runner's greedy draws (any deterministic choice works).
     for (size_t r = 0; r < rows.size(); ++r) {
       Sequence& s = live[r];
-      const float* l = g.logits.data() + r * size_t(vocab);
-      s.next_token = int32_t(std::max_element(l, l + vocab) - l);
+      s.next_token = g.tokens[r];
       ++s.length;
     }
     report.tokens += int64_t(rows.size());

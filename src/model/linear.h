@@ -5,9 +5,11 @@
 
 namespace dsa {
 
+// x_bf16, when set, is bf16(x) with row stride k (written by the norm that produced x), which the
+// fast GEMM mode reads instead of converting x again.
 inline void linear(Backend& be, const float* x, int64_t ld_x, const Bf16* w, int n, int k, float* y,
                    int64_t ld_y, int rows, GemmOutput output = GemmOutput::kOverwrite,
-                   float alpha = 1) {
+                   float alpha = 1, const Bf16* x_bf16 = nullptr) {
   GemmParams g;
   g.x = x;
   g.w = w;
@@ -20,6 +22,8 @@ inline void linear(Backend& be, const float* x, int64_t ld_x, const Bf16* w, int
   g.ld_y = ld_y;
   g.output = output;
   g.alpha = alpha;
+  g.x_bf16 = x_bf16;
+  g.ld_x_bf16 = k;
   be.gemm(g);
 }
 

@@ -18,10 +18,16 @@ struct Model::LayerPtrs {
 
 namespace {
 
+// y = rmsnorm(x), and y_bf16 = bf16(y) (row stride dim) for the projections that read y.
 void rmsnorm(Backend& be, const float* x, int64_t ld_x, float* y, int64_t ld_y, const Bf16* w,
-             int rows, int dim, double eps) {
-  be.rmsnorm({x, y, w, rows, dim, ld_x, ld_y, float(eps)});
+             int rows, int dim, double eps, Bf16* y_bf16) {
+  RmsNormParams p{x, y, w, rows, dim, ld_x, ld_y, float(eps)};
+  p.y_bf16 = y_bf16;
+  p.ld_y_bf16 = dim;
+  be.rmsnorm(p);
 }
+
+constexpr GemmOutput kOverwrite = GemmOutput::kOverwrite;
 
 }  // namespace
 
@@ -45,9 +51,9 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   // The widest gemm input, batch * m * k, over every projection of a step (MoE experts read the
   // hidden state or their intermediate, both below these).
   const int64_t H = config_.num_attention_heads;
-  const int64_t widest = std::max<int64_t>({config_.hidden_size, config_.q_lora_rank,
-                                            config_.intermediate_size, H * config_.v_head_dim,
-                                            H * config_.qk_nope_head_dim, H * kKvLoraRank});
+  const int64_t widest =
+      std::max<int64_t>({config_.hidden_size, config_.q_lora_rank, config_.intermediate_size,
+                         H * config_.v_head_dim, H * config_.qk_nope_head_dim, H * kKvLoraRank});
   backend.reserve_gemm_scratch(size_t(max_rows) * size_t(widest));
   const std::vector<float> table = rope_cos_sin_table(config_, max_context);
   cos_sin_ = DeviceArray<float>(backend, table.size());
@@ -58,6 +64,8 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   h_ = f32(config_.hidden_size);
   x_ = f32(config_.hidden_size);
   qa_ = f32(config_.q_lora_rank);
+  x_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.hidden_size);
+  qa_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.q_lora_rank);
   q_ = f32(H * config_.qk_head_dim());
   kv_ = f32(kLatentDim);
   q_attn_ = f32(H * kLatentDim);
@@ -122,9 +130,9 @@ void Model::forward(const StepView& step, KvCache& cache, const StepOptions& opt
     mlp(l, R);
   }
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, weights_.get("model.norm.weight", {hidden}), R,
-          hidden, config_.rms_norm_eps);
-  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}),
-         config_.vocab_size, hidden, step.logits, vocab, R);
+          hidden, config_.rms_norm_eps, x_bf16_.data());
+  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}), config_.vocab_size,
+         hidden, step.logits, vocab, R, kOverwrite, 1, x_bf16_.data());
 }
 
 void Model::attention(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
@@ -136,14 +144,18 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   const double eps = c.rms_norm_eps;
 
   // 1. MLA projections: q = W_qb(norm(W_qa x)), kv = W_kva x (latent normed), RoPE on rope parts.
-  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps);
-  linear(be, x_.data(), hidden, L.q_a, qlr, hidden, qa_.data(), qlr, R);
-  rmsnorm(be, qa_.data(), qlr, qa_.data(), qlr, L.q_a_norm, R, qlr, eps);
-  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), int64_t(H) * qk, R);
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data());
+  linear(be, x_.data(), hidden, L.q_a, qlr, hidden, qa_.data(), qlr, R, kOverwrite, 1,
+         x_bf16_.data());
+  rmsnorm(be, qa_.data(), qlr, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
+  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), int64_t(H) * qk, R, kOverwrite, 1,
+         qa_bf16_.data());
   be.rope({q_.data(), step.positions, cos_sin_.data(), R, H, int64_t(H) * qk, qk, nope, kRopeDim,
            max_context_, RopeStyle::kInterleaved});
-  linear(be, x_.data(), hidden, L.kv_a, kLatentDim, hidden, kv_.data(), kLatentDim, R);
-  rmsnorm(be, kv_.data(), kLatentDim, kv_.data(), kLatentDim, L.kv_a_norm, R, kKvLoraRank, eps);
+  linear(be, x_.data(), hidden, L.kv_a, kLatentDim, hidden, kv_.data(), kLatentDim, R, kOverwrite,
+         1, x_bf16_.data());
+  rmsnorm(be, kv_.data(), kLatentDim, kv_.data(), kLatentDim, L.kv_a_norm, R, kKvLoraRank, eps,
+          nullptr);
   be.rope({kv_.data(), step.positions, cos_sin_.data(), R, 1, kLatentDim, kLatentDim, kKvLoraRank,
            kRopeDim, max_context_, RopeStyle::kInterleaved});
 
@@ -208,8 +220,8 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   up.batch_stride_w = kv_b_head;
   up.batch_stride_y = c.v_head_dim;
   be.gemm(up);
-  linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(),
-         hidden, R, GemmOutput::kAccumulate);
+  linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(), hidden,
+         R, GemmOutput::kAccumulate);
 }
 
 void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
@@ -217,16 +229,18 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   const ModelConfig& c = config_;
   const LayerPtrs& L = layers_[l];
   const int R = step.rows, hidden = c.hidden_size, IH = c.index_n_heads;
-  const RopeStyle style = c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  const RopeStyle style =
+      c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
   const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
 
   // q_i = W_iq(norm(W_qa x)); k_i = LayerNorm(W_ik x); RoPE on the first 64 dims, then Hadamard.
   linear(be, qa_.data(), c.q_lora_rank, L.wq_b, IH * kIndexHeadDim, c.q_lora_rank, qi_.data(),
-         int64_t(IH) * kIndexHeadDim, R);
+         int64_t(IH) * kIndexHeadDim, R, kOverwrite, 1, qa_bf16_.data());
   be.rope({qi_.data(), step.positions, cos_sin_.data(), R, IH, int64_t(IH) * kIndexHeadDim,
            kIndexHeadDim, 0, kRopeDim, max_context_, style});
   be.hadamard({qi_.data(), R * IH, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
-  linear(be, x_.data(), hidden, L.wk, kIndexHeadDim, hidden, ki_.data(), kIndexHeadDim, R);
+  linear(be, x_.data(), hidden, L.wk, kIndexHeadDim, hidden, ki_.data(), kIndexHeadDim, R,
+         kOverwrite, 1, x_bf16_.data());
   be.layernorm({ki_.data(), ki_.data(), L.k_norm_w, L.k_norm_b, R, kIndexHeadDim, kIndexHeadDim,
                 kIndexHeadDim, 1e-6f});
   be.rope({ki_.data(), step.positions, cos_sin_.data(), R, 1, kIndexHeadDim, kIndexHeadDim, 0,
@@ -234,8 +248,8 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   be.hadamard({ki_.data(), R, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
   // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2
   const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
-  linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R,
-         GemmOutput::kOverwrite, w_scale);
+  linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite, w_scale,
+         x_bf16_.data());
 
   StoreIndexKParams store;
   store.batch = {step.slots, step.n_real, R, step.error_count};
@@ -278,13 +292,16 @@ void Model::mlp(int l, int rows) {
   const ModelConfig& c = config_;
   const LayerPtrs& L = layers_[l];
   const int hidden = c.hidden_size, inter = c.intermediate_size;
-  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.post_norm, rows, hidden, c.rms_norm_eps);
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.post_norm, rows, hidden, c.rms_norm_eps,
+          x_bf16_.data());
   if (c.layer_is_moe(l)) {
     moe_->forward(l, x_.data(), h_.data(), rows);
     return;
   }
-  linear(be, x_.data(), hidden, L.gate, inter, hidden, gate_up_.data(), 2 * inter, rows);
-  linear(be, x_.data(), hidden, L.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows);
+  linear(be, x_.data(), hidden, L.gate, inter, hidden, gate_up_.data(), 2 * inter, rows, kOverwrite,
+         1, x_bf16_.data());
+  linear(be, x_.data(), hidden, L.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows,
+         kOverwrite, 1, x_bf16_.data());
   be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
   linear(be, act_.data(), inter, L.down, hidden, inter, h_.data(), hidden, rows,
          GemmOutput::kAccumulate);

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine_state.h"
 
@@ -231,10 +232,14 @@ std::vector<RequestOutput> Engine::take_finished() {
 // ---- steps -------------------------------------------------------------------------------------
 
 bool Engine::step() {
+  const auto start = std::chrono::steady_clock::now();
+  const double waited = stats_.device_wait_seconds;
   ++stats_.steps;
   progress_ = false;
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
+  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+  stats_.host_seconds += wall.count() - (stats_.device_wait_seconds - waited);
   return prefilled || decoded || progress_;
 }
 
@@ -281,26 +286,29 @@ bool Engine::prefill_step() {
   if (plan.empty()) return false;
 
   std::vector<RowInput> rows;
+  std::vector<RowSampling> sampling;
   std::vector<Request*> owners;
   for (const Chunk& c : plan) {
     for (int64_t p = c.start; p < c.start + c.count; ++p) {
       rows.push_back(row_of(*c.r, p));
+      sampling.emplace_back();
       owners.push_back(c.r);
     }
+    // The last prompt row draws the first token; the other rows' (greedy) tokens go unused.
+    if (c.start + c.count == c.r->prefill_end) sampling.back() = sampling_of(*c.r);
   }
-  const StepResult result = runner_->step_eager(rows);  // prefill is never captured
+  // Prefill is never captured.
+  const StepResult result = runner_->step_eager(rows, StepOutputs().with_sampling(sampling));
   ++stats_.prefill_steps;
   stats_.prefill_rows += int64_t(rows.size());
   for (const Chunk& c : plan) c.r->n_cached += c.count;
   after_runner_step(owners, rows, result);
 
-  const size_t vocab = size_t(model_.config().vocab_size);
   size_t row = 0;
   for (const Chunk& c : plan) {
     row += size_t(c.count);
     if (c.r->prefilling()) continue;
-    const std::span<const float> all(result.logits);
-    sample_next(*c.r, all.subspan((row - 1) * vocab, vocab));  // the chunk's last row
+    sample_next(*c.r, result.tokens[row - 1]);  // the chunk's last row
   }
   return true;
 }
@@ -315,23 +323,28 @@ bool Engine::decode_step() {
   }
   if (batch.empty()) return false;
   std::vector<RowInput> rows;
+  std::vector<RowSampling> sampling;
   rows.reserve(batch.size());
-  for (Request* r : batch) rows.push_back(row_of(*r, r->n_cached));
-  const StepResult result = runner_->step(rows);
+  sampling.reserve(batch.size());
+  for (Request* r : batch) {
+    rows.push_back(row_of(*r, r->n_cached));
+    sampling.push_back(sampling_of(*r));
+  }
+  const StepResult result = runner_->step(rows, StepOutputs().with_sampling(sampling));
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
   if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
   for (Request* r : batch) ++r->n_cached;
   after_runner_step(batch, rows, result);
-
-  const size_t vocab = size_t(model_.config().vocab_size);
-  const std::span<const float> all(result.logits);
-  for (size_t i = 0; i < batch.size(); ++i) sample_next(*batch[i], all.subspan(i * vocab, vocab));
+  for (size_t i = 0; i < batch.size(); ++i) sample_next(*batch[i], result.tokens[i]);
   return true;
 }
 
-void Engine::sample_next(Request& r, std::span<const float> logits) {
-  const int32_t token = sample_token(logits, r.params.sampling, uint64_t(r.generated()));
+RowSampling Engine::sampling_of(const Request& r) const {
+  return {r.params.sampling, uint64_t(r.generated())};
+}
+
+void Engine::sample_next(Request& r, int32_t token) {
   r.seq.push_back(token);
   ++stats_.generated_tokens;
   if (r.params.stop_token >= 0 && token == r.params.stop_token) {
@@ -346,6 +359,7 @@ void Engine::sample_next(Request& r, std::span<const float> logits) {
 void Engine::after_runner_step(const std::vector<Request*>& row_owners,
                                const std::vector<RowInput>& rows, const StepResult& result) {
   stats_.store_errors += result.store_errors;
+  stats_.device_wait_seconds += result.wait_us * 1e-6;
   ++runner_steps_;
   if (!auditor_) return;
   std::vector<int64_t> slots, owners;

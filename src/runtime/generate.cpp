@@ -45,8 +45,8 @@ std::vector<int32_t> generate_greedy(Runner& runner, KvCache& cache, const Model
   require(max_new_tokens >= 1, ErrorCode::kInvalidArgument, "max_new_tokens = {} must be >= 1",
           max_new_tokens);
   require(total <= model.max_context(), ErrorCode::kOutOfRange,
-          "prompt of {} tokens plus {} new tokens exceeds the context of {} tokens",
-          prompt.size(), max_new_tokens, model.max_context());
+          "prompt of {} tokens plus {} new tokens exceeds the context of {} tokens", prompt.size(),
+          max_new_tokens, model.max_context());
 
   PageTable pages;
   require(pages.reserve(total, cache.allocator()), ErrorCode::kResourceExhausted,
@@ -63,8 +63,9 @@ std::vector<int32_t> generate_greedy(Runner& runner, KvCache& cache, const Model
   auto row = [&](int32_t token, int32_t position) {
     return RowInput{token, position, pages.slot(position), position + 1, pages.pages()};
   };
-  // Prefill: one row per prompt token; causality comes from each row's seq_len.
-  std::vector<float> last_logits;
+  // Prefill: one row per prompt token; causality comes from each row's seq_len. Every row's token
+  // is drawn greedily on the device; the last prompt row's is the first new token.
+  int32_t next = -1;
   const int chunk = model.max_rows();
   for (size_t start = 0; start < prompt.size(); start += chunk) {
     std::vector<RowInput> rows;
@@ -74,20 +75,18 @@ std::vector<int32_t> generate_greedy(Runner& runner, KvCache& cache, const Model
     StepResult r = runner.step(rows);
     st.store_errors += r.store_errors;
     ++st.steps;
-    const size_t vocab = size_t(model.config().vocab_size);
-    last_logits.assign(r.logits.end() - vocab, r.logits.end());
+    next = r.tokens.back();
   }
   std::vector<int32_t> out;
   int32_t position = int32_t(prompt.size());
   for (int n = 0; n < max_new_tokens; ++n) {
-    const int32_t next = argmax(last_logits);
     out.push_back(next);
     if (next == stop_token || n + 1 == max_new_tokens) break;
     const RowInput r = row(next, position++);
     StepResult res = runner.step({&r, 1});
     st.store_errors += res.store_errors;
     ++st.steps;
-    last_logits = std::move(res.logits);
+    next = res.tokens[0];
   }
   st.new_tokens = int(out.size());
   if (stats) *stats = st;

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "dsa/error.h"
@@ -52,47 +53,123 @@ std::vector<int> default_buckets() {
   return b;
 }
 
+// Where each per-row field lives in a bucket's one staging block (16-byte aligned offsets).
+// Inputs and outputs share the block so a step moves it in one asynchronous copy each way: up,
+// everything before the page table's unused rows; down, error_count and the sampled tokens (and
+// log-probs). error_count is staged as 0 with the inputs, so no separate fill is needed.
+struct StepLayout {
+  size_t n_real, error_count, out_tokens, out_logprobs, slots, seeds, sample_index, tokens,
+      positions, seq_lens, temperature, top_p, page_table, bytes;
+
+  StepLayout(int rows, int64_t ld_page_table) {
+    size_t at = 0;
+    auto take = [&at](size_t n) {
+      const size_t here = at;
+      at += (n + 15) / 16 * 16;
+      return here;
+    };
+    const size_t r = size_t(rows);
+    n_real = take(4);
+    error_count = n_real + 4;  // right after n_real, inside the same 16 bytes
+    out_tokens = take(r * 4);
+    out_logprobs = take(r * 4);
+    slots = take(r * 8);
+    seeds = take(r * 8);
+    sample_index = take(r * 8);
+    tokens = take(r * 4);
+    positions = take(r * 4);
+    seq_lens = take(r * 4);
+    temperature = take(r * 4);
+    top_p = take(r * 4);
+    page_table = take(r * size_t(ld_page_table) * 4);
+    bytes = at;
+  }
+};
+
 struct Runner::StaticStep {
-  StaticStep(Backend& be, int rows_, int max_pages, int vocab)
+  StaticStep(Backend& be, int rows_, int max_pages, float* logits_, void* workspace)
       : rows(rows_),
-        tokens(be, rows_),
-        positions(be, rows_),
-        seq_lens(be, rows_),
-        page_table(be, size_t(rows_) * max_pages),
-        n_real(be, 1),
-        error_count(be, 1),
-        slots(be, rows_),
-        logits(be, size_t(rows_) * vocab),
-        h_tokens(rows_, 0),
-        h_positions(rows_, 0),
-        h_seq_lens(rows_, 0),
-        h_page_table(size_t(rows_) * max_pages, kReservedPage),
-        h_slots(rows_, kPadSlot),
-        ld_page_table(max_pages) {}
+        ld_page_table(max_pages),
+        layout(rows_, max_pages),
+        device(be, layout.bytes),
+        host(be, layout.bytes),
+        logits(logits_),
+        sample_workspace(workspace),
+        h_n_real(staged<int32_t>(layout.n_real, 1)),
+        h_error_count(staged<int32_t>(layout.error_count, 1)),
+        h_tokens(staged<int32_t>(layout.tokens, rows)),
+        h_positions(staged<int32_t>(layout.positions, rows)),
+        h_seq_lens(staged<int32_t>(layout.seq_lens, rows)),
+        h_page_table(staged<int32_t>(layout.page_table, size_t(rows) * max_pages)),
+        h_slots(staged<int64_t>(layout.slots, rows)),
+        h_temperature(staged<float>(layout.temperature, rows)),
+        h_top_p(staged<float>(layout.top_p, rows)),
+        h_seeds(staged<uint64_t>(layout.seeds, rows)),
+        h_sample_index(staged<uint64_t>(layout.sample_index, rows)),
+        h_out_tokens(staged<int32_t>(layout.out_tokens, rows)),
+        h_out_logprobs(staged<float>(layout.out_logprobs, rows)) {
+    std::fill(host.data(), host.data() + layout.bytes, uint8_t(0));
+  }
+
+  template <typename T>
+  T* on_device(size_t offset) const {
+    return reinterpret_cast<T*>(device.data() + offset);
+  }
+  template <typename T>
+  std::span<T> staged(size_t offset, size_t count) const {
+    return {reinterpret_cast<T*>(host.data() + offset), count};
+  }
 
   StepView view(int active_rows) const {
     StepView v;
     v.rows = active_rows;
-    v.tokens = tokens.data();
-    v.positions = positions.data();
-    v.slots = slots.data();
-    v.seq_lens = seq_lens.data();
-    v.page_table = page_table.data();
+    v.tokens = on_device<int32_t>(layout.tokens);
+    v.positions = on_device<int32_t>(layout.positions);
+    v.slots = on_device<int64_t>(layout.slots);
+    v.seq_lens = on_device<int32_t>(layout.seq_lens);
+    v.page_table = on_device<int32_t>(layout.page_table);
     v.ld_page_table = ld_page_table;
-    v.n_real = n_real.data();
-    v.error_count = error_count.data();
-    v.logits = logits.data();
+    v.n_real = on_device<int32_t>(layout.n_real);
+    v.error_count = on_device<int32_t>(layout.error_count);
+    v.logits = logits;
     return v;
   }
 
+  SampleParams sample_params(int active_rows, int vocab, bool logprobs) const {
+    SampleParams p;
+    p.logits = logits;
+    p.temperature = on_device<float>(layout.temperature);
+    p.top_p = on_device<float>(layout.top_p);
+    p.seed = on_device<uint64_t>(layout.seeds);
+    p.index = on_device<uint64_t>(layout.sample_index);
+    p.tokens = on_device<int32_t>(layout.out_tokens);
+    p.logprobs = logprobs ? on_device<float>(layout.out_logprobs) : nullptr;
+    p.workspace = sample_workspace;
+    p.rows = active_rows;
+    p.vocab = vocab;
+    p.ld_logits = vocab;
+    return p;
+  }
+
+  // The bytes a step uploads when it reads `n` rows: every field, and n rows of the page table.
+  size_t upload_bytes(int n) const {
+    return layout.page_table + size_t(n) * size_t(ld_page_table) * sizeof(int32_t);
+  }
+
   int rows;
-  DeviceArray<int32_t> tokens, positions, seq_lens, page_table, n_real, error_count;
-  DeviceArray<int64_t> slots;
-  DeviceArray<float> logits;
-  // Host staging. It persists between steps: the stale-padding fault relies on exactly that.
-  std::vector<int32_t> h_tokens, h_positions, h_seq_lens, h_page_table;
-  std::vector<int64_t> h_slots;
   int64_t ld_page_table;
+  StepLayout layout;
+  DeviceArray<uint8_t> device;
+  // Host staging. It persists between steps: the stale-padding fault relies on exactly that.
+  HostArray<uint8_t> host;
+  float* logits;           // the runner's, [rows, vocab]
+  void* sample_workspace;  // the runner's
+  std::span<int32_t> h_n_real, h_error_count, h_tokens, h_positions, h_seq_lens, h_page_table;
+  std::span<int64_t> h_slots;
+  std::span<float> h_temperature, h_top_p;
+  std::span<uint64_t> h_seeds, h_sample_index;
+  std::span<int32_t> h_out_tokens;
+  std::span<float> h_out_logprobs;
   std::unique_ptr<Graph> graph;
 };
 
@@ -102,10 +179,18 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   Backend& be = model_.backend();
   const int vocab = model_.config().vocab_size;
   if (options_.faults.any()) {
-    spdlog::warn("!!! FAULT INJECTION ON: {} — this runner reproduces the incident and WILL "
-                 "corrupt caches; never serve with it !!!", options_.faults.describe());
+    spdlog::warn(
+        "!!! FAULT INJECTION ON: {} — this runner reproduces the incident and WILL "
+        "corrupt caches; never serve with it !!!",
+        options_.faults.describe());
   }
-  eager_ = std::make_unique<StaticStep>(be, model_.max_rows(), max_pages_, vocab);
+  logits_ = DeviceArray<float>(be, size_t(model_.max_rows()) * vocab);
+  sample_workspace_ = DeviceArray<uint8_t>(be, be.sample_workspace_bytes(model_.max_rows(), vocab));
+  auto static_step = [&](int rows) {
+    return std::make_unique<StaticStep>(be, rows, max_pages_, logits_.data(),
+                                        sample_workspace_.data());
+  };
+  eager_ = static_step(model_.max_rows());
   if (options_.mode != RunMode::kGraph) return;
 
   auto& b = options_.buckets;
@@ -119,12 +204,11 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   const StepOptions step_options{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
                                                                  : StoreGuard::kEnforced};
   for (size_t i = b.size(); i-- > 0;) {  // largest first
-    auto s = std::make_unique<StaticStep>(be, b[i], max_pages_, vocab);
-    stage_rows(*s, {}, /*rewrite_padding=*/true);  // every row starts as padding
-    const StepView view = s->view(s->rows);
-    Model* model = &model_;
-    KvCache* kv = &cache_;
-    s->graph = be.capture([model, kv, view, step_options] { model->forward(view, *kv, step_options); });
+    auto s = static_step(b[i]);
+    stage_rows(*s, {}, {}, /*rewrite_padding=*/true);  // every row starts as padding
+    const StaticStep* step = s.get();
+    s->graph = be.capture(
+        [this, step, step_options] { forward_and_sample(*step, step->rows, step_options); });
     graphs_[i] = std::move(s);
   }
   spdlog::info("runner: captured {} graph buckets ({}..{} rows)", b.size(), b.front(), b.back());
@@ -139,10 +223,10 @@ int Runner::bucket_for(int rows) const {
   return 0;
 }
 
-StepResult Runner::step(std::span<const RowInput> rows) {
+StepResult Runner::step(std::span<const RowInput> rows, const StepOutputs& outputs) {
   if (options_.mode == RunMode::kGraph) {
     for (auto& g : graphs_) {
-      if (g->rows >= int(rows.size())) return run(*g, rows, /*replay_graph=*/true);
+      if (g->rows >= int(rows.size())) return run(*g, rows, /*replay_graph=*/true, outputs);
     }
     if (!logged_oversize_) {
       spdlog::info("runner: a batch of {} rows exceeds the largest bucket ({}); running eagerly",
@@ -150,11 +234,16 @@ StepResult Runner::step(std::span<const RowInput> rows) {
       logged_oversize_ = true;
     }
   }
-  return step_eager(rows);
+  return step_eager(rows, outputs);
 }
 
-StepResult Runner::step_eager(std::span<const RowInput> rows) {
-  return run(*eager_, rows, /*replay_graph=*/false);
+StepResult Runner::step_eager(std::span<const RowInput> rows, const StepOutputs& outputs) {
+  return run(*eager_, rows, /*replay_graph=*/false, outputs);
+}
+
+void Runner::forward_and_sample(const StaticStep& s, int rows, const StepOptions& options) {
+  model_.forward(s.view(rows), cache_, options);
+  model_.backend().sample(s.sample_params(rows, model_.config().vocab_size, options_.logprobs));
 }
 
 void Runner::plant_garbage_inputs(uint64_t seed) {
@@ -171,20 +260,20 @@ void Runner::plant_garbage_inputs(uint64_t seed) {
       s.h_positions[r] = int32_t(wild(-5, 1 << 30));
       s.h_seq_lens[r] = int32_t(wild(-5, 1 << 30));
       s.h_slots[r] = wild(0, 3) == 0 ? -wild(2, 1 << 20) : wild(0, capacity + 100);
+      s.h_temperature[r] = float(wild(-3, 3));
+      s.h_top_p[r] = float(wild(-1, 2));
+      s.h_seeds[r] = uint64_t(wild(0, INT64_MAX));
+      s.h_sample_index[r] = uint64_t(wild(0, INT64_MAX));
     }
     for (auto& p : s.h_page_table) p = int32_t(wild(-3, cache_.config().num_pages + 3));
-    be.copy_to_device(s.tokens.data(), s.h_tokens.data(), s.rows * sizeof(int32_t));
-    be.copy_to_device(s.positions.data(), s.h_positions.data(), s.rows * sizeof(int32_t));
-    be.copy_to_device(s.seq_lens.data(), s.h_seq_lens.data(), s.rows * sizeof(int32_t));
-    be.copy_to_device(s.slots.data(), s.h_slots.data(), s.rows * sizeof(int64_t));
-    be.copy_to_device(s.page_table.data(), s.h_page_table.data(),
-                      s.h_page_table.size() * sizeof(int32_t));
-    const int32_t wild_n_real = s.rows;
-    be.copy_to_device(s.n_real.data(), &wild_n_real, sizeof(int32_t));
+    s.h_n_real[0] = s.rows;
+    be.copy_to_device(s.device.data(), s.host.data(), s.upload_bytes(s.rows));
   }
+  be.synchronize();  // the staging is rewritten by the next step
 }
 
-void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding) {
+void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
+                        std::span<const RowSampling> sampling, bool rewrite_padding) {
   const ModelConfig& c = model_.config();
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowInput& in = rows[r];
@@ -196,13 +285,20 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewr
     require(in.position >= 0 && in.position < model_.max_context(), ErrorCode::kOutOfRange,
             "row {}: position {} exceeds the context of {} tokens", r, in.position,
             model_.max_context());
-    require(int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
-            ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)",
-            r, in.pages.size(), in.seq_len, max_pages_);
+    require(
+        int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
+        ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)", r,
+        in.pages.size(), in.seq_len, max_pages_);
+    const RowSampling draw = sampling.empty() ? RowSampling{} : sampling[r];
+    draw.params.validate();
     s.h_tokens[r] = in.token;
     s.h_positions[r] = in.position;
     s.h_slots[r] = in.slot;
     s.h_seq_lens[r] = in.seq_len;
+    s.h_temperature[r] = draw.params.temperature;
+    s.h_top_p[r] = draw.params.top_p;
+    s.h_seeds[r] = draw.params.seed;
+    s.h_sample_index[r] = draw.index;
     int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
     std::fill(pt, pt + s.ld_page_table, kReservedPage);
     std::copy(in.pages.begin(), in.pages.end(), pt);
@@ -213,45 +309,65 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewr
     s.h_positions[r] = 0;
     s.h_slots[r] = kPadSlot;
     s.h_seq_lens[r] = 0;
+    s.h_temperature[r] = 0.0f;  // greedy
+    s.h_top_p[r] = 1.0f;
+    s.h_seeds[r] = 0;
+    s.h_sample_index[r] = 0;
     int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
     std::fill(pt, pt + s.ld_page_table, kReservedPage);  // page-table row of the dummy request
   }
 }
 
-StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph) {
+StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph,
+                       const StepOutputs& outputs) {
   const int B = int(rows.size());
-  require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument,
-          "a step needs 1..{} rows, got {}", s.rows, B);
+  require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument, "a step needs 1..{} rows, got {}",
+          s.rows, B);
+  require(!outputs.logprobs || options_.logprobs, ErrorCode::kInvalidArgument,
+          "a step asked for log-probs, but the runner was built without RunnerOptions::logprobs");
   const bool stale = replay_graph && options_.faults.stale_padding;
-  stage_rows(s, rows, /*rewrite_padding=*/!stale);
+  require(outputs.sampling.empty() || outputs.sampling.size() == rows.size(),
+          ErrorCode::kInvalidArgument, "a step of {} rows got {} sampling entries", rows.size(),
+          outputs.sampling.size());
+  stage_rows(s, rows, outputs.sampling, /*rewrite_padding=*/!stale);
+  s.h_n_real[0] = B;
+  s.h_error_count[0] = 0;
 
-  // Upload every row the step will read: G rows for a replay, B rows eagerly.
+  // One copy up of every row the step will read: G rows for a replay, B rows eagerly.
   Backend& be = model_.backend();
-  const int n = replay_graph ? s.rows : B;
-  be.copy_to_device(s.tokens.data(), s.h_tokens.data(), n * sizeof(int32_t));
-  be.copy_to_device(s.positions.data(), s.h_positions.data(), n * sizeof(int32_t));
-  be.copy_to_device(s.slots.data(), s.h_slots.data(), n * sizeof(int64_t));
-  be.copy_to_device(s.seq_lens.data(), s.h_seq_lens.data(), n * sizeof(int32_t));
-  be.copy_to_device(s.page_table.data(), s.h_page_table.data(),
-                    size_t(n) * s.ld_page_table * sizeof(int32_t));
-  const int32_t n_real = B;
-  be.copy_to_device(s.n_real.data(), &n_real, sizeof(n_real));
-  be.fill(s.error_count.data(), 0, sizeof(int32_t));
-
+  be.copy_to_device(s.device.data(), s.host.data(), s.upload_bytes(replay_graph ? s.rows : B));
+  const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
+                                                         : StoreGuard::kEnforced};
   if (replay_graph) {
     s.graph->replay();
   } else {
-    const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
-                                                           : StoreGuard::kEnforced};
-    model_.forward(s.view(B), cache_, opts);
+    forward_and_sample(s, B, opts);
   }
 
+  // One copy down: the error flag, the tokens, and the log-probs when asked.
+  const auto wait_start = std::chrono::steady_clock::now();
+  const size_t down_end =
+      (outputs.logprobs ? s.layout.out_logprobs : s.layout.out_tokens) + size_t(B) * sizeof(float);
+  be.copy_to_host(s.host.data() + s.layout.error_count, s.device.data() + s.layout.error_count,
+                  down_end - s.layout.error_count);
   StepResult result;
+  result.wait_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wait_start)
+          .count();
   result.bucket = replay_graph ? s.rows : 0;
-  const size_t vocab = size_t(model_.config().vocab_size);
-  result.logits.resize(size_t(B) * vocab);
-  be.copy_to_host(result.logits.data(), s.logits.data(), result.logits.size() * sizeof(float));
-  be.copy_to_host(&result.store_errors, s.error_count.data(), sizeof(int32_t));
+  result.store_errors = s.h_error_count[0];
+  result.tokens.assign(s.h_out_tokens.begin(), s.h_out_tokens.begin() + B);
+  if (outputs.logprobs) {
+    result.logprobs.assign(s.h_out_logprobs.begin(), s.h_out_logprobs.begin() + B);
+  }
+  if (outputs.logits) {
+    result.logits.resize(size_t(B) * size_t(model_.config().vocab_size));
+    be.copy_to_host(result.logits.data(), s.logits, result.logits.size() * sizeof(float));
+  }
+  for (int r = 0; r < B; ++r) {
+    require(result.tokens[r] >= 0, ErrorCode::kInternal, "row {}: every one of {} logits is NaN", r,
+            model_.config().vocab_size);
+  }
   return result;
 }
 

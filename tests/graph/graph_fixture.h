@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "dsa/generate.h"
@@ -14,6 +16,9 @@ namespace dsa::testing {
 
 // The tiny preset shrunk further (the cache's per-token dims stay real) so thousands of steps
 // run in seconds on the CPU.
+// Steps whose logits come back too, for bitwise graph-vs-eager comparisons.
+inline const StepOutputs kWithLogits = StepOutputs().with_logits();
+
 inline ModelConfig micro_config() {
   ModelConfig c = preset_config("tiny");
   c.name = "micro";
@@ -85,11 +90,13 @@ struct GraphFixture {
         rows.push_back({int32_t(rng() % model->config().vocab_size), t, r.graph_pages.slot(t),
                         t + 1, r.graph_pages.pages()});
       }
-      StepResult g = graph->step_eager(rows);
+      StepResult g = graph->step_eager(rows, kWithLogits);
       eager->step_eager(rows);
       r.length = len;
-      r.next_token = argmax({g.logits.data() + (len - 1) * model->config().vocab_size,
-                             size_t(model->config().vocab_size)});
+      r.next_token = g.tokens.back();
+      const std::span<const float> last(g.logits.data() + (len - 1) * model->config().vocab_size,
+                                        size_t(model->config().vocab_size));
+      if (r.next_token != argmax(last)) throw std::runtime_error("the greedy draw is not argmax");
       requests.push_back(std::move(r));
     }
   }
@@ -107,10 +114,9 @@ struct GraphFixture {
   }
 
   void advance(const std::vector<int>& which, const StepResult& result) {
-    const size_t vocab = size_t(model->config().vocab_size);
     for (size_t k = 0; k < which.size(); ++k) {
       Request& r = requests[which[k]];
-      r.next_token = argmax({result.logits.data() + k * vocab, vocab});
+      r.next_token = result.tokens[k];
       ++r.length;
     }
   }

@@ -2,12 +2,14 @@
 // the CPU backend. The same tests run through real CUDA graphs in tests/parity when a GPU exists.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
 
 #include "common/test_util.h"
 #include "dsa/auditor.h"
+#include "dsa/error.h"
 #include "dsa/replay_check.h"
 #include "dsa/runner.h"
 #include "graph/graph_fixture.h"
@@ -16,6 +18,7 @@ namespace dsa {
 namespace {
 
 using testing::GraphFixture;
+using testing::kWithLogits;
 using testing::micro_config;
 
 // Every byte of every pool of a cache, in the order latent(0), index-K(0), latent(1), ...
@@ -49,7 +52,8 @@ std::set<int64_t> changed_slots(const KvCache& cache, const std::vector<std::vec
         const int64_t page = int64_t(byte) / index_k_page_bytes(dt);
         const int64_t in_page = int64_t(byte) % index_k_page_bytes(dt);
         const int64_t values = kPageSize * kIndexHeadDim * (dt == KvDtype::kBf16 ? 2 : 1);
-        const int64_t off = in_page < values ? in_page / (values / kPageSize) : (in_page - values) / 4;
+        const int64_t off =
+            in_page < values ? in_page / (values / kPageSize) : (in_page - values) / 4;
         slots.insert(page * kPageSize + off);
       }
     }
@@ -67,10 +71,11 @@ TEST_P(GraphReplay, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
   GraphFixture f(micro_config(), GetParam(), /*buckets=*/{4, 16});
   f.start_requests(16, /*seed=*/7);
   const auto full = f.decode_rows({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
-  StepResult g16 = f.graph->step(full);
-  StepResult e16 = f.eager->step(full);
+  StepResult g16 = f.graph->step(full, kWithLogits);
+  StepResult e16 = f.eager->step(full, kWithLogits);
   ASSERT_EQ(g16.bucket, 16);
   EXPECT_TRUE(same_bits(g16.logits, e16.logits));
+  EXPECT_EQ(g16.tokens, e16.tokens);
   f.advance({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, g16);
 
   // Garbage in every padded input: wild slots, positions, page ids, NaN-free but absurd values.
@@ -78,11 +83,12 @@ TEST_P(GraphReplay, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
   const auto before = snapshot(*f.backend, *f.graph_cache);
   const std::vector<int> five = {3, 8, 9, 12, 15};
   const auto rows = f.decode_rows(five);
-  StepResult g5 = f.graph->step(rows);
-  StepResult e5 = f.eager->step(rows);
+  StepResult g5 = f.graph->step(rows, kWithLogits);
+  StepResult e5 = f.eager->step(rows, kWithLogits);
   ASSERT_EQ(g5.bucket, 16);
   EXPECT_EQ(g5.store_errors, 0);
   EXPECT_TRUE(same_bits(g5.logits, e5.logits));
+  EXPECT_EQ(g5.tokens, e5.tokens);
   for (float v : g5.logits) ASSERT_TRUE(std::isfinite(v));
 
   std::set<int64_t> expected;
@@ -94,10 +100,48 @@ TEST_P(GraphReplay, BatchAboveLargestBucketRunsEagerly) {
   GraphFixture f(micro_config(), GetParam(), /*buckets=*/{1, 2, 4});
   f.start_requests(6, /*seed=*/3);
   const auto rows = f.decode_rows({0, 1, 2, 3, 4, 5});
-  StepResult g = f.graph->step(rows);
-  StepResult e = f.eager->step(rows);
+  StepResult g = f.graph->step(rows, kWithLogits);
+  StepResult e = f.eager->step(rows, kWithLogits);
   EXPECT_EQ(g.bucket, 0);
   EXPECT_TRUE(same_bits(g.logits, e.logits));
+  EXPECT_EQ(g.tokens, e.tokens);
+}
+
+TEST_P(GraphReplay, EachRowDrawsWithItsOwnSamplingInsideTheReplay) {
+  GraphFixture f(micro_config(), GetParam(), /*buckets=*/{4, 16});
+  f.start_requests(6, /*seed=*/5);
+  const auto rows = f.decode_rows({0, 1, 2, 3, 4, 5});
+  std::vector<RowSampling> sampling;
+  for (int k = 0; k < 6; ++k) {
+    sampling.push_back(
+        {{k % 2 ? 0.8f : 0.0f, k % 3 ? 0.9f : 1.0f, uint64_t(100 + k)}, uint64_t(7 * k)});
+  }
+  const StepResult g = f.graph->step(rows, kWithLogits.with_sampling(sampling));
+  const StepResult e = f.eager->step(rows, kWithLogits.with_sampling(sampling));
+  ASSERT_EQ(g.bucket, 16);
+  EXPECT_EQ(g.tokens, e.tokens);
+  const size_t vocab = size_t(f.model->config().vocab_size);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::span<const float> logits(g.logits.data() + k * vocab, vocab);
+    EXPECT_EQ(g.tokens[k], sample_token(logits, sampling[k].params, sampling[k].index)) << k;
+  }
+  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_sampling(std::span(sampling).first(2))), Error);
+  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_logprobs()), Error);  // the runner computes none
+
+  // A runner built for log-probs returns log softmax(logits)[token]; rerunning the same rows
+  // rewrites the eager cache's slots with the same bytes.
+  RunnerOptions with_logprobs;
+  with_logprobs.logprobs = true;
+  Runner lp(*f.model, *f.eager_cache, with_logprobs);
+  const StepResult l = lp.step(rows, StepOutputs().with_sampling(sampling).with_logprobs());
+  EXPECT_EQ(l.tokens, e.tokens);
+  ASSERT_EQ(l.logprobs.size(), rows.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    double sum = 0;
+    for (size_t i = 0; i < vocab; ++i) sum += std::exp(double(e.logits[k * vocab + i]));
+    const double want = double(e.logits[k * vocab + size_t(l.tokens[k])]) - std::log(sum);
+    EXPECT_NEAR(l.logprobs[k], want, 1e-5) << k;
+  }
 }
 
 TEST_P(GraphReplay, CaptureRecordsWithoutRunning) {

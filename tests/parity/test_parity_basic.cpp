@@ -6,6 +6,7 @@
 //   exact:  rope, hadamard, embed, add, gemm in kBatchInvariant mode (the same f32 sequence)
 //   nmse:   rmsnorm, layernorm, softmax (reduction order), swiglu (expf), gemm kFast (bf16 x)
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -28,7 +29,8 @@ std::string rows_vars(int rows, const std::string& rest) {
 
 class NormCase final : public OpCase {
  public:
-  NormCase(bool layer, int rows, int dim, bool bias) : layer_(layer), rows_(rows), dim_(dim), bias_(bias) {}
+  NormCase(bool layer, int rows, int dim, bool bias)
+      : layer_(layer), rows_(rows), dim_(dim), bias_(bias) {}
   std::string name() const override { return layer_ ? "layernorm" : "rmsnorm"; }
   std::string vars() const override {
     return rows_vars(rows_, "dim=" + std::to_string(dim_) + (bias_ ? ",bias" : ""));
@@ -47,12 +49,27 @@ class NormCase final : public OpCase {
   }
   void run(Workspace& ws, Side side) override {
     if (layer_) {
-      LayerNormParams p{ws.ptr(x_, side), ws.ptr(y_, side), ws.ptr(w_, side),
-                        bias_ ? ws.ptr(b_, side) : nullptr, rows_, dim_, ld_, dim_, 1e-5f};
+      LayerNormParams p{ws.ptr(x_, side),
+                        ws.ptr(y_, side),
+                        ws.ptr(w_, side),
+                        bias_ ? ws.ptr(b_, side) : nullptr,
+                        rows_,
+                        dim_,
+                        ld_,
+                        dim_,
+                        1e-5f};
       ws.backend(side).layernorm(p);
     } else {
-      RmsNormParams p{ws.ptr(x_, side), ws.ptr(y_, side), ws.ptr(w_, side), rows_, dim_, ld_, dim_,
-                      1e-6f};
+      RmsNormParams p{ws.ptr(x_, side),
+                      ws.ptr(y_, side),
+                      ws.ptr(w_, side),
+                      rows_,
+                      dim_,
+                      ld_,
+                      dim_,
+                      1e-6f,
+                      nullptr,
+                      0};
       ws.backend(side).rmsnorm(p);
     }
   }
@@ -70,13 +87,13 @@ class NormCase final : public OpCase {
 
 class RopeCase final : public OpCase {
  public:
-  RopeCase(RopeStyle style, int rows, int heads, int offset) : style_(style), rows_(rows), heads_(heads), offset_(offset) {}
+  RopeCase(RopeStyle style, int rows, int heads, int offset)
+      : style_(style), rows_(rows), heads_(heads), offset_(offset) {}
   std::string name() const override { return "rope"; }
   std::string vars() const override {
-    return rows_vars(rows_, std::string(style_ == RopeStyle::kInterleaved ? "interleaved"
-                                                                          : "half_split") +
-                                ",heads=" + std::to_string(heads_) +
-                                ",offset=" + std::to_string(offset_));
+    return rows_vars(rows_,
+                     std::string(style_ == RopeStyle::kInterleaved ? "interleaved" : "half_split") +
+                         ",heads=" + std::to_string(heads_) + ",offset=" + std::to_string(offset_));
   }
   void init(Workspace& ws, testing::Rng& rng) override {
     std::vector<float> table(size_t(kMaxPosition) * kRopeDim);
@@ -100,8 +117,17 @@ class RopeCase final : public OpCase {
     x_ = ws.inout(x, Check::exact(), RowLayout::kRowMajor);
   }
   void run(Workspace& ws, Side side) override {
-    RopeParams p{ws.ptr(x_, side), ws.ptr(positions_, side), ws.ptr(table_, side), rows_, heads_,
-                 heads_ * ld_head_, ld_head_, offset_, kRopeDim, kMaxPosition, style_};
+    RopeParams p{ws.ptr(x_, side),
+                 ws.ptr(positions_, side),
+                 ws.ptr(table_, side),
+                 rows_,
+                 heads_,
+                 heads_ * ld_head_,
+                 ld_head_,
+                 offset_,
+                 kRopeDim,
+                 kMaxPosition,
+                 style_};
     ws.backend(side).rope(p);
   }
 
@@ -230,8 +256,9 @@ class SoftmaxCase final : public OpCase {
   void init(Workspace& ws, testing::Rng& rng) override {
     std::vector<float> x = rng.normals(size_t(rows_) * cols_, 4.0f);
     x[0] = -std::numeric_limits<float>::infinity();  // a masked entry
-    if (rows_ > 1) {  // a fully masked row: zeros, never NaN
-      for (int i = 0; i < cols_; ++i) x[size_t(cols_) + i] = -std::numeric_limits<float>::infinity();
+    if (rows_ > 1) {                                 // a fully masked row: zeros, never NaN
+      for (int i = 0; i < cols_; ++i)
+        x[size_t(cols_) + i] = -std::numeric_limits<float>::infinity();
     }
     x_ = ws.inout(x, Check::nmse(kReductionNmse), RowLayout::kRowMajor);
   }
@@ -258,8 +285,8 @@ class EmbedCase final : public OpCase {
     out_ = ws.output<float>(size_t(rows_) * dim_, Check::exact());
   }
   void run(Workspace& ws, Side side) override {
-    EmbedParams p{ws.ptr(tokens_, side), ws.ptr(table_, side), ws.ptr(out_, side), rows_, kVocab,
-                  dim_, dim_};
+    EmbedParams p{
+        ws.ptr(tokens_, side), ws.ptr(table_, side), ws.ptr(out_, side), rows_, kVocab, dim_, dim_};
     ws.backend(side).embed(p);
   }
 
@@ -328,7 +355,8 @@ TEST_F(ParityOps, Rope) {
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
     for (int heads : {1, 16}) {
       for (int offset : {0, 128}) {
-        expect_all([&](int rows) { return std::make_unique<RopeCase>(style, rows, heads, offset); });
+        expect_all(
+            [&](int rows) { return std::make_unique<RopeCase>(style, rows, heads, offset); });
       }
     }
   }
@@ -343,7 +371,9 @@ TEST_F(ParityOps, Hadamard) {
 TEST_F(ParityOps, GemmInvariantIsExact) {
   for (WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
     for (GemmOutput output : {GemmOutput::kOverwrite, GemmOutput::kAccumulate}) {
-      for (auto [n, k] : {std::pair{64, 64}, std::pair{100, 37}, std::pair{576, 512}}) {
+      // Small m takes the decode kernel, large m the tiled one: both must give the CPU's bits.
+      for (auto [n, k] : {std::pair{64, 64}, std::pair{100, 37}, std::pair{576, 512},
+                          std::pair{300, 2500}, std::pair{300, 2560}}) {
         expect_all([&](int rows) {
           return std::make_unique<GemmCase>(
               GemmSpec{rows, n, k, 1, layout, output, GemmMode::kBatchInvariant});
@@ -365,6 +395,49 @@ TEST_F(ParityOps, GemmFastWithinBf16Tolerance) {
         }
       }
     }
+  }
+}
+
+// The bf16 copy rmsnorm writes is bf16 of its f32 output on both backends, and the fast GEMM that
+// reads it gives the bits it gives when it converts x itself: the fusion only removes a kernel.
+TEST_F(ParityOps, NormBf16CopyFeedsTheFastGemmUnchanged) {
+  testing::Rng rng(21);
+  const int rows = 5, dim = 1001, n = 300;
+  const int64_t ld = dim + 3;
+  const std::vector<float> x = rng.normals(size_t(rows) * ld, 2.0f);
+  const std::vector<Bf16> weight = rng.bf16s(size_t(dim)), w = rng.bf16s(size_t(n) * dim, 0.2f);
+  for (Backend* be : {&cpu(), &cuda()}) {
+    DeviceArray<float> dx(*be, x.size()), dy(*be, size_t(rows) * dim);
+    DeviceArray<float> out_given(*be, size_t(rows) * n), out_converted(*be, size_t(rows) * n);
+    DeviceArray<Bf16> dweight(*be, weight.size()), dw(*be, w.size()), dyb(*be, size_t(rows) * dim);
+    be->copy_to_device(dx.data(), x.data(), dx.bytes());
+    be->copy_to_device(dweight.data(), weight.data(), dweight.bytes());
+    be->copy_to_device(dw.data(), w.data(), dw.bytes());
+    be->rmsnorm({dx.data(), dy.data(), dweight.data(), rows, dim, ld, dim, 1e-6f, dyb.data(), dim});
+    std::vector<float> y(dy.size());
+    std::vector<Bf16> yb(dyb.size());
+    be->copy_to_host(y.data(), dy.data(), dy.bytes());
+    be->copy_to_host(yb.data(), dyb.data(), dyb.bytes());
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(yb[i].bits, float_to_bf16(y[i]).bits) << be->describe() << " element " << i;
+    }
+    if (be->kind() == BackendKind::kCpu) continue;
+    be->set_gemm_mode(GemmMode::kFast);
+    GemmParams g;
+    g.x = dy.data();
+    g.w = dw.data();
+    g.m = rows, g.n = n, g.k = dim;
+    g.ld_x = dim, g.ld_w = dim, g.ld_y = n;
+    g.y = out_converted.data();
+    be->gemm(g);
+    g.x_bf16 = dyb.data();
+    g.ld_x_bf16 = dim;
+    g.y = out_given.data();
+    be->gemm(g);
+    std::vector<float> a(out_given.size()), b(out_converted.size());
+    be->copy_to_host(a.data(), out_given.data(), out_given.bytes());
+    be->copy_to_host(b.data(), out_converted.data(), out_converted.bytes());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   }
 }
 

@@ -12,6 +12,7 @@ namespace dsa {
 namespace {
 
 using testing::GraphFixture;
+using testing::kWithLogits;
 using testing::micro_config;
 
 #define REQUIRE_GPU() \
@@ -35,10 +36,11 @@ TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
   f.start_requests(16, 7);
   const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const auto full = f.decode_rows(all);
-  StepResult g16 = f.graph->step(full);
-  StepResult e16 = f.eager->step(full);
+  StepResult g16 = f.graph->step(full, kWithLogits);
+  StepResult e16 = f.eager->step(full, kWithLogits);
   ASSERT_EQ(g16.bucket, 16);
   EXPECT_TRUE(same_bits(g16.logits, e16.logits));
+  EXPECT_EQ(g16.tokens, e16.tokens);
   f.advance(all, g16);
 
   f.graph->plant_garbage_inputs(99);
@@ -51,10 +53,11 @@ TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
     before.push_back(pool_bytes(*f.backend, c.index_k(l), ik_page));
   }
   const auto rows = f.decode_rows({3, 8, 9, 12, 15});
-  StepResult g5 = f.graph->step(rows);
-  StepResult e5 = f.eager->step(rows);
+  StepResult g5 = f.graph->step(rows, kWithLogits);
+  StepResult e5 = f.eager->step(rows, kWithLogits);
   EXPECT_EQ(g5.store_errors, 0);
   EXPECT_TRUE(same_bits(g5.logits, e5.logits));
+  EXPECT_EQ(g5.tokens, e5.tokens);
 
   // Only the five new tokens' bytes changed, in every pool of every layer.
   const int64_t lat_tok = latent_token_bytes(c.config().latent_dtype);

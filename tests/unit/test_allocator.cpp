@@ -259,6 +259,7 @@ class PoisoningBackend final : public Backend {
   void topk(const TopkParams& p) override { cpu_->topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu_->sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu_->audit_slots(p); }
+  void sample(const SampleParams& p) override { cpu_->sample(p); }
 
   std::vector<size_t> allocation_bytes;  // in allocation order
 

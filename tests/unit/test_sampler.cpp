@@ -1,11 +1,12 @@
-// The sampler: greedy, the top-p nucleus's mass boundaries, temperature -> 0, seeded determinism
-// and parameter checks.
+// The sampler: greedy, the top-p nucleus's mass boundaries, temperature -> 0, seeded determinism,
+// parameter checks, the shared exp, and the backend op against the per-row reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 
 #include "common/test_util.h"
+#include "dsa/backend.h"
 #include "dsa/error.h"
 #include "dsa/generate.h"
 #include "dsa/sampler.h"
@@ -128,6 +129,56 @@ TEST(Sampler, BadParametersAreRejectedByName) {
   EXPECT_NE(message({1.0f, 1.5f, 0}).find("top_p = 1.5"), std::string::npos);
   EXPECT_NE(message({0.0f, -1.0f, 0}).find("top_p"), std::string::npos);  // greedy validates too
   EXPECT_EQ(message({0.7f, 0.9f, 0}), "");
+}
+
+TEST(Sampler, SharedExpMatchesLibm) {
+  for (double x = -40.0; x <= 0.0; x += 0.0137) {
+    EXPECT_NEAR(sample_exp(x) / std::exp(x), 1.0, 4e-15) << "x = " << x;
+  }
+  EXPECT_EQ(sample_exp(0.0), 1.0);
+  EXPECT_EQ(sample_exp(-INFINITY), 0.0);
+  EXPECT_EQ(sample_exp(std::nan("")), 0.0);
+}
+
+TEST(Sampler, TiesAtTheCutAllJoinTheNucleus) {
+  const std::vector<float> logits = {0.0f, 1.0f, 1.0f, 1.0f, -3.0f};
+  EXPECT_EQ(nucleus(logits, {1.0f, 0.3f, 0}).tokens, (std::vector<int32_t>{1, 2, 3}));
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 3000; ++i) ++counts[sample_token(logits, {1.0f, 0.3f, 5}, uint64_t(i))];
+  EXPECT_EQ(counts.size(), 3u);  // each tied token is drawn, nothing else
+  for (int32_t id : {1, 2, 3}) EXPECT_NEAR(counts[id] / 3000.0, 1.0 / 3, 0.04);
+}
+
+TEST(Sampler, BackendOpDrawsTheReferenceTokensAndLogprobs) {
+  auto be = make_cpu_backend();
+  Rng rng(14);
+  const int rows = 9, vocab = 300;
+  std::vector<float> logits = rng.normals(size_t(rows) * vocab, 2.0f);
+  std::vector<float> temperature(rows), top_p(rows), logprobs(rows);
+  std::vector<uint64_t> seed(rows), index(rows);
+  std::vector<int32_t> tokens(rows, -7);
+  for (int r = 0; r < rows; ++r) {
+    temperature[r] = r % 3 == 0 ? 0.0f : rng.uniform(0.2f, 1.5f);
+    top_p[r] = r % 4 == 0 ? 1.0f : rng.uniform(0.1f, 0.95f);
+    seed[r] = uint64_t(rng.integer(0, 1 << 30));
+    index[r] = uint64_t(r * 17);
+  }
+  for (int i = 0; i < vocab; ++i) logits[size_t(8) * vocab + i] = std::nanf("");  // no token
+  SampleParams p{logits.data(), temperature.data(), top_p.data(), seed.data(), index.data(),
+                 tokens.data(), logprobs.data(),    nullptr,      rows,        vocab,
+                 vocab};
+  be->sample(p);
+  for (int r = 0; r < rows - 1; ++r) {
+    const std::span<const float> row(logits.data() + size_t(r) * vocab, size_t(vocab));
+    EXPECT_EQ(tokens[r], sample_token(row, {temperature[r], top_p[r], seed[r]}, index[r]));
+    double sum = 0;
+    for (float l : row) sum += std::exp(double(l));
+    EXPECT_NEAR(logprobs[r], std::log(std::exp(double(row[size_t(tokens[r])])) / sum), 1e-6);
+  }
+  EXPECT_EQ(tokens[rows - 1], -1);
+  EXPECT_TRUE(std::isnan(logprobs[rows - 1]));
+  const std::span<const float> nans(logits.data() + size_t(rows - 1) * vocab, size_t(vocab));
+  EXPECT_THROW(sample_token(nans, {0.7f, 0.9f, 1}, 0), Error);
 }
 
 }  // namespace

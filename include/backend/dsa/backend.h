@@ -29,6 +29,16 @@ class Graph {
   virtual void replay() = 0;
 };
 
+// Points in the order of a backend's work, for per-op timing (dsa bench-decode --profile).
+class Stopwatch {
+ public:
+  virtual ~Stopwatch() = default;
+  virtual int mark() = 0;  // a point after all work queued so far; returns its index
+  // Microseconds of work between two points; call after Backend::synchronize().
+  virtual double elapsed_us(int from, int to) = 0;
+  virtual void reset() = 0;  // forget every point; indices start at 0 again
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -38,11 +48,19 @@ class Backend {
   // ---- memory (all in this backend's address space) ----
   virtual void* allocate(size_t bytes) = 0;  // 256-byte aligned; throws kResourceExhausted
   virtual void deallocate(void* p) = 0;
+  // Host memory that copies to and from the device run from asynchronously (pinned on CUDA).
+  virtual void* allocate_host(size_t bytes);  // 256-byte aligned; throws kResourceExhausted
+  virtual void deallocate_host(void* p);
+  // Queued on the backend's stream: returns at once when host_src came from allocate_host, and
+  // host_src must then stay unchanged until the next synchronize().
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;  // synchronizes
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() = 0;  // wait for all queued work; surfaces asynchronous errors
+
+  // CUDA events on the backend's stream; host clock readings on the CPU (ops are synchronous).
+  virtual std::unique_ptr<Stopwatch> stopwatch();
 
   // ---- graphs ----
   // Runs `step` once under capture and returns a graph that re-runs it. Every pointer the step
@@ -75,6 +93,10 @@ class Backend {
 
   virtual void audit_slots(const AuditSlotsParams& p) = 0;
 
+  virtual void sample(const SampleParams& p) = 0;
+  // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none).
+  virtual size_t sample_workspace_bytes(int rows, int vocab) const { return 0; }
+
   // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) now, so no step captured
   // later needs to grow it. A no-op where gemm needs no scratch.
   virtual void reserve_gemm_scratch(size_t x_elements) {}
@@ -95,17 +117,24 @@ std::unique_ptr<Backend> make_backend(BackendKind kind);
 
 // ---- owning memory --------------------------------------------------------------------------
 
+enum class MemoryKind : uint8_t {
+  kDevice,  // Backend::allocate
+  kHost,    // Backend::allocate_host: host memory the backend copies from asynchronously
+};
+
 // A typed allocation in a backend's memory. Move-only; frees on destruction.
-template <typename T>
-class DeviceArray {
+template <typename T, MemoryKind kKind = MemoryKind::kDevice>
+class BackendArray {
  public:
-  DeviceArray() = default;
-  DeviceArray(Backend& backend, size_t count)
+  BackendArray() = default;
+  BackendArray(Backend& backend, size_t count)
       : backend_(&backend),
-        data_(static_cast<T*>(backend.allocate(count ? count * sizeof(T) : 1))),
+        data_(static_cast<T*>(kKind == MemoryKind::kDevice
+                                  ? backend.allocate(count ? count * sizeof(T) : 1)
+                                  : backend.allocate_host(count ? count * sizeof(T) : 1))),
         count_(count) {}
-  DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
+  BackendArray(BackendArray&& o) noexcept { *this = std::move(o); }
+  BackendArray& operator=(BackendArray&& o) noexcept {
     if (this != &o) {
       reset();
       backend_ = o.backend_;
@@ -117,12 +146,14 @@ class DeviceArray {
     }
     return *this;
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { reset(); }
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
+  ~BackendArray() { reset(); }
 
   void reset() {
-    if (backend_ && data_) backend_->deallocate(data_);
+    if (backend_ && data_) {
+      kKind == MemoryKind::kDevice ? backend_->deallocate(data_) : backend_->deallocate_host(data_);
+    }
     data_ = nullptr;
     count_ = 0;
   }
@@ -135,5 +166,10 @@ class DeviceArray {
   T* data_ = nullptr;
   size_t count_ = 0;
 };
+
+template <typename T>
+using DeviceArray = BackendArray<T, MemoryKind::kDevice>;
+template <typename T>
+using HostArray = BackendArray<T, MemoryKind::kHost>;  // pinned on CUDA
 
 }  // namespace dsa

@@ -17,7 +17,8 @@
 
 namespace dsa {
 
-// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight; y_bf16 = bf16(y) when set, the
+// operand the fast GEMM reads (GemmParams::x_bf16), so no separate conversion runs.
 struct RmsNormParams {
   const float* x = nullptr;      // [rows, dim], row stride ld_x
   float* y = nullptr;            // [rows, dim], row stride ld_y (may alias x)
@@ -25,6 +26,8 @@ struct RmsNormParams {
   int rows = 0, dim = 0;
   int64_t ld_x = 0, ld_y = 0;
   float eps = 1e-6f;
+  Bf16* y_bf16 = nullptr;  // [rows, dim], row stride ld_y_bf16; optional
+  int64_t ld_y_bf16 = 0;
 };
 
 // y[r, :] = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
@@ -46,13 +49,13 @@ enum class RopeStyle : uint8_t {
 // Rotates dims [offset, offset + rope_dim) of every head, in place, by the angle of the row's
 // position. The angles come from a host-built table, so both backends use identical cos/sin.
 struct RopeParams {
-  float* x = nullptr;                // [rows, heads, *], row stride ld_row, head stride ld_head
+  float* x = nullptr;                  // [rows, heads, *], row stride ld_row, head stride ld_head
   const int32_t* positions = nullptr;  // [rows] token positions, each < max_position
-  const float* cos_sin = nullptr;    // [max_position, rope_dim/2, 2] (cos, sin)
+  const float* cos_sin = nullptr;      // [max_position, rope_dim/2, 2] (cos, sin)
   int rows = 0, heads = 0;
   int64_t ld_row = 0, ld_head = 0;
   int offset = 0, rope_dim = 0;
-  int max_position = 0;              // a position >= max_position leaves the row unrotated
+  int max_position = 0;  // a position >= max_position leaves the row unrotated
   RopeStyle style = RopeStyle::kInterleaved;
 };
 
@@ -72,6 +75,8 @@ enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 
 // For each b in [0, batch): y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k).
 // Accumulation is f32 in ascending k on the CPU; x is used as f32 (not rounded to bf16).
+// x_bf16, when set (batch 1 only), must hold bf16(x): the fast mode reads it instead of converting
+// x itself; the CPU and the batch-invariant mode ignore it.
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w
@@ -82,6 +87,8 @@ struct GemmParams {
   WeightLayout layout = WeightLayout::kNK;
   GemmOutput output = GemmOutput::kOverwrite;
   float alpha = 1.0f;
+  const Bf16* x_bf16 = nullptr;  // [m, k], row stride ld_x_bf16; optional
+  int64_t ld_x_bf16 = 0;
 };
 
 // out[r, i] = silu(gate[r, i]) * up[r, i], where gate_up[r] = gate ‖ up.
@@ -134,19 +141,19 @@ struct CopyRowsParams {
 inline constexpr int kMaxRoutedExperts = 256;  // DeepSeek-V3's count; kernels keep a bit mask
 
 struct MoeRouteParams {
-  const float* logits = nullptr;   // [rows, n_experts] router logits, row stride ld_logits
-  const Bf16* bias = nullptr;      // [n_experts] e_score_correction_bias, or null for none
-  float* weights = nullptr;        // [rows, n_experts] dense combine weights, row stride ld_weights
-  int32_t* expert_ids = nullptr;   // [rows, top_k] selected ids, best first (optional)
+  const float* logits = nullptr;  // [rows, n_experts] router logits, row stride ld_logits
+  const Bf16* bias = nullptr;     // [n_experts] e_score_correction_bias, or null for none
+  float* weights = nullptr;       // [rows, n_experts] dense combine weights, row stride ld_weights
+  int32_t* expert_ids = nullptr;  // [rows, top_k] selected ids, best first (optional)
   int rows = 0, n_experts = 0, top_k = 0;
   int64_t ld_logits = 0, ld_weights = 0, ld_expert_ids = 0;
-  float scaling = 1.0f;            // routed_scaling_factor
+  float scaling = 1.0f;  // routed_scaling_factor
 };
 
 // x[r, :dim] *= scale[r * ld_scale], in place: one expert's per-row combine weight.
 struct ScaleRowsParams {
-  float* x = nullptr;              // [rows, dim], row stride ld_x
-  const float* scale = nullptr;    // [rows] with stride ld_scale (a column of MoE weights)
+  float* x = nullptr;            // [rows, dim], row stride ld_x
+  const float* scale = nullptr;  // [rows] with stride ld_scale (a column of MoE weights)
   int rows = 0, dim = 0;
   int64_t ld_x = 0, ld_scale = 1;
 };
@@ -156,10 +163,10 @@ struct ScaleRowsParams {
 // The slot map of one step. A writer processes exactly `rows` rows, never the value tensor's row
 // count, and writes row r only when judge_slot(r, *n_real, slots[r], capacity) == kWrite.
 struct SlotBatch {
-  const int64_t* slots = nullptr;    // [rows] physical slots; kPadSlot for padded rows
-  const int32_t* n_real = nullptr;   // [1] count of real rows, read on the device
-  int rows = 0;                      // len(slot map)
-  int32_t* error_count = nullptr;    // [1] the step's error flag: += 1 per rule-4 / bad slot
+  const int64_t* slots = nullptr;   // [rows] physical slots; kPadSlot for padded rows
+  const int32_t* n_real = nullptr;  // [1] count of real rows, read on the device
+  int rows = 0;                     // len(slot map)
+  int32_t* error_count = nullptr;   // [1] the step's error flag: += 1 per rule-4 / bad slot
 };
 
 // How the bf16 index-K writer treats its slots. kIncidentScatter exists only to reproduce the
@@ -170,7 +177,7 @@ struct StoreIndexKParams {
   SlotBatch batch;
   const float* k = nullptr;  // [batch.rows, 128], row stride ld_k
   int64_t ld_k = 0;
-  PoolView pool;             // index-K layout, bf16 or fp8
+  PoolView pool;  // index-K layout, bf16 or fp8
   StoreGuard guard = StoreGuard::kEnforced;
 };
 
@@ -179,7 +186,7 @@ struct StoreLatentKvParams {
   const float* latent = nullptr;  // [batch.rows, 512] c (already normed), row stride ld_latent
   const float* k_rope = nullptr;  // [batch.rows, 64] roped key, row stride ld_rope
   int64_t ld_latent = 0, ld_rope = 0;
-  PoolView pool;                  // latent layout, bf16 or fp8
+  PoolView pool;  // latent layout, bf16 or fp8
 };
 
 // ---- Indexer, top-k, sparse attention (DESIGN §1.5-7) ----------------------------------------
@@ -191,12 +198,12 @@ struct StoreLatentKvParams {
 //               (exact rounding), s_q is folded into w, and the logit is
 //               k_scale[t] * sum_h (w * s_q) * relu(q8 . k8).
 struct IndexerLogitsParams {
-  const float* q = nullptr;           // [rows, heads, 128], row stride ld_q (head stride 128)
-  const float* w = nullptr;           // [rows, heads] head weights (scales already applied)
+  const float* q = nullptr;             // [rows, heads, 128], row stride ld_q (head stride 128)
+  const float* w = nullptr;             // [rows, heads] head weights (scales already applied)
   const int32_t* page_table = nullptr;  // [rows, ld_page_table] page ids
-  const int32_t* seq_lens = nullptr;  // [rows] cached tokens per row; 0 for a padded row
-  float* logits = nullptr;            // [rows, ld_logits], ld_logits >= max seq_len
-  PoolView pool;                      // index-K layout
+  const int32_t* seq_lens = nullptr;    // [rows] cached tokens per row; 0 for a padded row
+  float* logits = nullptr;              // [rows, ld_logits], ld_logits >= max seq_len
+  PoolView pool;                        // index-K layout
   int rows = 0, heads = 0;
   int64_t ld_q = 0, ld_w = 0, ld_page_table = 0, ld_logits = 0;
 };
@@ -220,14 +227,32 @@ struct TopkParams {
 // q is rounded to bf16; c and k_rope are the cache's values (fp8 dequantized by its tile scale).
 // A slot < 0 or >= capacity is unused. A row with no used slot gets exactly 0 (and lse = -inf).
 struct SparseMlaParams {
-  const float* q = nullptr;           // [rows, heads, 576] q_lat(512) ‖ q_rope(64), row stride ld_q
-  const int64_t* indices = nullptr;   // [rows, topk] physical slots, row stride ld_indices
-  float* out = nullptr;               // [rows, heads, 512], row stride ld_out
-  float* lse = nullptr;               // [rows, heads] log-sum-exp of scores (optional)
-  PoolView pool;                      // latent layout
+  const float* q = nullptr;  // [rows, heads, 576] q_lat(512) ‖ q_rope(64), row stride ld_q
+  const int64_t* indices = nullptr;  // [rows, topk] physical slots, row stride ld_indices
+  float* out = nullptr;              // [rows, heads, 512], row stride ld_out
+  float* lse = nullptr;              // [rows, heads] log-sum-exp of scores (optional)
+  PoolView pool;                     // latent layout
   int rows = 0, heads = 0, topk = 0;
   int64_t ld_q = 0, ld_indices = 0, ld_out = 0;
   float scale = 0.0f;
+};
+
+// ---- Sampling ---------------------------------------------------------------------------------
+
+// One token per row from its logits: greedy (temperature <= 0) or temperature + top-p with the
+// row's seeded stream, by the arithmetic of dsa/sampling.h, so every backend draws the same token.
+// A row's draw depends only on its own logits and parameters (batch-invariant).
+struct SampleParams {
+  const float* logits = nullptr;       // [rows, vocab], row stride ld_logits
+  const float* temperature = nullptr;  // [rows]; <= 0: greedy
+  const float* top_p = nullptr;        // [rows] in (0, 1]
+  const uint64_t* seed = nullptr;      // [rows] the request's random stream
+  const uint64_t* index = nullptr;     // [rows] the draw's position in the request's output
+  int32_t* tokens = nullptr;           // [rows] out; -1 when every logit of the row is NaN
+  float* logprobs = nullptr;           // [rows] out, optional: log softmax(logits)[token] at T = 1
+  void* workspace = nullptr;           // Backend::sample_workspace_bytes(rows, vocab) bytes
+  int rows = 0, vocab = 0;             // vocab <= kMaxSampleVocab
+  int64_t ld_logits = 0;
 };
 
 // ---- The slot-integrity auditor (DESIGN §6) ---------------------------------------------------
@@ -238,11 +263,11 @@ enum class PoolKind : uint8_t { kLatent, kIndexK };
 // set, also flags[i] = (digests[i] != expected[i]) and *mismatches += the number of flagged slots,
 // so the compare happens where the cache lives.
 struct AuditSlotsParams {
-  const int64_t* slots = nullptr;     // [n] valid slots (>= 64, < capacity)
-  uint64_t* digests = nullptr;        // [n] out
-  const uint64_t* expected = nullptr; // [n] or null
-  uint8_t* flags = nullptr;           // [n] out, when expected is set
-  int32_t* mismatches = nullptr;      // [1] += flagged count, when expected is set
+  const int64_t* slots = nullptr;      // [n] valid slots (>= 64, < capacity)
+  uint64_t* digests = nullptr;         // [n] out
+  const uint64_t* expected = nullptr;  // [n] or null
+  uint8_t* flags = nullptr;            // [n] out, when expected is set
+  int32_t* mismatches = nullptr;       // [1] += flagged count, when expected is set
   PoolView pool;
   PoolKind kind = PoolKind::kLatent;
   int n = 0;

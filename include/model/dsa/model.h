@@ -60,9 +60,9 @@ struct StepView {
   const int32_t* seq_lens = nullptr;    // [rows] tokens the row attends to; 0 for a padded row
   const int32_t* page_table = nullptr;  // [rows, ld_page_table]
   int64_t ld_page_table = 0;
-  const int32_t* n_real = nullptr;      // [1] real rows; the stores ignore rows >= n_real
-  int32_t* error_count = nullptr;       // [1] the step's store error flag
-  float* logits = nullptr;              // [rows, vocab] output
+  const int32_t* n_real = nullptr;  // [1] real rows; the stores ignore rows >= n_real
+  int32_t* error_count = nullptr;   // [1] the step's store error flag
+  float* logits = nullptr;          // [rows, vocab] output
 };
 
 // Per-step options that only fault injection changes.
@@ -100,10 +100,11 @@ class Model {
   Weights weights_;
   int max_rows_, max_context_;
   std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
-  DeviceArray<float> cos_sin_;  // [max_context, 32, 2]
+  DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
   DeviceArray<float> h_, x_, qa_, q_, kv_, q_attn_, o_lat_, o_, gate_up_, act_;
   DeviceArray<float> qi_, ki_, wi_, index_logits_;
+  DeviceArray<Bf16> x_bf16_, qa_bf16_;  // bf16(x_), bf16(qa_): the fast GEMM's operands
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE layers' weights and scratch; null without MoE layers

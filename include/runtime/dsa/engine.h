@@ -94,6 +94,10 @@ struct EngineStats {
   int64_t evicted_sessions = 0;  // idle sessions whose kept cache was released for room
   int64_t store_errors = 0;      // the runner's store error flags, summed
   int64_t audit_findings = 0;
+  // Wall time of engine steps, split: waiting for the device at the end of runner steps, and
+  // everything else the host did (scheduling, staging, launching, auditing, bookkeeping).
+  double device_wait_seconds = 0;
+  double host_seconds = 0;
 };
 
 class Engine {
@@ -156,11 +160,12 @@ class Engine {
   bool prefill_step();
   bool decode_step();
   RowInput row_of(const Request& r, int64_t position) const;
+  RowSampling sampling_of(const Request& r) const;  // r's next draw
   void after_runner_step(const std::vector<Request*>& row_owners, const std::vector<RowInput>& rows,
                          const StepResult& result);
   void audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written);
   void mark_corrupted(const AuditFinding& finding);
-  void sample_next(Request& r, std::span<const float> logits);
+  void sample_next(Request& r, int32_t token);  // appends the step's token to r
 
   Request* find(int64_t id);
   int64_t owner_of(const Request& r) const;

@@ -10,6 +10,7 @@
 
 #include "dsa/cache.h"
 #include "dsa/model.h"
+#include "dsa/sampler.h"
 
 namespace dsa {
 
@@ -30,21 +31,54 @@ struct RunnerOptions {
   RunMode mode = RunMode::kEager;
   std::vector<int> buckets = default_buckets();  // graph mode; every bucket <= model.max_rows()
   FaultSet faults;
+  bool logprobs = false;  // every step (replays too) computes log-probs, so steps may ask for them
 };
 
 // One row of a step: one token of one request.
 struct RowInput {
   int32_t token = 0;
   int32_t position = 0;
-  int64_t slot = kPadSlot;           // where the row's token is stored
-  int32_t seq_len = 0;               // tokens it attends to (position + 1 for a real row)
-  std::span<const int32_t> pages;    // the request's page table
+  int64_t slot = kPadSlot;         // where the row's token is stored
+  int32_t seq_len = 0;             // tokens it attends to (position + 1 for a real row)
+  std::span<const int32_t> pages;  // the request's page table
+};
+
+// How one row's next token is drawn (sampler.h).
+struct RowSampling {
+  SamplingParams params;  // greedy by default
+  uint64_t index = 0;     // the draw's position in the request's output
+};
+
+// How a step draws each row's next token on the device, and what it copies back besides them.
+struct StepOutputs {
+  std::span<const RowSampling> sampling;  // one per row; empty: every row greedy
+  bool logprobs = false;                  // needs RunnerOptions::logprobs
+  bool logits = false;  // [rows, vocab] floats: for parity checks and diagnostics
+
+  StepOutputs with_sampling(std::span<const RowSampling> s) const {
+    StepOutputs o = *this;
+    o.sampling = s;
+    return o;
+  }
+  StepOutputs with_logprobs(bool on = true) const {
+    StepOutputs o = *this;
+    o.logprobs = on;
+    return o;
+  }
+  StepOutputs with_logits(bool on = true) const {
+    StepOutputs o = *this;
+    o.logits = on;
+    return o;
+  }
 };
 
 struct StepResult {
-  std::vector<float> logits;  // [rows, vocab] for the real rows
-  int bucket = 0;             // the replayed bucket, 0 when the step ran eagerly
-  int32_t store_errors = 0;   // the step's error flag (DESIGN §3 rule 4 / bad slots)
+  std::vector<int32_t> tokens;  // [rows] each real row's next token, drawn on the device
+  std::vector<float> logprobs;  // [rows] log softmax(logits)[token] at temperature 1, when asked
+  std::vector<float> logits;    // [rows, vocab] for the real rows, when asked
+  int bucket = 0;               // the replayed bucket, 0 when the step ran eagerly
+  int32_t store_errors = 0;     // the step's error flag (DESIGN §3 rule 4 / bad slots)
+  double wait_us = 0;           // host time spent waiting for the device at the step's end
 };
 
 class Runner {
@@ -54,10 +88,11 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  // Runs one step over rows.size() real rows. Graph mode replays the smallest bucket that holds
-  // them; a larger batch runs eagerly (and says why in the log once).
-  StepResult step(std::span<const RowInput> rows);
-  StepResult step_eager(std::span<const RowInput> rows);
+  // Runs one step over rows.size() real rows and draws each row's next token on the device.
+  // Graph mode replays the smallest bucket that holds them; a larger batch runs eagerly (and says
+  // why in the log once). Throws kInternal when every logit of a real row is NaN.
+  StepResult step(std::span<const RowInput> rows, const StepOutputs& outputs = {});
+  StepResult step_eager(std::span<const RowInput> rows, const StepOutputs& outputs = {});
 
   // Diagnostics: writes seeded garbage (wild and valid-looking slots, huge positions and seq_lens,
   // out-of-vocabulary tokens, random page ids) into every per-row input of every bucket, on the
@@ -71,13 +106,19 @@ class Runner {
 
  private:
   struct StaticStep;  // one bucket's (or the eager path's) device buffers and host staging
-  StepResult run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph);
-  void stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding);
+  StepResult run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph,
+                 const StepOutputs& outputs);
+  void stage_rows(StaticStep& s, std::span<const RowInput> rows,
+                  std::span<const RowSampling> sampling, bool rewrite_padding);
+  void forward_and_sample(const StaticStep& s, int rows, const StepOptions& options);
 
   Model& model_;
   KvCache& cache_;
   RunnerOptions options_;
   int max_pages_;
+  // Shared by every bucket (one step runs at a time): the logits and the sampler's workspace.
+  DeviceArray<float> logits_;
+  DeviceArray<uint8_t> sample_workspace_;
   std::unique_ptr<StaticStep> eager_;
   std::vector<std::unique_ptr<StaticStep>> graphs_;  // ascending bucket size
   bool logged_oversize_ = false;

@@ -2,12 +2,16 @@
 //
 // A draw depends only on (logits, params, index), where index is the position of the token in the
 // request's output. So a request's tokens do not depend on the batch it ran in, on preemption and
-// recompute, or on anything else the engine did: the same seed gives the same tokens.
+// recompute, or on anything else the engine did: the same seed gives the same tokens. The draw
+// itself is the backend's sample op (dsa/sampling.h has its arithmetic); these are its host
+// reference and the parameters the engine carries.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "dsa/sampling.h"
 
 namespace dsa {
 
@@ -21,10 +25,10 @@ struct SamplingParams {
   void validate() const;
 };
 
-// The nucleus of a temperature-scaled distribution: token ids by falling probability (ties to the
-// lower id), cut after the first prefix whose mass reaches top_p, with their probabilities
-// normalized over the whole vocabulary (so they sum to that prefix's mass, not to 1).
-// NaN logits never enter it. Requires temperature > 0.
+// The nucleus of a temperature-scaled distribution (dsa/sampling.h): token ids by falling
+// probability (ties to the lower id), every token at least as likely as the first prefix whose
+// mass reaches top_p, with their probabilities normalized over the whole vocabulary (so they sum
+// to the nucleus's mass, not to 1). NaN logits never enter it. Requires temperature > 0.
 struct Nucleus {
   std::vector<int32_t> tokens;
   std::vector<double> probs;
@@ -32,10 +36,8 @@ struct Nucleus {
 };
 Nucleus nucleus(std::span<const float> logits, const SamplingParams& params);
 
-// The token for output position `index` of a request. Greedy when params.greedy().
+// The token for output position `index` of a request, as the backends' sample op draws it. Greedy
+// when params.greedy(). Throws kInternal when every logit is NaN.
 int32_t sample_token(std::span<const float> logits, const SamplingParams& params, uint64_t index);
-
-// A uniform double in [0, 1) from (seed, index) alone: a counter-based stream (splitmix64).
-double sample_uniform(uint64_t seed, uint64_t index);
 
 }  // namespace dsa

@@ -1,6 +1,5 @@
 // The CPU backend: host memory, the reference ops, and a "graph" that records the step closure
 // and replays it over the same static buffers at the same fixed shape.
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -24,14 +23,8 @@ class CpuBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string describe() const override { return "cpu (reference)"; }
 
-  void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = std::aligned_alloc(256, rounded ? rounded : 256);
-    require(p != nullptr, ErrorCode::kResourceExhausted, "host allocation of {} bytes failed",
-            bytes);
-    return p;
-  }
-  void deallocate(void* p) override { std::free(p); }
+  void* allocate(size_t bytes) override { return allocate_host(bytes); }
+  void deallocate(void* p) override { deallocate_host(p); }
   void copy_to_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void copy_on_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
@@ -62,6 +55,7 @@ class CpuBackend final : public Backend {
   void topk(const TopkParams& p) override { cpu::topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu::sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu::audit_slots(p); }
+  void sample(const SampleParams& p) override { cpu::sample(p); }
 
  private:
   static void copy(void* dst, const void* src, size_t n) {

@@ -19,7 +19,7 @@ void add(const AddParams& p);              // elementwise.cpp
 void moe_route(const MoeRouteParams& p);    // moe.cpp
 void scale_rows(const ScaleRowsParams& p);  // moe.cpp
 
-void store_index_k(const StoreIndexKParams& p);     // store.cpp
+void store_index_k(const StoreIndexKParams& p);      // store.cpp
 void store_latent_kv(const StoreLatentKvParams& p);  // store.cpp
 
 void indexer_logits(const IndexerLogitsParams& p);  // indexer_logits.cpp
@@ -27,5 +27,7 @@ void topk(const TopkParams& p);                     // topk.cpp
 void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
 
 void audit_slots(const AuditSlotsParams& p);  // audit.cpp
+
+void sample(const SampleParams& p);  // sample.cpp
 
 }  // namespace dsa::cpu

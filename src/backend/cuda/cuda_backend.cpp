@@ -11,6 +11,7 @@
 
 #include <source_location>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/launch.h"
 #include "dsa/error.h"
@@ -39,8 +40,7 @@ void check_cublas(cublasStatus_t status, const char* statement, int device,
                   std::source_location loc = std::source_location::current()) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw_error(ErrorCode::kBackend,
-              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device,
-                          int(status)),
+              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device, int(status)),
               loc);
 }
 
@@ -52,13 +52,46 @@ class CudaGraph final : public Graph {
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
   }
-  void replay() override { check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_); }
+  void replay() override {
+    check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_);
+  }
 
  private:
   cudaGraph_t graph_;
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
   int device_;
+};
+
+// A pool of events reused across resets: mark() records the next one on the stream.
+class CudaStopwatch final : public Stopwatch {
+ public:
+  CudaStopwatch(cudaStream_t stream, int device) : stream_(stream), device_(device) {}
+  ~CudaStopwatch() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  int mark() override {
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreate(&e), "cudaEventCreate(&e)", device_);
+      events_.push_back(e);
+    }
+    check_cuda(cudaEventRecord(events_[used_], stream_), "cudaEventRecord", device_);
+    return int(used_++);
+  }
+  double elapsed_us(int from, int to) override {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, events_.at(size_t(from)), events_.at(size_t(to))),
+               "cudaEventElapsedTime", device_);
+    return 1000.0 * ms;
+  }
+  void reset() override { used_ = 0; }
+
+ private:
+  cudaStream_t stream_;
+  int device_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -89,24 +122,38 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
     if (err != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
-      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes,
-           label_, cudaGetErrorString(err));
+      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label_,
+           cudaGetErrorString(err));
     }
     return p;
   }
   void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
+  void* allocate_host(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorCode::kResourceExhausted, "cudaHostAlloc of {} pinned bytes failed on {}: {}",
+           bytes, label_, cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void deallocate_host(void* p) override { check(cudaFreeHost(p), "cudaFreeHost(p)"); }
   void copy_to_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
   }
   void copy_to_host(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
     synchronize();
   }
   void copy_on_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
   }
   void fill(void* dst, uint8_t byte, size_t n) override {
     if (n) check(cudaMemsetAsync(dst, byte, n, stream_), "cudaMemsetAsync(dst, byte, n, stream_)");
@@ -117,6 +164,10 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label_,
            cudaGetErrorString(err), cudaGetErrorName(err));
     }
+  }
+
+  std::unique_ptr<Stopwatch> stopwatch() override {
+    return std::make_unique<CudaStopwatch>(stream_, device_);
   }
 
   // ---- graphs ----
@@ -193,11 +244,15 @@ class CudaBackend final : public Backend {
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");
   }
+  void sample(const SampleParams& p) override { launched(cuda::sample(p, stream_), "sample"); }
+  size_t sample_workspace_bytes(int rows, int vocab) const override {
+    return cuda::sample_workspace_bytes(rows, vocab);
+  }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;
-    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x, size_t(p.ld_x) * sizeof(float),
-                            size_t(p.dim) * sizeof(float), size_t(p.rows), cudaMemcpyDeviceToDevice,
-                            stream_),
+    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x,
+                            size_t(p.ld_x) * sizeof(float), size_t(p.dim) * sizeof(float),
+                            size_t(p.rows), cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpy2DAsync(copy_rows)");
   }
 
@@ -265,9 +320,18 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
           "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
   if (p.m == 0 || p.batch == 0) return;
   const int64_t xk = int64_t(p.m) * p.k;
-  Bf16* xb = gemm_scratch(size_t(xk) * p.batch);
-  launched(cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, xb, stream_),
-           "convert_to_bf16");
+  // x as bf16: the producer's copy when it wrote one, else a conversion into the scratch.
+  const bool given = p.x_bf16 != nullptr && p.batch == 1;
+  require(!given || p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument,
+          "gemm: ld_x_bf16 {} must be >= k {}", p.ld_x_bf16, p.k);
+  const Bf16* xb = p.x_bf16;
+  if (!given) {
+    Bf16* scratch = gemm_scratch(size_t(xk) * p.batch);
+    launched(
+        cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, scratch, stream_),
+        "convert_to_bf16");
+    xb = scratch;
+  }
 
   const int dev = device_;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -285,18 +349,18 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulDescCreate", dev);
     const cublasOperation_t op_w = p.layout == WeightLayout::kNK ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_x = CUBLAS_OP_N;
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w,
-                                                sizeof(op_w)),
-                 "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x,
-                                                sizeof(op_x)),
-                 "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)),
+        "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)),
+        "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
     // w as stored, column-major: kNK is [k, n] (transposed by op_w), kKN is [n, k].
     const bool nk = p.layout == WeightLayout::kNK;
-    check_cublas(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k,
-                                            p.ld_w),
-                 "cublasLtMatrixLayoutCreate(w)", dev);
-    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, p.k),
+    check_cublas(
+        cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k, p.ld_w),
+        "cublasLtMatrixLayoutCreate(w)", dev);
+    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, given ? p.ld_x_bf16 : p.k),
                  "cublasLtMatrixLayoutCreate(x)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
                  "cublasLtMatrixLayoutCreate(y)", dev);
@@ -305,8 +369,8 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
       const int64_t strides[3] = {p.batch_stride_w, xk, p.batch_stride_y};
       cublasLtMatrixLayout_t layouts[3] = {a, b, d};
       for (int i = 0; i < 3; ++i) {
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                      &count, sizeof(count)),
+        check_cublas(cublasLtMatrixLayoutSetAttribute(
+                         layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                      "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", dev);
         check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i],
                                                       CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
@@ -321,9 +385,9 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", dev);
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic,
-                                                &found),
-                 "cublasLtMatmulAlgoGetHeuristic", dev);
+    check_cublas(
+        cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic, &found),
+        "cublasLtMatmulAlgoGetHeuristic", dev);
     require(found > 0, ErrorCode::kBackend,
             "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label_, p.m, p.n,
             p.k, p.batch);

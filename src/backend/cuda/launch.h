@@ -23,7 +23,7 @@ cudaError_t add(const AddParams& p, cudaStream_t stream);              // elemen
 cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream);    // moe.cu
 cudaError_t scale_rows(const ScaleRowsParams& p, cudaStream_t stream);  // moe.cu
 
-cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream);     // store.cu
+cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream);      // store.cu
 cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream);  // store.cu
 
 cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  // indexer_logits.cu
@@ -31,5 +31,8 @@ cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);  // audit.cu
+
+cudaError_t sample(const SampleParams& p, cudaStream_t stream);  // sample.cu
+size_t sample_workspace_bytes(int rows, int vocab);              // sample.cu
 
 }  // namespace dsa::cuda

@@ -1,0 +1,258 @@
+// The profiling backend: every op forwards to the wrapped backend; while recording, each is
+// bracketed by two stopwatch points (so host gaps between launches are not charged to the op).
+#include "op_profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dsa/error.h"
+#include "dsa/slot.h"
+
+namespace dsa::tools {
+namespace {
+
+double f32_bytes(double elements) { return 4.0 * elements; }
+double index_k_token_bytes(KvDtype d) { return double(index_k_page_bytes(d)) / kPageSize; }
+
+}  // namespace
+
+double Ceilings::floor_us(const OpCost& c) const {
+  return std::max(c.bytes / (gb_per_s * 1e3), c.flops / (tflop_per_s * 1e6));
+}
+
+std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& runs) {
+  require(!runs.empty(), ErrorCode::kInternal, "profile: no recorded runs");
+  std::vector<OpTiming> out = runs.front();
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> us;
+    for (const auto& run : runs) {
+      require(run.size() == out.size() && run[i].cost.op == out[i].cost.op, ErrorCode::kInternal,
+              "profile: the step's op sequence changed between runs");
+      us.push_back(run[i].us);
+    }
+    std::sort(us.begin(), us.end());
+    out[i].us = us[us.size() / 2];
+  }
+  return out;
+}
+
+std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings) {
+  double total = 0, bytes = 0, flops = 0, floor = 0;
+  for (const OpTiming& t : ops) {
+    total += t.us;
+    bytes += t.cost.bytes;
+    flops += t.cost.flops;
+    floor += ceilings.floor_us(t.cost);
+  }
+  std::string out = fmt::format("{:>4}  {:<16} {:<34} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}\n", "#",
+                                "op", "shape", "us", "%", "MB", "GFLOP", "floor us", "floor/us");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpTiming& t = ops[i];
+    const double f = ceilings.floor_us(t.cost);
+    out +=
+        fmt::format("{:>4}  {:<16} {:<34} {:>9.1f} {:>6.1f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f}\n",
+                    i + 1, t.cost.op, t.cost.shape, t.us, total > 0 ? 100 * t.us / total : 0.0,
+                    t.cost.bytes / 1e6, t.cost.flops / 1e9, f, t.us > 0 ? f / t.us : 0.0);
+  }
+  out += fmt::format("{:>4}  {:<16} {:<34} {:>9.1f} {:>6.1f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f}\n",
+                     "", "sum", "", total, 100.0, bytes / 1e6, flops / 1e9, floor,
+                     total > 0 ? floor / total : 0.0);
+  return out;
+}
+
+nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings) {
+  nlohmann::json list = nlohmann::json::array();
+  double total = 0, floor = 0;
+  for (const OpTiming& t : ops) {
+    const double f = ceilings.floor_us(t.cost);
+    total += t.us;
+    floor += f;
+    list.push_back({{"op", t.cost.op},
+                    {"shape", t.cost.shape},
+                    {"us", t.us},
+                    {"bytes", t.cost.bytes},
+                    {"flops", t.cost.flops},
+                    {"floor_us", f}});
+  }
+  return {{"ops", list},
+          {"sum_us", total},
+          {"floor_us", floor},
+          {"gb_per_s", ceilings.gb_per_s},
+          {"tflop_per_s", ceilings.tflop_per_s}};
+}
+
+void ProfilingBackend::start() {
+  inner_.synchronize();
+  watch_->reset();
+  ops_.clear();
+  recording_ = true;
+}
+
+std::vector<OpTiming> ProfilingBackend::finish() {
+  recording_ = false;
+  inner_.synchronize();
+  std::vector<OpTiming> out;
+  for (const Pending& p : ops_) out.push_back({p.cost, watch_->elapsed_us(p.begin, p.end)});
+  ops_.clear();
+  watch_->reset();
+  return out;
+}
+
+std::unique_ptr<Graph> ProfilingBackend::capture(const std::function<void()>& step) {
+  const bool was = recording_;
+  recording_ = false;  // a graph holds the ops only: no stopwatch points inside it
+  auto g = inner_.capture(step);
+  recording_ = was;
+  return g;
+}
+
+template <typename Launch>
+void ProfilingBackend::timed(OpCost cost, Launch&& launch) {
+  if (!recording_) {
+    launch();
+    return;
+  }
+  const int begin = watch_->mark();
+  launch();
+  ops_.push_back({std::move(cost), begin, watch_->mark()});
+}
+
+void ProfilingBackend::rmsnorm(const RmsNormParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"rmsnorm", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n) + 2.0 * p.dim,
+         4 * n},
+        [&] { inner_.rmsnorm(p); });
+}
+
+void ProfilingBackend::layernorm(const LayerNormParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"layernorm", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n) + 4.0 * p.dim,
+         8 * n},
+        [&] { inner_.layernorm(p); });
+}
+
+void ProfilingBackend::rope(const RopeParams& p) {
+  const double n = double(p.rows) * p.heads * p.rope_dim;
+  timed({"rope", fmt::format("rows={} heads={} dims={}", p.rows, p.heads, p.rope_dim),
+         f32_bytes(2 * n + p.rows) + 4.0 * p.rows * p.rope_dim, 3 * n},
+        [&] { inner_.rope(p); });
+}
+
+void ProfilingBackend::hadamard(const HadamardParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"hadamard", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n),
+         n * std::log2(double(p.dim))},
+        [&] { inner_.hadamard(p); });
+}
+
+void ProfilingBackend::gemm(const GemmParams& p) {
+  const double b = p.batch, m = p.m, n = p.n, k = p.k;
+  const double y_passes = p.output == GemmOutput::kAccumulate ? 2 : 1;
+  const std::string shape = p.batch > 1 ? fmt::format("{}x m={} n={} k={}", p.batch, p.m, p.n, p.k)
+                                        : fmt::format("m={} n={} k={}", p.m, p.n, p.k);
+  timed({"gemm", shape, b * (2 * n * k + f32_bytes(m * k) + y_passes * f32_bytes(m * n)),
+         2 * b * m * n * k},
+        [&] { inner_.gemm(p); });
+}
+
+void ProfilingBackend::swiglu(const SwigluParams& p) {
+  const double n = double(p.rows) * p.inter;
+  timed({"swiglu", fmt::format("rows={} inter={}", p.rows, p.inter), f32_bytes(3 * n), 5 * n},
+        [&] { inner_.swiglu(p); });
+}
+
+void ProfilingBackend::softmax(const SoftmaxParams& p) {
+  const double n = double(p.rows) * p.cols;
+  timed({"softmax", fmt::format("rows={} cols={}", p.rows, p.cols), f32_bytes(2 * n), 4 * n},
+        [&] { inner_.softmax(p); });
+}
+
+void ProfilingBackend::embed(const EmbedParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"embed", fmt::format("rows={} dim={}", p.rows, p.dim), 6 * n, 0},
+        [&] { inner_.embed(p); });
+}
+
+void ProfilingBackend::add(const AddParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"add", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(3 * n), n},
+        [&] { inner_.add(p); });
+}
+
+void ProfilingBackend::copy_rows(const CopyRowsParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"copy_rows", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n), 0},
+        [&] { inner_.copy_rows(p); });
+}
+
+void ProfilingBackend::moe_route(const MoeRouteParams& p) {
+  const double n = double(p.rows) * p.n_experts;
+  timed({"moe_route", fmt::format("rows={} experts={}", p.rows, p.n_experts), f32_bytes(2 * n),
+         4 * n},
+        [&] { inner_.moe_route(p); });
+}
+
+void ProfilingBackend::scale_rows(const ScaleRowsParams& p) {
+  const double n = double(p.rows) * p.dim;
+  timed({"scale_rows", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n), n},
+        [&] { inner_.scale_rows(p); });
+}
+
+void ProfilingBackend::store_index_k(const StoreIndexKParams& p) {
+  const double rows = p.batch.rows;
+  timed({"store_index_k", fmt::format("rows={} {}", p.batch.rows, kv_dtype_name(p.pool.dtype)),
+         rows * (f32_bytes(kIndexHeadDim) + 8 + index_k_token_bytes(p.pool.dtype)), 0},
+        [&] { inner_.store_index_k(p); });
+}
+
+void ProfilingBackend::store_latent_kv(const StoreLatentKvParams& p) {
+  const double rows = p.batch.rows;
+  timed({"store_latent_kv", fmt::format("rows={} {}", p.batch.rows, kv_dtype_name(p.pool.dtype)),
+         rows * (f32_bytes(kLatentDim) + 8 + double(latent_token_bytes(p.pool.dtype))), 0},
+        [&] { inner_.store_latent_kv(p); });
+}
+
+// Every row is charged ld_logits tokens: exact when each row attends to the whole context, as in
+// bench-decode, an upper bound otherwise.
+void ProfilingBackend::indexer_logits(const IndexerLogitsParams& p) {
+  const double tokens = double(p.rows) * double(p.ld_logits);
+  timed({"indexer_logits",
+         fmt::format("rows={} heads={} tokens={} {}", p.rows, p.heads, p.ld_logits,
+                     kv_dtype_name(p.pool.dtype)),
+         tokens * (index_k_token_bytes(p.pool.dtype) + 4) +
+             f32_bytes(double(p.rows) * p.heads * (kIndexHeadDim + 1)),
+         2.0 * tokens * p.heads * kIndexHeadDim},
+        [&] { inner_.indexer_logits(p); });
+}
+
+void ProfilingBackend::topk(const TopkParams& p) {
+  const double rows = p.rows;
+  timed({"topk", fmt::format("rows={} tokens={} k={}", p.rows, p.ld_logits, p.k),
+         rows * (f32_bytes(double(p.ld_logits)) + 12.0 * p.k), 0},
+        [&] { inner_.topk(p); });
+}
+
+void ProfilingBackend::sparse_mla(const SparseMlaParams& p) {
+  const double rows = p.rows, sel = double(p.rows) * p.topk;
+  timed({"sparse_mla",
+         fmt::format("rows={} heads={} topk={} {}", p.rows, p.heads, p.topk,
+                     kv_dtype_name(p.pool.dtype)),
+         sel * (double(latent_token_bytes(p.pool.dtype)) + 8) +
+             f32_bytes(rows * p.heads * (kLatentDim + kKvLoraRank)),
+         2.0 * sel * p.heads * (kLatentDim + kKvLoraRank)},
+        [&] { inner_.sparse_mla(p); });
+}
+
+void ProfilingBackend::audit_slots(const AuditSlotsParams& p) {
+  timed({"audit_slots", fmt::format("n={}", p.n), 0, 0}, [&] { inner_.audit_slots(p); });
+}
+
+void ProfilingBackend::sample(const SampleParams& p) {
+  timed({"sample", fmt::format("rows={} vocab={}", p.rows, p.vocab),
+         f32_bytes(double(p.rows) * p.vocab), 0},
+        [&] { inner_.sample(p); });
+}
+
+}  // namespace dsa::tools

@@ -1,0 +1,107 @@
+// Per-op profiling for dsa bench-decode --profile: a backend that forwards everything to another
+// and, while recording, brackets each op with stopwatch points and notes its shape, the bytes it
+// must move and the FLOPs it must do (each input read once, each output written once).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dsa/backend.h"
+
+namespace dsa::tools {
+
+struct OpCost {
+  std::string op;     // "gemm"
+  std::string shape;  // "m=1 n=1536 k=7168"
+  double bytes = 0, flops = 0;
+};
+
+struct OpTiming {
+  OpCost cost;
+  double us = 0;
+};
+
+// The ceilings a floor is computed from: bytes / bandwidth or FLOPs / rate, whichever is larger.
+struct Ceilings {
+  double gb_per_s = 4254;    // the H200's measured device copy (bench/results/2026-12-02)
+  double tflop_per_s = 790;  // its measured bf16 GEMM rate on random data
+  double floor_us(const OpCost& c) const;
+};
+
+// Per-op medians over several recorded runs of the same op sequence.
+std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& runs);
+// The llm.c-style table: op, shape, us, % of the sum, MB, GFLOP, floor us, floor / actual.
+std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings);
+nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings);
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : inner_(inner), watch_(inner.stopwatch()) {
+    set_gemm_mode(inner.gemm_mode());
+  }
+
+  void start();                    // records the ops queued from now on
+  std::vector<OpTiming> finish();  // synchronizes; the ops since start() with their times
+  Backend& inner() const { return inner_; }
+
+  BackendKind kind() const override { return inner_.kind(); }
+  std::string describe() const override { return inner_.describe(); }
+  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p) override { inner_.deallocate(p); }
+  void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
+  void deallocate_host(void* p) override { inner_.deallocate_host(p); }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    inner_.copy_to_device(dst, src, n);
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override {
+    inner_.copy_to_host(dst, src, n);
+  }
+  void copy_on_device(void* dst, const void* src, size_t n) override {
+    inner_.copy_on_device(dst, src, n);
+  }
+  void fill(void* dst, uint8_t byte, size_t n) override { inner_.fill(dst, byte, n); }
+  void synchronize() override { inner_.synchronize(); }
+  std::unique_ptr<Stopwatch> stopwatch() override { return inner_.stopwatch(); }
+  std::unique_ptr<Graph> capture(const std::function<void()>& step) override;
+  void reserve_gemm_scratch(size_t x_elements) override { inner_.reserve_gemm_scratch(x_elements); }
+  size_t sample_workspace_bytes(int rows, int vocab) const override {
+    return inner_.sample_workspace_bytes(rows, vocab);
+  }
+
+  void rmsnorm(const RmsNormParams& p) override;
+  void layernorm(const LayerNormParams& p) override;
+  void rope(const RopeParams& p) override;
+  void hadamard(const HadamardParams& p) override;
+  void gemm(const GemmParams& p) override;
+  void swiglu(const SwigluParams& p) override;
+  void softmax(const SoftmaxParams& p) override;
+  void embed(const EmbedParams& p) override;
+  void add(const AddParams& p) override;
+  void copy_rows(const CopyRowsParams& p) override;
+  void moe_route(const MoeRouteParams& p) override;
+  void scale_rows(const ScaleRowsParams& p) override;
+  void store_index_k(const StoreIndexKParams& p) override;
+  void store_latent_kv(const StoreLatentKvParams& p) override;
+  void indexer_logits(const IndexerLogitsParams& p) override;
+  void topk(const TopkParams& p) override;
+  void sparse_mla(const SparseMlaParams& p) override;
+  void audit_slots(const AuditSlotsParams& p) override;
+  void sample(const SampleParams& p) override;
+
+ private:
+  template <typename Launch>
+  void timed(OpCost cost, Launch&& launch);
+
+  struct Pending {
+    OpCost cost;
+    int begin, end;
+  };
+  Backend& inner_;
+  std::unique_ptr<Stopwatch> watch_;
+  bool recording_ = false;
+  std::vector<Pending> ops_;
+};
+
+}  // namespace dsa::tools
