@@ -114,10 +114,11 @@ int run_stress_command(StressOpts& o) {
     const EngineStats& st = r.stats;
     const double steps = double(std::max<int64_t>(st.steps, 1));
     fmt::print(
-        "  {}: {:.0f} tokens/s; per engine step {:.1f} us on the host, {:.1f} us waiting "
-        "for the device\n",
+        "  {}: {:.0f} tokens/s; per engine step {:.1f} us scheduling and auditing, {:.1f} us "
+        "staging and launching, {:.1f} us waiting for the device\n",
         r.cell.condition(), r.seconds > 0 ? r.tokens / r.seconds : 0.0,
-        1e6 * st.host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
+        1e6 * (st.host_seconds - st.runner_host_seconds) / steps,
+        1e6 * st.runner_host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
   }
   if (!o.json.empty()) {
     std::ofstream out(o.json);

@@ -67,6 +67,7 @@ nlohmann::json stress_json(const StressReport& report) {
          {"evicted_sessions", s.evicted_sessions},
          {"store_errors", s.store_errors},
          {"host_us_per_step", s.steps > 0 ? 1e6 * s.host_seconds / s.steps : 0.0},
+         {"runner_host_us_per_step", s.steps > 0 ? 1e6 * s.runner_host_seconds / s.steps : 0.0},
          {"device_wait_us_per_step", s.steps > 0 ? 1e6 * s.device_wait_seconds / s.steps : 0.0}});
   }
   return {{"cells", cells},

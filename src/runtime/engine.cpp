@@ -360,6 +360,7 @@ void Engine::after_runner_step(const std::vector<Request*>& row_owners,
                                const std::vector<RowInput>& rows, const StepResult& result) {
   stats_.store_errors += result.store_errors;
   stats_.device_wait_seconds += result.wait_us * 1e-6;
+  stats_.runner_host_seconds += result.host_us * 1e-6;
   ++runner_steps_;
   if (!auditor_) return;
   std::vector<int64_t> slots, owners;

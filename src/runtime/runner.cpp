@@ -320,6 +320,7 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
 
 StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph,
                        const StepOutputs& outputs) {
+  const auto start = std::chrono::steady_clock::now();
   const int B = int(rows.size());
   require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument, "a step needs 1..{} rows, got {}",
           s.rows, B);
@@ -364,6 +365,9 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
     result.logits.resize(size_t(B) * size_t(model_.config().vocab_size));
     be.copy_to_host(result.logits.data(), s.logits, result.logits.size() * sizeof(float));
   }
+  result.host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() -
+      result.wait_us;
   for (int r = 0; r < B; ++r) {
     require(result.tokens[r] >= 0, ErrorCode::kInternal, "row {}: every one of {} logits is NaN", r,
             model_.config().vocab_size);

@@ -95,9 +95,11 @@ struct EngineStats {
   int64_t store_errors = 0;      // the runner's store error flags, summed
   int64_t audit_findings = 0;
   // Wall time of engine steps, split: waiting for the device at the end of runner steps, and
-  // everything else the host did (scheduling, staging, launching, auditing, bookkeeping).
+  // everything else the host did; runner_host_seconds is the runner's part of that (staging,
+  // launching, reading back), the rest is scheduling, auditing and bookkeeping.
   double device_wait_seconds = 0;
   double host_seconds = 0;
+  double runner_host_seconds = 0;
 };
 
 class Engine {

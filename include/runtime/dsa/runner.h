@@ -53,7 +53,7 @@ struct RowSampling {
 struct StepOutputs {
   std::span<const RowSampling> sampling;  // one per row; empty: every row greedy
   bool logprobs = false;                  // needs RunnerOptions::logprobs
-  bool logits = false;  // [rows, vocab] floats: for parity checks and diagnostics
+  bool logits = false;                    // [rows, vocab] floats: for parity checks and diagnostics
 
   StepOutputs with_sampling(std::span<const RowSampling> s) const {
     StepOutputs o = *this;
@@ -78,6 +78,7 @@ struct StepResult {
   std::vector<float> logits;    // [rows, vocab] for the real rows, when asked
   int bucket = 0;               // the replayed bucket, 0 when the step ran eagerly
   int32_t store_errors = 0;     // the step's error flag (DESIGN §3 rule 4 / bad slots)
+  double host_us = 0;           // host time of the step: staging, launching, reading back
   double wait_us = 0;           // host time spent waiting for the device at the step's end
 };
 
