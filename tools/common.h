@@ -44,5 +44,7 @@ void register_write_checkpoint(CLI::App& app, Runner& run);
 void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 void register_bench_decode(CLI::App& app, Runner& run);
+void register_serve(CLI::App& app, Runner& run);
+void register_bench_serve(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools
