@@ -69,7 +69,7 @@ json agent_tools() {
                   {"parameters",
                    {{"type", "object"},
                     {"properties", {{param, {{"type", "string"}}}}},
-                    {"required", json::array({param})}}}}}}};
+                    {"required", json::array({param})}}}}}};
   };
   return json::array({tool("read_file", "Read a file of the workspace.", "path"),
                       tool("run_shell", "Run a shell command and return its output.", "command")});
