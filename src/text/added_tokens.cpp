@@ -1,4 +1,4 @@
-#include "added_tokens.h"
+#include "text/added_tokens.h"
 
 #include <algorithm>
 

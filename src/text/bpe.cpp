@@ -1,4 +1,4 @@
-#include "bpe.h"
+#include "text/bpe.h"
 
 #include <algorithm>
 #include <bit>

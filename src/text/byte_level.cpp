@@ -1,6 +1,6 @@
-#include "byte_level.h"
+#include "text/byte_level.h"
 
-#include "utf8.h"
+#include "text/utf8.h"
 
 namespace dsa::text {
 namespace {

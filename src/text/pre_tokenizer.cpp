@@ -1,4 +1,4 @@
-#include "pre_tokenizer.h"
+#include "text/pre_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

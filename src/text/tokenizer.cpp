@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "dsa/error.h"
-#include "tokenizer_data.h"
-#include "utf8.h"
+#include "text/tokenizer_data.h"
+#include "text/utf8.h"
 
 namespace dsa::text {
 namespace {

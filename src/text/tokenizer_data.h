@@ -8,9 +8,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "added_tokens.h"
-#include "bpe.h"
-#include "pre_tokenizer.h"
+#include "text/added_tokens.h"
+#include "text/bpe.h"
+#include "text/pre_tokenizer.h"
 
 namespace dsa::text {
 

@@ -2,9 +2,9 @@
 // checked, and anything not implemented is refused by name.
 #include <nlohmann/json.hpp>
 
-#include "byte_level.h"
+#include "text/byte_level.h"
 #include "dsa/error.h"
-#include "tokenizer_data.h"
+#include "text/tokenizer_data.h"
 
 namespace dsa::text {
 namespace {

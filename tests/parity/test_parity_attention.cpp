@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "dsa/slot.h"
 #include "parity/parity_harness.h"
 

@@ -10,7 +10,7 @@
 
 #include "dsa/error.h"
 #include "dsa/text/tokenizer.h"
-#include "utf8.h"
+#include "text/utf8.h"
 
 namespace dsa::text {
 namespace {

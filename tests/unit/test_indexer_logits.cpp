@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "common/test_util.h"
 #include "dsa/error.h"
 

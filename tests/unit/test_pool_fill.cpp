@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "dsa/pool_fill.h"
 
 namespace dsa {

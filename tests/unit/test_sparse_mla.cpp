@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "common/test_util.h"
 
 namespace dsa {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/slot.h"

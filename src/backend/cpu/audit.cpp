@@ -1,6 +1,6 @@
 // The auditor's digest-and-compare, on the CPU.
 #include "backend/cpu/cpu_ops.h"
-#include "cache/slot_digest.h"
+#include "dsa/slot_digest.h"
 
 namespace dsa::cpu {
 

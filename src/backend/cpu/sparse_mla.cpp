@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "dsa/error.h"
 
 namespace dsa::cpu {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_ops.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "dsa/error.h"
 #include "dsa/slot.h"
 

@@ -1,6 +1,6 @@
 // The auditor's digest-and-compare as a kernel: the cache never leaves the device.
 #include "backend/cuda/launch.h"
-#include "cache/slot_digest.h"
+#include "dsa/slot_digest.h"
 
 namespace dsa::cuda {
 namespace {

@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "backend/cuda/launch.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 
 namespace dsa::cuda {
 namespace {

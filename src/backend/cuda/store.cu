@@ -14,7 +14,7 @@
 // quotient x / scale is the correctly rounded one of encode_fp8_group; see fp8_quotients.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 #include "dsa/slot.h"
 
 namespace dsa::cuda {

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cache/token_codec.h"
+#include "dsa/token_codec.h"
 
 namespace dsa {
 
