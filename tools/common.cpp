@@ -43,6 +43,7 @@ ModelStack build_model_stack(const ModelOptions& o) {
   s.backend = make_backend(parse_backend(o.backend));
   if (o.checkpoint.empty()) {
     config = preset_config(o.preset);
+    if (o.vocab_size > config.vocab_size) config.vocab_size = o.vocab_size;
     weights = Weights::synthetic(*s.backend, config, o.seed);
   } else {
     weights = load_checkpoint(*s.backend, o.checkpoint, &config);

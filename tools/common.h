@@ -22,6 +22,7 @@ struct ModelOptions {
   int max_rows = 64;
   int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
   int64_t pages = 0;    // 0: enough for max_rows full contexts
+  int vocab_size = 0;      // a preset's vocabulary, when larger than its own (0: the preset's)
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
 };
 void add_model_options(CLI::App* app, ModelOptions& o);

@@ -60,6 +60,9 @@ int run_serve(ServeOpts& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto tokenizer = load_tokenizer(o);  // read before listening: a bad file is a usage error
+  // A preset's synthetic model takes the tokenizer's vocabulary when its own is smaller (the tiny
+  // presets are byte-level, 256 ids; their tokenizer has 1024).
+  if (o.model.checkpoint.empty()) o.model.vocab_size = tokenizer->vocab_size();
   server::ModelLoader loader = [o, faults, tokenizer] {
     ModelStack stack = build_model_stack(o.model);
     server::LoadedModel m;

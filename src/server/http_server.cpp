@@ -27,11 +27,6 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump_json(body), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  if (e.status() == 429 || e.status() == 503) res.set_header("Retry-After", "1");
-  send_json(res, e.status(), e.body());
-}
-
 const char* status_message(int status) {
   switch (status) {
     case 400:

@@ -45,7 +45,7 @@ void guarded(const Request& req, Response& res, Fn&& fn) {
   try {
     fn();
   } catch (const ApiError& e) {
-    if (e.status() >= 500) spdlog::error("serve: {} {}: {}", req.method, req.path, e.what());
+    if (e.status() == 500) spdlog::error("serve: 500 on {} {}: {}", req.method, req.path, e.what());
     send_error(res, e);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kOutOfRange) {
