@@ -101,6 +101,8 @@ void register_bench_serve(CLI::App& app, Runner& run) {
   cmd->add_option("--input-len", b.input_len, "words per prompt or per new message")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--prompt-ids", b.prompt_ids,
+                "plain prompts as --input-len random token ids (exact lengths)");
   cmd->add_option("--output-len", b.output_len, "max_tokens per request")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -124,6 +126,9 @@ void register_bench_serve(CLI::App& app, Runner& run) {
   cmd->add_option("--timeout", b.timeout_s, "seconds per request")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
+  cmd->add_option("--wait-ready", b.wait_ready_s,
+                  "first wait up to this many seconds for the servers' /health to answer 200")
+      ->check(CLI::Range(0, 86400));
   cmd->add_option("--json", o->json, "write the results as JSON");
   cmd->add_option("--plot", o->plot, "write the latency CDF as SVG");
   cmd->add_flag("--quiet", o->quiet, "no progress bar");

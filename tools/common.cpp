@@ -23,8 +23,9 @@ void add_model_options(CLI::App* app, ModelOptions& o) {
       ->check(CLI::Range(1, 4096));
   app->add_option("--max-context", o.max_context, "longest sequence (0: preset, capped at 4096)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--pages", o.pages, "pages per pool, page 0 included (0: enough for max-rows "
-                                      "full contexts)")
+  app->add_option("--pages", o.pages,
+                  "pages per pool, page 0 included (0: enough for max-rows "
+                  "full contexts)")
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -48,8 +49,8 @@ ModelStack build_model_stack(const ModelOptions& o) {
   } else {
     weights = load_checkpoint(*s.backend, o.checkpoint, &config);
   }
-  const int context = o.max_context > 0 ? o.max_context
-                                        : std::min(config.max_position_embeddings, 4096);
+  const int context =
+      o.max_context > 0 ? o.max_context : std::min(config.max_position_embeddings, 4096);
   s.model = std::make_unique<Model>(*s.backend, config, std::move(weights), o.max_rows, context);
   CacheConfig cc;
   cc.num_layers = config.num_hidden_layers;

@@ -20,8 +20,8 @@ struct ModelOptions {
   bool ue8m0 = false;
   uint64_t seed = 0;
   int max_rows = 64;
-  int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
-  int64_t pages = 0;    // 0: enough for max_rows full contexts
+  int max_context = 0;     // 0: the preset's max_position_embeddings (capped at 4096)
+  int64_t pages = 0;       // 0: enough for max_rows full contexts
   int vocab_size = 0;      // a preset's vocabulary, when larger than its own (0: the preset's)
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
 };
@@ -47,5 +47,6 @@ void register_check_replay(CLI::App& app, Runner& run);
 void register_bench_decode(CLI::App& app, Runner& run);
 void register_serve(CLI::App& app, Runner& run);
 void register_bench_serve(CLI::App& app, Runner& run);
+void register_bench_engine(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   dsa::tools::register_bench_decode(app, run);
   dsa::tools::register_serve(app, run);
   dsa::tools::register_bench_serve(app, run);
+  dsa::tools::register_bench_engine(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -111,8 +111,7 @@ void register_serve(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--mode", o->mode, "decode runner: graph | eager")->capture_default_str();
-  cmd->add_option("--max-running", o->max_running,
-                  "requests decoding at once (0: --max-rows)")
+  cmd->add_option("--max-running", o->max_running, "requests decoding at once (0: --max-rows)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--max-queue", o->server.max_queue,
                   "requests queued beyond the running ones; more get 429")

@@ -14,7 +14,9 @@ namespace dsa::server {
 class ApiError : public std::runtime_error {
  public:
   ApiError(int status, std::string message, std::string param = {}, std::string code = {})
-      : std::runtime_error(message), status_(status), param_(std::move(param)),
+      : std::runtime_error(message),
+        status_(status),
+        param_(std::move(param)),
         code_(std::move(code)) {}
 
   int status() const { return status_; }

@@ -182,10 +182,9 @@ void stream_request(const Endpoint& endpoint, const std::string& path, const std
     record.error = "no response: " + httplib::to_string(error);
   } else if (res.status != 200) {
     const json body = json::parse(raw, nullptr, false);
-    record.error = fmt::format("HTTP {}: {}", res.status,
-                               !body.is_discarded() && body.contains("error")
-                                   ? body["error"].value("message", raw)
-                                   : raw);
+    record.error = fmt::format(
+        "HTTP {}: {}", res.status,
+        !body.is_discarded() && body.contains("error") ? body["error"].value("message", raw) : raw);
   } else if (!done && record.error.empty()) {
     record.error = "the stream ended without [DONE]";
   }

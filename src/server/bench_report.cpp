@@ -30,9 +30,7 @@ Percentiles percentiles(std::vector<double> v) {
 
 namespace {
 
-std::string rate_text(double rate) {
-  return std::isinf(rate) ? "inf" : fmt::format("{:g}", rate);
-}
+std::string rate_text(double rate) { return std::isinf(rate) ? "inf" : fmt::format("{:g}", rate); }
 
 json percentiles_json(const Percentiles& p) {
   return {{"mean", p.mean}, {"median", p.median}, {"p90", p.p90}, {"p99", p.p99}};
@@ -75,8 +73,8 @@ std::string bench_table(const BenchOptions& o, const BenchReport& r) {
     const std::string condition =
         r.fault_injection.empty() ? "guarded server" : "fault injection: " + r.fault_injection;
     const std::string unit = o.sessions > 0 ? "sessions" : "requests";
-    out += fmt::format("\n| condition | corrupted {} (k/N, %) | replayed requests |\n|---|---|---|\n",
-                       unit);
+    out += fmt::format(
+        "\n| condition | corrupted {} (k/N, %) | replayed requests |\n|---|---|---|\n", unit);
     const double pct = r.check.sessions ? 100.0 * r.check.corrupted / r.check.sessions : 0.0;
     out += fmt::format("| {} | {}/{} ({:.0f}%) | {} |\n", condition, r.check.corrupted,
                        r.check.sessions, pct, r.check.replayed_requests);
@@ -139,7 +137,8 @@ std::string bench_cdf_svg(const BenchReport& r) {
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"{}\" y=\"18\" font-size=\"14\">Latency CDF ({} requests)</text>\n",
+      "fill=\"white\"/>\n<text x=\"{}\" y=\"18\" font-size=\"14\">Latency CDF ({} "
+      "requests)</text>\n",
       w, h, left, ttft.size());
   s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", left,
                    py(0), w - right, py(0));

@@ -19,13 +19,13 @@ using nlohmann::json;
 
 // Common words: random prompts that read as text and tokenize to about one token a word.
 constexpr const char* kWords[] = {
-    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",   "it",    "as",
-    "was",   "with",  "be",    "by",    "on",    "not",   "he",    "this",  "are",   "or",
-    "his",   "from",  "at",    "which", "but",   "have",  "an",    "had",   "they",  "you",
-    "were",  "their", "one",   "all",   "we",    "can",   "her",   "has",   "there", "been",
-    "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",    "file",  "run",
-    "data",  "cache", "page",  "slot",  "token", "model", "state", "read",  "write", "list",
-    "value", "error", "check", "table", "index", "query", "time",  "step",  "batch", "graph"};
+    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",  "it",    "as",
+    "was",   "with",  "be",    "by",    "on",    "not",   "he",    "this", "are",   "or",
+    "his",   "from",  "at",    "which", "but",   "have",  "an",    "had",  "they",  "you",
+    "were",  "their", "one",   "all",   "we",    "can",   "her",   "has",  "there", "been",
+    "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",   "file",  "run",
+    "data",  "cache", "page",  "slot",  "token", "model", "state", "read", "write", "list",
+    "value", "error", "check", "table", "index", "query", "time",  "step", "batch", "graph"};
 
 std::string random_words(std::mt19937_64& rng, int n) {
   std::string s;
@@ -131,10 +131,17 @@ struct Driver {
 
   void plain_request(int i) {
     std::mt19937_64 rng(mix(o.seed, uint64_t(i)));
-    json body = sampling_fields(o, mix(o.seed, uint64_t(i) + 1), draw_len(rng, o.output_len,
-                                                                          o.range_ratio));
+    json body = sampling_fields(o, mix(o.seed, uint64_t(i) + 1),
+                                draw_len(rng, o.output_len, o.range_ratio));
     body["model"] = model;
-    body["prompt"] = random_words(rng, draw_len(rng, o.input_len, o.range_ratio));
+    const int len = draw_len(rng, o.input_len, o.range_ratio);
+    if (o.prompt_ids) {  // exact lengths, as a direct engine benchmark submits them
+      std::vector<int> ids(size_t(len), 0);
+      for (int& id : ids) id = std::uniform_int_distribution<int>(3, 258)(rng);
+      body["prompt"] = ids;
+    } else {
+      body["prompt"] = random_words(rng, len);
+    }
     RequestRecord r;
     r.session = i;
     r.turn = 0;
@@ -149,7 +156,8 @@ struct Driver {
     json messages = json::array(
         {{{"role", "system"},
           {"content", "You are a coding agent. Call the tools to inspect the workspace."}},
-         {{"role", "user"}, {"content", random_words(rng, draw_len(rng, o.input_len, o.range_ratio))}}});
+         {{"role", "user"},
+          {"content", random_words(rng, draw_len(rng, o.input_len, o.range_ratio))}}});
     for (int t = 0; t < turns; ++t) {
       json body = sampling_fields(o, mix(mix(o.seed, uint64_t(s)), uint64_t(t)),
                                   draw_len(rng, o.output_len, o.range_ratio));
@@ -172,10 +180,10 @@ struct Driver {
       messages.push_back(message);
       if (message.contains("tool_calls")) {
         for (const json& call : message["tool_calls"]) {
-          messages.push_back({{"role", "tool"},
-                              {"tool_call_id", call.value("id", "")},
-                              {"content", random_words(rng, draw_len(rng, o.input_len,
-                                                                     o.range_ratio))}});
+          messages.push_back(
+              {{"role", "tool"},
+               {"tool_call_id", call.value("id", "")},
+               {"content", random_words(rng, draw_len(rng, o.input_len, o.range_ratio))}});
         }
       } else {
         messages.push_back(
@@ -231,9 +239,9 @@ CheckResult check_replay(const BenchOptions& o, std::vector<RequestRecord>& reco
     if (!r.ok || divergent_turn >= 0) continue;  // one divergent turn marks the session
     RequestRecord replay;
     replay.body = r.body;
-    stream_request(endpoint, r.body.find("\"messages\"") != std::string::npos
-                                 ? "/v1/chat/completions"
-                                 : "/v1/completions",
+    stream_request(endpoint,
+                   r.body.find("\"messages\"") != std::string::npos ? "/v1/chat/completions"
+                                                                    : "/v1/completions",
                    o.api_key, o.timeout_s, t0, replay);
     ++c.replayed_requests;
     if (!replay.ok || replay.reply != r.reply) divergent_turn = r.turn;
@@ -248,6 +256,16 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
   validate(o);
   Driver d{o, parse_url(o.url), o.model, BenchClock::now(), progress, {}, {}, {}, 0};
   if (!o.check_url.empty()) parse_url(o.check_url);
+  for (const std::string& url : {o.url, o.check_url}) {  // servers still loading their model
+    if (url.empty() || o.wait_ready_s <= 0) continue;
+    const BenchClock::time_point deadline =
+        BenchClock::now() + std::chrono::seconds(o.wait_ready_s);
+    while (http_get(parse_url(url), "/health", "").first != 200) {
+      require(BenchClock::now() < deadline, ErrorCode::kIo,
+              "{}/health did not answer 200 within {} s", url, o.wait_ready_s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
   const auto [status, body] = http_get(d.endpoint, "/v1/models", o.api_key);
   require(status == 200, ErrorCode::kIo, "cannot list models at {}/v1/models: {} {}",
           d.endpoint.base, status, body);

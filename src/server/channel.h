@@ -19,8 +19,8 @@ namespace dsa::server {
 struct ChannelFinal {
   FinishReason reason = FinishReason::kLength;
   int prompt_tokens = 0;
-  int generated_tokens = 0;            // all the engine generated (may exceed what was streamed)
-  std::optional<ApiError> error;       // set when the request failed
+  int generated_tokens = 0;       // all the engine generated (may exceed what was streamed)
+  std::optional<ApiError> error;  // set when the request failed
 };
 
 class RequestChannel {

@@ -38,11 +38,14 @@ class ChatShaper : public OutputShaper {
  public:
   ChatShaper(const ChatRequest& request, const ChatPrompt& prompt, IdSource& ids)
       : parallel_(request.parallel_tool_calls),
-        parser_(text::ToolCallParserOptions{
-            prompt.thinking,
-            [prefix = ids.next("call_")](int index) { return fmt::format("{}_{}", prefix, index); }}) {}
+        parser_(
+            text::ToolCallParserOptions{prompt.thinking, [prefix = ids.next("call_")](int index) {
+                                          return fmt::format("{}_{}", prefix, index);
+                                        }}) {}
 
-  void text(const std::string& t, std::vector<json>& deltas) override { take(parser_.feed(t), deltas); }
+  void text(const std::string& t, std::vector<json>& deltas) override {
+    take(parser_.feed(t), deltas);
+  }
   void finish(std::vector<json>& deltas) override { take(parser_.finish(), deltas); }
 
   std::pair<std::string, json> whole() const override {
@@ -73,7 +76,8 @@ class ChatShaper : public OutputShaper {
       const bool call = d.kind == text::ChatDelta::Kind::kToolCallStart ||
                         d.kind == text::ChatDelta::Kind::kToolCallArguments;
       if (call && !parallel_ && d.index > 0) {
-        if (!warned_) spdlog::warn("serve: parallel_tool_calls is false: dropping tool call {}", d.index);
+        if (!warned_)
+          spdlog::warn("serve: parallel_tool_calls is false: dropping tool call {}", d.index);
         warned_ = true;
         continue;
       }
@@ -88,8 +92,8 @@ class ChatShaper : public OutputShaper {
 
 }  // namespace
 
-std::unique_ptr<OutputShaper> make_chat_shaper(const ChatRequest& request,
-                                               const ChatPrompt& prompt, IdSource& ids) {
+std::unique_ptr<OutputShaper> make_chat_shaper(const ChatRequest& request, const ChatPrompt& prompt,
+                                               IdSource& ids) {
   return std::make_unique<ChatShaper>(request, prompt, ids);
 }
 

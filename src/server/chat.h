@@ -25,7 +25,7 @@ struct ChatPrompt {
 ChatPrompt render_chat_prompt(const text::Tokenizer& tokenizer, const std::string& body,
                               const ChatRequest& request);
 
-std::unique_ptr<OutputShaper> make_chat_shaper(const ChatRequest& request,
-                                               const ChatPrompt& prompt, IdSource& ids);
+std::unique_ptr<OutputShaper> make_chat_shaper(const ChatRequest& request, const ChatPrompt& prompt,
+                                               IdSource& ids);
 
 }  // namespace dsa::server

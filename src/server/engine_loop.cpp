@@ -23,7 +23,8 @@ ApiError engine_error(const RequestOutput& out) {
 
 }  // namespace
 
-EngineLoop::EngineLoop(Metrics& metrics, int max_queue) : metrics_(metrics), max_queue_(max_queue) {}
+EngineLoop::EngineLoop(Metrics& metrics, int max_queue)
+    : metrics_(metrics), max_queue_(max_queue) {}
 
 EngineLoop::~EngineLoop() { stop(); }
 
@@ -79,8 +80,7 @@ void EngineLoop::run(ModelLoader loader) {
     m = loader();
     require(m.model && m.cache && m.tokenizer, ErrorCode::kInvalidArgument,
             "the loader gave no model, cache or tokenizer");
-    require(m.tokenizer->vocab_size() <= m.model->config().vocab_size,
-            ErrorCode::kInvalidArgument,
+    require(m.tokenizer->vocab_size() <= m.model->config().vocab_size, ErrorCode::kInvalidArgument,
             "the tokenizer's {} ids do not fit the model's vocab_size = {}",
             m.tokenizer->vocab_size(), m.model->config().vocab_size);
   } catch (const std::exception& e) {

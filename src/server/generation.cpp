@@ -40,16 +40,20 @@ RequestParams plan_request(const GenerationRequest& gen, const std::vector<int32
     thread_local std::mt19937_64 rng{std::random_device{}()};
     params.sampling.seed = rng();
   }
-  if (!gen.ignore_eos && info.tokenizer && info.tokenizer->eos_id()) params.stop_token = *info.tokenizer->eos_id();
+  if (!gen.ignore_eos && info.tokenizer && info.tokenizer->eos_id())
+    params.stop_token = *info.tokenizer->eos_id();
   return params;
 }
 
 GenerationJob::GenerationJob(EngineLoop& loop, std::shared_ptr<RequestChannel> channel,
-                             std::unique_ptr<OutputShaper> shaper,
-                             const text::Tokenizer& tokenizer, const GenerationRequest& gen,
-                             int prompt_tokens)
-    : loop_(loop), channel_(std::move(channel)), shaper_(std::move(shaper)),
-      text_(tokenizer, gen.stop), gen_(gen), prompt_tokens_(prompt_tokens) {}
+                             std::unique_ptr<OutputShaper> shaper, const text::Tokenizer& tokenizer,
+                             const GenerationRequest& gen, int prompt_tokens)
+    : loop_(loop),
+      channel_(std::move(channel)),
+      shaper_(std::move(shaper)),
+      text_(tokenizer, gen.stop),
+      gen_(gen),
+      prompt_tokens_(prompt_tokens) {}
 
 bool GenerationJob::advance(std::vector<json>& deltas, std::chrono::milliseconds timeout) {
   if (ended_) return true;

@@ -74,18 +74,18 @@ void Server::Impl::install() {
     if (res.status == 404) message = fmt::format("no route {} {}", req.method, req.path);
     send_json(res, res.status, ApiError(res.status, message).body());
   });
-  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
-                                std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("serve: 500 on {} {}: {}", req.method, req.path, what);
-    send_json(res, 500, ApiError(500, "internal error: " + what).body());
-  });
+  http.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        spdlog::error("serve: 500 on {} {}: {}", req.method, req.path, what);
+        send_json(res, 500, ApiError(500, "internal error: " + what).body());
+      });
   install_routes(http, *this);
 }
 
@@ -106,9 +106,10 @@ void Server::start() {
           s.options.host, s.options.port);
   s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
   if (!s.options.fault_injection.empty()) {
-    spdlog::warn("serve: FAULT INJECTION IS ON ({}): this server corrupts sessions on purpose; "
-                 "every response says so in X-Dsa-Fault-Injection",
-                 s.options.fault_injection);
+    spdlog::warn(
+        "serve: FAULT INJECTION IS ON ({}): this server corrupts sessions on purpose; "
+        "every response says so in X-Dsa-Fault-Injection",
+        s.options.fault_injection);
   }
   s.loop.start(s.loader);
 }

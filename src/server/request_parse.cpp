@@ -66,8 +66,10 @@ constexpr int64_t kMaxTokensLimit = int64_t(1) << 30;
 GenerationRequest parse_generation(const json& body) {
   GenerationRequest g;
   g.max_tokens = integer(body, "max_completion_tokens", 1, kMaxTokensLimit);
-  if (!g.max_tokens) g.max_tokens = integer(body, "max_tokens", 1, kMaxTokensLimit);
-  else integer(body, "max_tokens", 1, kMaxTokensLimit);  // still type-checked
+  if (!g.max_tokens)
+    g.max_tokens = integer(body, "max_tokens", 1, kMaxTokensLimit);
+  else
+    integer(body, "max_tokens", 1, kMaxTokensLimit);  // still type-checked
   g.sampling.temperature = float(number(body, "temperature", 0.0, 2.0).value_or(1.0));
   const std::optional<double> top_p = number(body, "top_p", 0.0, 1.0);
   if (top_p && *top_p <= 0.0) throw bad_request("top_p", "must be in (0, 1], got {}", *top_p);
@@ -76,8 +78,8 @@ GenerationRequest parse_generation(const json& body) {
     if (!seed->is_number_integer()) {
       throw bad_request("seed", "must be an integer, got {} {}", type_name(*seed), seed->dump());
     }
-    g.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
-                                                 : uint64_t(seed->get<int64_t>());
+    g.sampling.seed =
+        seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
     g.seeded = true;
   }
   if (const std::optional<int64_t> n = integer(body, "n", 1, kMaxTokensLimit); n && *n != 1) {
@@ -134,9 +136,10 @@ json parse_body(const std::string& body) {
 void check_model(const json& body, const std::string& served_model) {
   const std::optional<std::string> model = string(body, "model");
   if (model && *model != served_model) {
-    throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                    *model, served_model),
-                   "model", "model_not_found");
+    throw ApiError(
+        404,
+        fmt::format("the model '{}' does not exist; this server serves '{}'", *model, served_model),
+        "model", "model_not_found");
   }
 }
 
@@ -155,15 +158,13 @@ CompletionRequest parse_completion_request(const json& body) {
     return r;
   }
   if (!p->is_array()) {
-    throw bad_request("prompt", "must be a string or an array of token ids, got {}",
-                      type_name(*p));
+    throw bad_request("prompt", "must be a string or an array of token ids, got {}", type_name(*p));
   }
   if (p->empty()) throw bad_request("prompt", "must not be empty");
   for (size_t i = 0; i < p->size(); ++i) {
     const json& t = (*p)[i];
     if (t.is_string() || t.is_array()) {
-      throw bad_request("prompt", "holds {} prompts; one prompt per request is served",
-                        p->size());
+      throw bad_request("prompt", "holds {} prompts; one prompt per request is served", p->size());
     }
     if (!t.is_number_integer()) {
       throw bad_request("prompt", "token {} must be an integer id, got {}", i, type_name(t));
@@ -185,10 +186,15 @@ ChatRequest parse_chat_request(const json& body) {
   if (const json* choice = field(body, "tool_choice")) {
     if (choice->is_string()) {
       const std::string c = choice->get<std::string>();
-      if (c == "auto") r.tool_choice = ToolChoice::kAuto;
-      else if (c == "none") r.tool_choice = ToolChoice::kNone;
-      else if (c == "required") r.tool_choice = ToolChoice::kRequired;
-      else throw bad_request("tool_choice", "must be auto, none, required or a function, got \"{}\"", c);
+      if (c == "auto")
+        r.tool_choice = ToolChoice::kAuto;
+      else if (c == "none")
+        r.tool_choice = ToolChoice::kNone;
+      else if (c == "required")
+        r.tool_choice = ToolChoice::kRequired;
+      else
+        throw bad_request("tool_choice", "must be auto, none, required or a function, got \"{}\"",
+                          c);
     } else if (choice->is_object()) {
       const json* f = field(*choice, "function");
       const std::optional<std::string> name =
@@ -205,7 +211,8 @@ ChatRequest parse_chat_request(const json& body) {
                    t["function"].value("name", json()) == *name;
         }
       }
-      if (!known) throw bad_request("tool_choice", "names the function \"{}\", not in tools", *name);
+      if (!known)
+        throw bad_request("tool_choice", "names the function \"{}\", not in tools", *name);
       r.tool_choice = ToolChoice::kNamed;
       r.tool_choice_name = *name;
     } else {

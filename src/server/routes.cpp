@@ -12,9 +12,9 @@
 
 namespace dsa::server {
 
-using nlohmann::json;
 using httplib::Request;
 using httplib::Response;
+using nlohmann::json;
 
 namespace {
 
@@ -189,8 +189,8 @@ void run_generation(RouteContext& ctx, Response& res, const ResponseShape& shape
           if (job->error()) {
             out += sse(job->error()->body());
           } else {
-            json last = choice_chunk(shape, shape.chat ? json::object() : json(),
-                                     job->finish_reason());
+            json last =
+                choice_chunk(shape, shape.chat ? json::object() : json(), job->finish_reason());
             if (gen.return_token_ids) last["choices"][0]["token_ids"] = job->token_ids();
             out += sse(last);
             if (gen.include_usage) {
@@ -220,11 +220,11 @@ void handle_completions(RouteContext& ctx, const Request& req, Response& res) {
   const json body = parse_body(req.body);
   check_model(body, ctx.options.served_model_name);
   const CompletionRequest r = parse_completion_request(body);
-  std::vector<int32_t> prompt =
-      r.prompt_text ? encode_text(*info.tokenizer, *r.prompt_text, true)
-                    : checked_ids(r.prompt_ids, info.vocab_size, "prompt");
-  const ResponseShape shape{ctx.ids.next("cmpl-"), "text_completion", "text_completion",
-                            ctx.options.served_model_name, unix_now(), false};
+  std::vector<int32_t> prompt = r.prompt_text
+                                    ? encode_text(*info.tokenizer, *r.prompt_text, true)
+                                    : checked_ids(r.prompt_ids, info.vocab_size, "prompt");
+  const ResponseShape shape{ctx.ids.next("cmpl-"),         "text_completion", "text_completion",
+                            ctx.options.served_model_name, unix_now(),        false};
   run_generation(ctx, res, shape, r.gen, std::move(prompt), std::make_unique<TextShaper>());
 }
 
@@ -235,8 +235,9 @@ void handle_chat(RouteContext& ctx, const Request& req, Response& res) {
   check_model(body, ctx.options.served_model_name);
   const ChatRequest r = parse_chat_request(body);
   ChatPrompt prompt = render_chat_prompt(*info.tokenizer, req.body, r);
-  const ResponseShape shape{ctx.ids.next("chatcmpl-"), "chat.completion", "chat.completion.chunk",
-                            ctx.options.served_model_name, unix_now(), true};
+  const ResponseShape shape{
+      ctx.ids.next("chatcmpl-"),     "chat.completion", "chat.completion.chunk",
+      ctx.options.served_model_name, unix_now(),        true};
   run_generation(ctx, res, shape, r.gen, std::move(prompt.ids),
                  make_chat_shaper(r, prompt, ctx.ids));
 }

@@ -16,7 +16,8 @@ namespace dsa::server {
 
 struct RouteContext {
   explicit RouteContext(ServerOptions o)
-      : options(std::move(o)), loop(metrics, options.max_queue),
+      : options(std::move(o)),
+        loop(metrics, options.max_queue),
         created(std::chrono::duration_cast<std::chrono::seconds>(
                     std::chrono::system_clock::now().time_since_epoch())
                     .count()) {}

@@ -1,9 +1,8 @@
 // dsa bench-serve against an in-process server: plain prompts and agent sessions complete, the
 // metrics are consistent with the records, and --check finds a guarded server clean.
-#include "dsa/bench_serve.h"
-
 #include <cmath>
 
+#include "dsa/bench_serve.h"
 #include "dsa/error.h"
 #include "server_fixture.h"
 

@@ -48,8 +48,8 @@ TEST_F(ServerErrors, EveryErrorRowHasItsStatusAndType) {
       {"unknown route", "GET", "/v1/engines", "", 404, "not_found_error", "/v1/engines"},
       {"unknown post route", "POST", "/v2/completions", "{}", 404, "not_found_error", ""},
       {"n = 2", "POST", "/v1/chat/completions",
-       R"({"messages": [{"role": "user", "content": "a"}], "n": 2})", 400,
-       "invalid_request_error", "'n' must be 1"},
+       R"({"messages": [{"role": "user", "content": "a"}], "n": 2})", 400, "invalid_request_error",
+       "'n' must be 1"},
       {"token outside the vocabulary", "POST", "/v1/completions",
        R"({"prompt": [1, 5000], "max_tokens": 2})", 400, "invalid_request_error",
        "outside the vocabulary [0, 1024)"},
@@ -66,8 +66,7 @@ TEST_F(ServerErrors, EveryErrorRowHasItsStatusAndType) {
     ASSERT_FALSE(body.is_discarded()) << row.name << ": " << r->body;
     EXPECT_EQ(body["error"]["type"], row.type) << row.name;
     EXPECT_TRUE(body["error"].contains("param") && body["error"].contains("code")) << row.name;
-    EXPECT_NE(body["error"]["message"].get<std::string>().find(row.message_has),
-              std::string::npos)
+    EXPECT_NE(body["error"]["message"].get<std::string>().find(row.message_has), std::string::npos)
         << row.name << ": " << body["error"]["message"];
   }
 }
@@ -86,18 +85,38 @@ std::vector<std::pair<std::string, std::string>> malformed_bodies() {
   }
   // Wrong types and values of the generation fields.
   const std::vector<std::pair<std::string, std::string>> fields = {
-      {"max_tokens", "\"5\""},        {"max_tokens", "-1"},       {"max_tokens", "0"},
-      {"max_tokens", "1.5"},          {"max_tokens", "1e300"},    {"max_tokens", "99999999999999999999"},
-      {"max_tokens", "[]"},           {"max_completion_tokens", "-7"}, {"temperature", "\"hot\""},
-      {"temperature", "-0.5"},        {"temperature", "3"},       {"temperature", "1e309"},
-      {"top_p", "0"},                 {"top_p", "1.5"},           {"top_p", "{}"},
-      {"seed", "1.5"},                {"seed", "\"s\""},          {"n", "0"},
-      {"n", "3"},                     {"n", "\"1\""},             {"stop", "5"},
-      {"stop", "[1]"},                {"stop", "[\"a\",\"b\",\"c\",\"d\",\"e\"]"},
-      {"stop", "[\"\"]"},             {"stream", "\"yes\""},      {"stream", "1"},
+      {"max_tokens", "\"5\""},
+      {"max_tokens", "-1"},
+      {"max_tokens", "0"},
+      {"max_tokens", "1.5"},
+      {"max_tokens", "1e300"},
+      {"max_tokens", "99999999999999999999"},
+      {"max_tokens", "[]"},
+      {"max_completion_tokens", "-7"},
+      {"temperature", "\"hot\""},
+      {"temperature", "-0.5"},
+      {"temperature", "3"},
+      {"temperature", "1e309"},
+      {"top_p", "0"},
+      {"top_p", "1.5"},
+      {"top_p", "{}"},
+      {"seed", "1.5"},
+      {"seed", "\"s\""},
+      {"n", "0"},
+      {"n", "3"},
+      {"n", "\"1\""},
+      {"stop", "5"},
+      {"stop", "[1]"},
+      {"stop", "[\"a\",\"b\",\"c\",\"d\",\"e\"]"},
+      {"stop", "[\"\"]"},
+      {"stream", "\"yes\""},
+      {"stream", "1"},
       {"stream_options", "{\"include_usage\": true}"},  // without stream
-      {"stream_options", "[]"},       {"ignore_eos", "0"},        {"model", "5"},
-      {"model", "\"other\""},         {"return_token_ids", "\"no\""}};
+      {"stream_options", "[]"},
+      {"ignore_eos", "0"},
+      {"model", "5"},
+      {"model", "\"other\""},
+      {"return_token_ids", "\"no\""}};
   for (const auto& [field, value] : fields) {
     b.push_back({c, "{\"prompt\": \"a\", \"" + field + "\": " + value + "}"});
     b.push_back({chat, R"({"messages": [{"role": "user", "content": "hi"}], ")" + field +
@@ -110,38 +129,42 @@ std::vector<std::pair<std::string, std::string>> malformed_bodies() {
   }
   b.push_back({c, "{}"});
   // Messages.
-  for (const char* m :
-       {"null", "[]", "{}", "\"hi\"", "[1]", "[{}]", R"([{"role": "wizard", "content": "x"}])",
-        R"([{"role": 5, "content": "x"}])", R"([{"role": "user"}])",
-        R"([{"role": "user", "content": 5}])", R"([{"role": "user", "content": [{"type": "image_url"}]}])",
-        R"([{"role": "user", "content": [5]}])", R"([{"role": "tool", "content": "x"}])",
-        R"([{"role": "assistant", "tool_calls": 5}])",
-        R"([{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])",
-        R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])"}) {
+  for (
+      const char* m :
+      {"null", "[]", "{}", "\"hi\"", "[1]", "[{}]", R"([{"role": "wizard", "content": "x"}])",
+       R"([{"role": 5, "content": "x"}])", R"([{"role": "user"}])",
+       R"([{"role": "user", "content": 5}])",
+       R"([{"role": "user", "content": [{"type": "image_url"}]}])",
+       R"([{"role": "user", "content": [5]}])", R"([{"role": "tool", "content": "x"}])",
+       R"([{"role": "assistant", "tool_calls": 5}])",
+       R"([{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])",
+       R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])"}) {
     b.push_back({chat, std::string("{\"messages\": ") + m + "}"});
   }
   // Tools and tool_choice.
   const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
-  for (const char* t :
-       {R"("tools": 5)", R"("tools": {})", R"("tools": [5])", R"("tools": [{"type": "retrieval"}])",
-        R"("tools": [{"type": "function"}])", R"("tools": [{"type": "function", "function": {}}])",
-        R"("tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}])",
-        R"("tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}])",
-        R"("tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}])",
-        R"("tool_choice": "always")", R"("tool_choice": 5)", R"("tool_choice": "required")",
-        R"("tool_choice": {"type": "function", "function": {"name": "g"}})",
-        R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}})",
-        R"("parallel_tool_calls": "yes")"}) {
+  for (
+      const char* t :
+      {R"("tools": 5)", R"("tools": {})", R"("tools": [5])", R"("tools": [{"type": "retrieval"}])",
+       R"("tools": [{"type": "function"}])", R"("tools": [{"type": "function", "function": {}}])",
+       R"("tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}])",
+       R"("tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}])",
+       R"("tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}])",
+       R"("tool_choice": "always")", R"("tool_choice": 5)", R"("tool_choice": "required")",
+       R"("tool_choice": {"type": "function", "function": {"name": "g"}})",
+       R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}})",
+       R"("parallel_tool_calls": "yes")"}) {
     b.push_back({chat, "{" + user + ", " + t + "}"});
   }
   // Huge and broken strings.
   b.push_back({c, "{\"prompt\": \"" + std::string(10 << 20, 'a') + "\"}"});  // 10 MB: 413
   b.push_back({chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"" +
                          std::string(10 << 20, 'b') + "\"}]}"});
-  for (const char* bad : {"\xff", "\xc3", "\xc3\x28", "\xe2\x82", "\xed\xa0\x80", "\xf8\x88\x80\x80\x80"}) {
+  for (const char* bad :
+       {"\xff", "\xc3", "\xc3\x28", "\xe2\x82", "\xed\xa0\x80", "\xf8\x88\x80\x80\x80"}) {
     b.push_back({c, std::string("{\"prompt\": \"a") + bad + "\"}"});
-    b.push_back({chat, std::string(R"({"messages": [{"role": "user", "content": "a)") + bad +
-                           "\"}]}"});
+    b.push_back(
+        {chat, std::string(R"({"messages": [{"role": "user", "content": "a)") + bad + "\"}]}"});
   }
   b.push_back({c, "{\"prompt\": \"\\ud800\"}"});  // a lone surrogate escape
   b.push_back({c, "{\"prompt\": \"a\"} trailing"});

@@ -15,14 +15,9 @@ namespace dsa::server::testing {
 namespace {
 
 json completion_body(const std::string& prompt, int max_tokens, uint64_t seed, bool stream) {
-  json b = {{"model", "dsa"},
-            {"prompt", prompt},
-            {"max_tokens", max_tokens},
-            {"temperature", 0.8},
-            {"seed", seed},
-            {"ignore_eos", true},
-            {"return_token_ids", true},
-            {"stream", stream}};
+  json b = {{"model", "dsa"},           {"prompt", prompt}, {"max_tokens", max_tokens},
+            {"temperature", 0.8},       {"seed", seed},     {"ignore_eos", true},
+            {"return_token_ids", true}, {"stream", stream}};
   if (stream) b["stream_options"] = {{"include_usage", true}};
   return b;
 }
@@ -134,8 +129,11 @@ TEST_F(ServerHttp, CompletionStreamIsFramedInOrderAndEqualsTheNonStreamingReply)
 TEST_F(ServerHttp, ChatStreamEqualsTheNonStreamingReply) {
   const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
                                      {{"role", "user"}, {"content", "Name a page size."}}});
-  json body = {{"messages", messages}, {"max_completion_tokens", 10}, {"temperature", 0.7},
-               {"seed", 11}, {"ignore_eos", true}};
+  json body = {{"messages", messages},
+               {"max_completion_tokens", 10},
+               {"temperature", 0.7},
+               {"seed", 11},
+               {"ignore_eos", true}};
   auto whole = server_->post("/v1/chat/completions", body);
   ASSERT_TRUE(whole);
   ASSERT_EQ(whole->status, 200) << whole->body;
@@ -162,9 +160,9 @@ TEST_F(ServerHttp, SixtyFourConcurrentClientsGetTheirSequentialReplies) {
   // text among 63 others.
   constexpr int kClients = 64;
   auto body = [](int i) {
-    return completion_body("request " + std::to_string(i) + " reads slot " +
-                               std::to_string(i * 7 % 13),
-                           6, 1000 + uint64_t(i), false);
+    return completion_body(
+        "request " + std::to_string(i) + " reads slot " + std::to_string(i * 7 % 13), 6,
+        1000 + uint64_t(i), false);
   };
   std::vector<std::string> alone(kClients);
   for (int i = 0; i < kClients; ++i) {
@@ -269,7 +267,8 @@ TEST_F(ServerHttp, ModelsTokenizeAndDetokenize) {
   const json m = json::parse(models->body);
   EXPECT_EQ(m["data"][0]["id"], "dsa");
   EXPECT_EQ(m["data"][0]["max_model_len"], 512);
-  auto tok = server_->post("/tokenize", json{{"prompt", "paged caches"}, {"add_special_tokens", false}});
+  auto tok =
+      server_->post("/tokenize", json{{"prompt", "paged caches"}, {"add_special_tokens", false}});
   ASSERT_TRUE(tok);
   ASSERT_EQ(tok->status, 200) << tok->body;
   const json t = json::parse(tok->body);
@@ -295,7 +294,8 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
     EXPECT_NE(space, std::string::npos) << line;
     const std::string key = line.substr(0, space);
     const std::string name = key.substr(0, key.find('{'));
-    EXPECT_EQ(name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_:"), std::string::npos) << line;
+    EXPECT_EQ(name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_:"), std::string::npos)
+        << line;
     EXPECT_EQ(name.rfind("dsa:", 0), 0u) << line;
     samples[key] = std::stod(line.substr(space + 1));
   }
@@ -319,10 +319,10 @@ TEST_F(ServerHttp, MetricsParseAsPrometheusTextAndMove) {
   EXPECT_EQ(after["dsa:inter_token_latency_seconds_count"] -
                 before["dsa:inter_token_latency_seconds_count"],
             4);
-  for (const char* gauge : {"dsa:num_requests_running", "dsa:num_requests_waiting",
-                            "dsa:kv_cache_usage_perc", "dsa:store_errors_total",
-                            "dsa:padded_rows_total", "dsa:auditor_findings_total",
-                            "dsa:num_preemptions_total", "dsa:prompt_tokens_total"}) {
+  for (const char* gauge :
+       {"dsa:num_requests_running", "dsa:num_requests_waiting", "dsa:kv_cache_usage_perc",
+        "dsa:store_errors_total", "dsa:padded_rows_total", "dsa:auditor_findings_total",
+        "dsa:num_preemptions_total", "dsa:prompt_tokens_total"}) {
     EXPECT_EQ(after.count(gauge), 1u) << gauge;
   }
   EXPECT_GT(after["dsa:padded_rows_total"] + after["dsa:graph_replays_total{bucket=\"1\"}"], 0);

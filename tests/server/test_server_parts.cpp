@@ -112,7 +112,8 @@ TEST(ChatOutput, ToolCallsStreamedEqualTheWholeMessage) {
         call["name"] = c["function"]["name"];
       }
       if (c.contains("function") && c["function"].contains("arguments")) {
-        call["arguments"] = call.value("arguments", "") + c["function"]["arguments"].get<std::string>();
+        call["arguments"] =
+            call.value("arguments", "") + c["function"]["arguments"].get<std::string>();
       }
     }
   }
@@ -127,9 +128,9 @@ TEST(ChatOutput, ToolCallsStreamedEqualTheWholeMessage) {
 
 TEST(ChatOutput, ParallelToolCallsFalseKeepsTheFirstCall) {
   IdSource ids;
-  const JobRun run = run_job(tool_block({{"x", "read_file", R"({"path": "a"})"},
-                                         {"y", "read_file", R"({"path": "b"})"}}),
-                             false, ids);
+  const JobRun run = run_job(
+      tool_block({{"x", "read_file", R"({"path": "a"})"}, {"y", "read_file", R"({"path": "b"})"}}),
+      false, ids);
   ASSERT_EQ(run.whole["tool_calls"].size(), 1u);
   EXPECT_EQ(run.whole["tool_calls"][0]["function"]["arguments"], R"({"path": "a"})");
   for (const json& d : run.deltas) {

@@ -22,12 +22,13 @@ struct BenchOptions {
   std::string api_key;
   std::string model;  // empty: the first model /v1/models lists
   int concurrency = 16;
-  int num_prompts = 100;  // plain mode
+  int num_prompts = 100;                                          // plain mode
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s, Poisson
-  int input_len = 128;     // words per prompt (plain) or per user/tool message (sessions)
-  int output_len = 64;     // max_tokens per request
-  double range_ratio = 0;  // lengths drawn from [len * (1 - r), len * (1 + r)]
-  int sessions = 0;        // > 0: agent sessions instead of plain prompts
+  int input_len = 128;      // words per prompt (plain) or per user/tool message (sessions)
+  bool prompt_ids = false;  // plain prompts as input_len random token ids in [3, 259) instead
+  int output_len = 64;      // max_tokens per request
+  double range_ratio = 0;   // lengths drawn from [len * (1 - r), len * (1 + r)]
+  int sessions = 0;         // > 0: agent sessions instead of plain prompts
   int min_turns = 2, max_turns = 4;
   double temperature = 0;  // > 0: seeded sampling (seed from the workload seed, session, turn)
   bool ignore_eos = true;  // generate exactly max_tokens (as vLLM's random dataset does)
@@ -36,6 +37,7 @@ struct BenchOptions {
   bool check = false;
   std::string check_url;  // empty: the same server
   int timeout_s = 600;    // per request
+  int wait_ready_s = 0;   // first wait up to this long for GET /health to answer 200
 };
 
 // One request as the client saw it.
@@ -45,13 +47,13 @@ struct RequestRecord {
   int status = 0;
   int session = -1, turn = -1;
   int prompt_tokens = 0, output_tokens = 0;
-  double start_s = 0;   // since the benchmark's start
-  double ttft_s = 0;    // to the first chunk with generated text
+  double start_s = 0;  // since the benchmark's start
+  double ttft_s = 0;   // to the first chunk with generated text
   double e2el_s = 0;
-  std::vector<double> itl_s;  // between chunks with generated text
-  std::string reply;          // content, reasoning and tool calls, canonical (for --check)
-  nlohmann::json message;     // the assistant message (sessions)
-  std::string body;           // the request body sent (kept for --check)
+  std::vector<double> itl_s;    // between chunks with generated text
+  std::string reply;            // content, reasoning and tool calls, canonical (for --check)
+  nlohmann::json message;       // the assistant message (sessions)
+  std::string body;             // the request body sent (kept for --check)
   std::string fault_injection;  // the server's X-Dsa-Fault-Injection header, if any
 };
 
