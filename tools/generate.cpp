@@ -12,6 +12,7 @@
 #include "dsa/config.h"
 #include "dsa/error.h"
 #include "dsa/runner.h"
+#include "generate_chat.h"
 
 namespace dsa::tools {
 namespace {
@@ -19,12 +20,13 @@ namespace {
 struct GenerateOpts {
   ModelOptions model;
   std::string prompt, prompt_file, prompt_ids, mode = "eager", inject;
+  std::string chat, chat_format = "v32";  // --chat: a chat request rendered in this format
   bool byte_tokens = false;
   int max_tokens = 32;
 };
 
 // The prompt's ids, from exactly one source: --prompt / --prompt-file (text, tokenized, or one
-// token per byte with --byte-tokens) or --prompt-ids. (A chat request source joins here.)
+// token per byte with --byte-tokens) or --prompt-ids. (--chat is rendered and tokenized apart.)
 std::vector<int32_t> prompt_tokens(const GenerateOpts& o, const std::optional<text::Tokenizer>& tok,
                                    int32_t vocab) {
   if (!o.prompt_ids.empty())
@@ -79,6 +81,14 @@ void register_generate(CLI::App& app, Runner& run) {
   cmd->add_flag("--byte-tokens", o->byte_tokens,
                 "one token per prompt byte, output ids printed as bytes (no tokenizer)")
       ->excludes(ids);
+  cmd->add_option("--chat", o->chat,
+                  "a chat request body (JSON: messages, optional tools, thinking), rendered in "
+                  "the DeepSeek chat format; prints the text, then the parsed message as JSON")
+      ->excludes(prompt)
+      ->excludes(file)
+      ->excludes(ids)
+      ->excludes("--byte-tokens");
+  cmd->add_option("--chat-format", o->chat_format, "v32 | v4")->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -98,7 +108,10 @@ void register_generate(CLI::App& app, Runner& run) {
                 "the tokenizer has {} ids, more than the model's vocab_size {}", tok->vocab_size(),
                 config.vocab_size);
       }
-      const std::vector<int32_t> prompt_ids = prompt_tokens(*o, tok, config.vocab_size);
+      std::optional<ChatPrompt> chat;
+      if (!o->chat.empty()) chat = read_chat_prompt(o->chat, o->chat_format);
+      const std::vector<int32_t> prompt_ids =
+          chat ? tok->encode(chat->text) : prompt_tokens(*o, tok, config.vocab_size);
       const int32_t stop = tok && tok->eos_id() ? *tok->eos_id() : -1;
 
       ModelStack stack = build_model_stack(o->model);
@@ -114,7 +127,14 @@ void register_generate(CLI::App& app, Runner& run) {
       const auto out = generate_greedy(runner, *stack.cache, *stack.model, prompt_ids,
                                        o->max_tokens, stop, &stats);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      fmt::print("{}\n", tok ? decode_output(*tok, out) : byte_text(out));
+      if (chat) {  // the text without its end-of-sentence token, then the parsed message
+        const bool stopped = !out.empty() && out.back() == stop;
+        const std::string text =
+            decode_output(*tok, std::span(out).first(out.size() - (stopped ? 1 : 0)));
+        fmt::print("{}\n{}\n", text, chat_result_json(*chat, text, !stopped).dump());
+      } else {
+        fmt::print("{}\n", tok ? decode_output(*tok, out) : byte_text(out));
+      }
       fmt::print(stderr,
                  "generated {} tokens after a {}-token prompt in {:.3f} s ({:.1f} tok/s) on {} | "
                  "preset {}, index-K {}, latent {}, mode {}, store errors {}\n",
