@@ -9,13 +9,20 @@ namespace pyb = pybind11;
 
 std::string_view dtype_label(Dtype d) {
   switch (d) {
-    case Dtype::kF32: return "float32";
-    case Dtype::kBf16: return "bfloat16";
-    case Dtype::kU16: return "uint16";
-    case Dtype::kU8: return "uint8";
-    case Dtype::kI32: return "int32";
-    case Dtype::kI64: return "int64";
-    case Dtype::kOther: return "another dtype";
+    case Dtype::kF32:
+      return "float32";
+    case Dtype::kBf16:
+      return "bfloat16";
+    case Dtype::kU16:
+      return "uint16";
+    case Dtype::kU8:
+      return "uint8";
+    case Dtype::kI32:
+      return "int32";
+    case Dtype::kI64:
+      return "int64";
+    case Dtype::kOther:
+      return "another dtype";
   }
   return "?";
 }
@@ -27,7 +34,8 @@ std::string Place::label() const {
 }
 
 ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
-  if (obj.is_none() || !pyb::hasattr(obj, "__dlpack__") || !pyb::hasattr(obj, "__dlpack_device__")) {
+  if (obj.is_none() || !pyb::hasattr(obj, "__dlpack__") ||
+      !pyb::hasattr(obj, "__dlpack_device__")) {
     throw pyb::type_error(fmt::format(
         "argument '{}' must be an array that speaks DLPack (a torch tensor, or a numpy array on "
         "the CPU), got {}",
@@ -39,9 +47,9 @@ ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
                                               : obj.attr("__dlpack__")();
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, dlpack::kCapsuleName)) {
-    throw pyb::type_error(fmt::format(
-        "argument '{}': __dlpack__() did not return an unused \"{}\" capsule", name,
-        dlpack::kCapsuleName));
+    throw pyb::type_error(
+        fmt::format("argument '{}': __dlpack__() did not return an unused \"{}\" capsule", name,
+                    dlpack::kCapsuleName));
   }
   managed_ = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(raw, dlpack::kCapsuleName));
   if (managed_ == nullptr) throw pyb::error_already_set();
@@ -66,13 +74,16 @@ Dtype ArrayArg::dtype() const {
   const dlpack::DataType d = t().dtype;
   if (d.lanes != 1) return Dtype::kOther;
   switch (d.code) {
-    case dlpack::kFloat: return d.bits == 32 ? Dtype::kF32 : Dtype::kOther;
-    case dlpack::kBfloat: return d.bits == 16 ? Dtype::kBf16 : Dtype::kOther;
+    case dlpack::kFloat:
+      return d.bits == 32 ? Dtype::kF32 : Dtype::kOther;
+    case dlpack::kBfloat:
+      return d.bits == 16 ? Dtype::kBf16 : Dtype::kOther;
     case dlpack::kUInt:
       return d.bits == 16 ? Dtype::kU16 : d.bits == 8 ? Dtype::kU8 : Dtype::kOther;
     case dlpack::kInt:
       return d.bits == 32 ? Dtype::kI32 : d.bits == 64 ? Dtype::kI64 : Dtype::kOther;
-    default: return Dtype::kOther;
+    default:
+      return Dtype::kOther;
   }
 }
 
@@ -91,8 +102,8 @@ int64_t ArrayArg::numel() const {
 
 std::string ArrayArg::describe() const {
   const dlpack::DataType d = t().dtype;
-  static constexpr const char* kCodeNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex",
-                                               "bool"};
+  static constexpr const char* kCodeNames[] = {"int",    "uint",    "float", "opaque",
+                                               "bfloat", "complex", "bool"};
   std::string type = d.code < 7 ? fmt::format("{}{}", kCodeNames[d.code], d.bits)
                                 : fmt::format("dtype code {} ({} bits)", d.code, d.bits);
   if (d.lanes != 1) type += fmt::format("x{}", d.lanes);
@@ -148,8 +159,9 @@ int64_t ArrayArg::need_rows(int64_t width) const {
   int64_t expect = 1;
   for (int i = ndim() - 1; i >= 1; --i) {
     if (dim(i) != 1 && stride(i) != expect) {
-      value_error("needs packed rows: unit stride in the last dim, and every dim but the first "
-                  "packed over the ones after it (only the row stride may be larger)");
+      value_error(
+          "needs packed rows: unit stride in the last dim, and every dim but the first "
+          "packed over the ones after it (only the row stride may be larger)");
     }
     expect *= dim(i);
   }

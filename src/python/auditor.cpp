@@ -57,9 +57,10 @@ void PoolAuditor::mark_dirty(int64_t pos) {
 void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
                          int64_t step, uintptr_t stream) {
   if (slots.size() != owners.size()) {
-    throw pyb::value_error(fmt::format("argument 'owners' needs one owner per slot: {} slots, {} "
-                                       "owners",
-                                       slots.size(), owners.size()));
+    throw pyb::value_error(
+        fmt::format("argument 'owners' needs one owner per slot: {} slots, {} "
+                    "owners",
+                    slots.size(), owners.size()));
   }
   std::vector<int64_t> valid, valid_owner;
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -70,8 +71,8 @@ void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<in
           "argument 'slots': slot {} (row {}) is outside the pools' {} slots", s, i, capacity_));
     }
     if (owners[i] < 0) {
-      throw pyb::value_error(fmt::format("argument 'owners': owner {} (row {}) must be >= 0",
-                                         owners[i], i));
+      throw pyb::value_error(
+          fmt::format("argument 'owners': owner {} (row {}) must be >= 0", owners[i], i));
     }
     valid.push_back(s);
     valid_owner.push_back(owners[i]);
@@ -241,7 +242,8 @@ std::vector<Finding> PoolAuditor::verify_slots(const std::vector<int64_t>& slots
 
 std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, int64_t step,
                                                 uintptr_t stream) {
-  if (count < 0) throw pyb::value_error(fmt::format("argument 'sample' must be >= 0, got {}", count));
+  if (count < 0)
+    throw pyb::value_error(fmt::format("argument 'sample' must be >= 0, got {}", count));
   const int64_t n = int64_t(live_.size());
   if (count >= n) return verify_all(step, stream);
   std::mt19937_64 rng(seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull));

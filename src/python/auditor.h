@@ -34,7 +34,9 @@ class DeviceScratch {
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   DeviceScratch(DeviceScratch&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), place_(o.place_) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        place_(o.place_) {}
   DeviceScratch& operator=(DeviceScratch&&) = delete;
   ~DeviceScratch() { release(); }
   // Grows to at least n elements (contents are not kept).
@@ -109,7 +111,7 @@ class PoolAuditor {
 
   // Indexed by slot; owner_ < 0 means not watched.
   std::vector<int64_t> owner_, written_, pos_;
-  std::vector<int64_t> live_;  // watched slots, in no order
+  std::vector<int64_t> live_;            // watched slots, in no order
   int64_t dirty_lo_ = 0, dirty_hi_ = 0;  // live_ positions not yet mirrored on the device
   int64_t audited_ = 0;
 

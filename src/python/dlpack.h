@@ -35,7 +35,7 @@ struct DataType {
 };
 
 struct Tensor {
-  void* data;        // the allocation; the first element is at data + byte_offset
+  void* data;  // the allocation; the first element is at data + byte_offset
   Device device;
   int32_t ndim;
   DataType dtype;

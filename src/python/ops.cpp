@@ -20,8 +20,8 @@ namespace {
 void need_scalar_i32(const ArrayArg& a, const ArrayArg& pool) {
   a.need_dtype({Dtype::kI32}, "(a one-element device scalar)");
   if (a.numel() != 1) {
-    throw pyb::value_error(fmt::format("argument '{}' must hold exactly one int32; got {}",
-                                       a.name(), a.describe()));
+    throw pyb::value_error(
+        fmt::format("argument '{}' must hold exactly one int32; got {}", a.name(), a.describe()));
   }
   a.need_place(pool.place(), pool);
 }
@@ -44,9 +44,9 @@ int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const Arra
   a.need_place(ref.place(), ref);
   const int64_t ld = a.need_rows(width);
   if (a.ndim() == 1 || a.dim(0) < rows) {
-    throw pyb::value_error(fmt::format(
-        "argument '{}' needs at least {} rows (one per slot-map row); got {}", a.name(), rows,
-        a.describe()));
+    throw pyb::value_error(
+        fmt::format("argument '{}' needs at least {} rows (one per slot-map row); got {}", a.name(),
+                    rows, a.describe()));
   }
   return ld;
 }
@@ -66,8 +66,8 @@ SlotBatch slot_batch(const ArrayArg& slots, const ArrayArg& n_real, const ArrayA
 StoreGuard parse_guard(const std::string& guard, KvDtype layout) {
   if (guard == "contract") return StoreGuard::kEnforced;
   if (guard != "incident") {
-    throw pyb::value_error(fmt::format(
-        "argument 'guard' must be \"contract\" or \"incident\", got \"{}\"", guard));
+    throw pyb::value_error(
+        fmt::format("argument 'guard' must be \"contract\" or \"incident\", got \"{}\"", guard));
   }
   if (layout != KvDtype::kBf16) {
     throw pyb::value_error(
@@ -149,8 +149,8 @@ void indexer_logits(pyb::handle q_obj, pyb::handle w_obj, pyb::handle page_table
     }
   }
   if (rows != p.rows) {
-    throw pyb::value_error(fmt::format("argument 'seq_lens' needs {} rows like 'q'; got {}",
-                                       p.rows, seq_lens.describe()));
+    throw pyb::value_error(fmt::format("argument 'seq_lens' needs {} rows like 'q'; got {}", p.rows,
+                                       seq_lens.describe()));
   }
   p.q = q.as<float>();
   p.w = w.as<float>();

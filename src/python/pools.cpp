@@ -36,8 +36,8 @@ PoolView pool_view(const ArrayArg& pool, PoolKind kind, KvDtype dtype, bool ue8m
   } else {
     pool.need_dtype({Dtype::kU8}, "for an fp8 pool (its pages mix e4m3 bytes and float32 scales)");
   }
-  const int64_t page_bytes = kind == PoolKind::kIndexK ? index_k_page_bytes(dtype)
-                                                        : latent_page_bytes(dtype);
+  const int64_t page_bytes =
+      kind == PoolKind::kIndexK ? index_k_page_bytes(dtype) : latent_page_bytes(dtype);
   int64_t pages = 0;
   if (kind == PoolKind::kIndexK && dtype == KvDtype::kFp8) {
     pool.need_ndim({2});

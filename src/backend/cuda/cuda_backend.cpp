@@ -39,8 +39,7 @@ void check_cublas(cublasStatus_t status, const char* statement, int device,
                   std::source_location loc = std::source_location::current()) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw_error(ErrorCode::kBackend,
-              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device,
-                          int(status)),
+              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device, int(status)),
               loc);
 }
 
@@ -52,7 +51,9 @@ class CudaGraph final : public Graph {
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
   }
-  void replay() override { check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_); }
+  void replay() override {
+    check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_);
+  }
 
  private:
   cudaGraph_t graph_;
@@ -96,24 +97,27 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
     if (err != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
-      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes,
-           label(), cudaGetErrorString(err));
+      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label(),
+           cudaGetErrorString(err));
     }
     return p;
   }
   void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
   void copy_to_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
   }
   void copy_to_host(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
     synchronize();
   }
   void copy_on_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
   }
   void fill(void* dst, uint8_t byte, size_t n) override {
     if (n) check(cudaMemsetAsync(dst, byte, n, stream_), "cudaMemsetAsync(dst, byte, n, stream_)");
@@ -137,7 +141,8 @@ class CudaBackend final : public Backend {
       cudaStreamEndCapture(stream_, &graph);  // ends the capture; the partial graph is dropped
       if (graph) cudaGraphDestroy(graph);
       cudaGetLastError();
-      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label(), e.what());
+      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label(),
+           e.what());
     }
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (end != cudaSuccess) {
@@ -202,9 +207,9 @@ class CudaBackend final : public Backend {
   }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;
-    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x, size_t(p.ld_x) * sizeof(float),
-                            size_t(p.dim) * sizeof(float), size_t(p.rows), cudaMemcpyDeviceToDevice,
-                            stream_),
+    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x,
+                            size_t(p.ld_x) * sizeof(float), size_t(p.dim) * sizeof(float),
+                            size_t(p.rows), cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpy2DAsync(copy_rows)");
   }
 
@@ -306,17 +311,17 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulDescCreate", dev);
     const cublasOperation_t op_w = p.layout == WeightLayout::kNK ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_x = CUBLAS_OP_N;
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w,
-                                                sizeof(op_w)),
-                 "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x,
-                                                sizeof(op_x)),
-                 "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)),
+        "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)),
+        "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
     // w as stored, column-major: kNK is [k, n] (transposed by op_w), kKN is [n, k].
     const bool nk = p.layout == WeightLayout::kNK;
-    check_cublas(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k,
-                                            p.ld_w),
-                 "cublasLtMatrixLayoutCreate(w)", dev);
+    check_cublas(
+        cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k, p.ld_w),
+        "cublasLtMatrixLayoutCreate(w)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, p.k),
                  "cublasLtMatrixLayoutCreate(x)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
@@ -326,8 +331,8 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
       const int64_t strides[3] = {p.batch_stride_w, xk, p.batch_stride_y};
       cublasLtMatrixLayout_t layouts[3] = {a, b, d};
       for (int i = 0; i < 3; ++i) {
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                      &count, sizeof(count)),
+        check_cublas(cublasLtMatrixLayoutSetAttribute(
+                         layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                      "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", dev);
         check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i],
                                                       CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
@@ -342,9 +347,9 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", dev);
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic,
-                                                &found),
-                 "cublasLtMatmulAlgoGetHeuristic", dev);
+    check_cublas(
+        cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic, &found),
+        "cublasLtMatmulAlgoGetHeuristic", dev);
     require(found > 0, ErrorCode::kBackend,
             "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label(), p.m, p.n,
             p.k, p.batch);
