@@ -127,7 +127,7 @@ def test_kernels_match_cpu():
     gpu = torch.zeros(4, 448, device=DEV)
     dsa.indexer_logits(q, w, table, seq, pool, cpu)
     dsa.indexer_logits(q.to(DEV), w.to(DEV), table.to(DEV), seq.to(DEV), pool.to(DEV), gpu)
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-3, atol=1e-2)
     pos_cpu = torch.zeros(4, 16, dtype=torch.int32)
     pos_gpu = torch.zeros(4, 16, dtype=torch.int32, device=DEV)
     dsa.topk(cpu, seq, 16, pos_cpu)
