@@ -7,7 +7,7 @@
 //   mkdir -p /tmp/hf && (cd /tmp/hf && npm install tokenizers@0.23.2)
 //   NODE_PATH=/tmp/hf/node_modules node scripts/make_tokenizer_goldens.js \
 //       ../shared/data/deepseek-v3-tokenizer/tokenizer.json
-// (scripts/make_tokenizer_goldens.py does the same with Python `tokenizers`, as a cross-check.)
+// scripts/check_tokenizer_goldens.py re-encodes the committed goldens with Python `tokenizers`.
 'use strict';
 const fs = require('fs');
 const path = require('path');

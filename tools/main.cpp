@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   dsa::tools::register_serve(app, run);
   dsa::tools::register_bench_serve(app, run);
   dsa::tools::register_bench_engine(app, run);
+  dsa::tools::register_tokenize(app, run);
+  dsa::tools::register_detokenize(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

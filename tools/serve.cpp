@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
-#include <filesystem>
 #include <thread>
 
 #include "common.h"
@@ -22,26 +21,6 @@ struct ServeOpts {
   int max_running = 0;
 };
 
-// The tokenizer: --tokenizer (a directory or a tokenizer.json), else the checkpoint's own, else the
-// preset's built-in one.
-std::shared_ptr<const text::Tokenizer> load_tokenizer(const ServeOpts& o) {
-  namespace fs = std::filesystem;
-  if (!o.tokenizer.empty()) {
-    const fs::path p(o.tokenizer);
-    return std::make_shared<const text::Tokenizer>(
-        fs::is_directory(p) ? text::Tokenizer::from_dir(p) : text::Tokenizer::from_file(p));
-  }
-  if (!o.model.checkpoint.empty()) {
-    return std::make_shared<const text::Tokenizer>(text::Tokenizer::from_dir(o.model.checkpoint));
-  }
-  const std::string name = o.model.preset == "tiny-moe" ? "tiny" : o.model.preset;
-  const auto files = text::builtin_tokenizer(name);
-  require(files.has_value(), ErrorCode::kInvalidArgument,
-          "preset '{}' has no built-in tokenizer: give --tokenizer DIR", o.model.preset);
-  return std::make_shared<const text::Tokenizer>(
-      text::Tokenizer::from_json(files->tokenizer_json, files->tokenizer_config_json, name));
-}
-
 int run_serve(ServeOpts& o) {
   require(o.mode == "eager" || o.mode == "graph", ErrorCode::kInvalidArgument,
           "--mode must be eager or graph, got '{}'", o.mode);
@@ -59,10 +38,10 @@ int run_serve(ServeOpts& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto tokenizer = load_tokenizer(o);  // read before listening: a bad file is a usage error
-  // A preset's synthetic model takes the tokenizer's vocabulary when its own is smaller (the tiny
-  // presets are byte-level, 256 ids; their tokenizer has 1024).
-  if (o.model.checkpoint.empty()) o.model.vocab_size = tokenizer->vocab_size();
+  // The tokenizer: --tokenizer FILE, else the checkpoint's, else the preset's built-in one. Read
+  // before listening: a missing or bad file is a usage error.
+  auto tokenizer = std::make_shared<const text::Tokenizer>(
+      load_tokenizer(TokenizerSource{o.model.checkpoint, o.tokenizer, o.model.preset}));
   server::ModelLoader loader = [o, faults, tokenizer] {
     ModelStack stack = build_model_stack(o.model);
     server::LoadedModel m;
@@ -131,8 +110,7 @@ void register_serve(CLI::App& app, Runner& run) {
   cmd->add_option("--served-model-name", o->server.served_model_name, "the model id clients use")
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "tokenizer directory or tokenizer.json (default: the checkpoint's, or the "
-                  "preset's built-in one)");
+                  "a tokenizer.json (default: the checkpoint's, or the preset's built-in one)");
   cmd->add_option("--inject", o->inject,
                   "faults: stale-padding,unguarded-store or incident (needs "
                   "--allow-fault-injection)");

@@ -1,7 +1,7 @@
 // The tools preambles are part of the prompt format: the model was trained on these exact bytes.
-#include "chat_format.h"
+#include "text/chat_format.h"
 
-#include "py_json.h"
+#include "text/py_json.h"
 
 namespace dsa::text {
 namespace {

@@ -30,8 +30,7 @@ struct ChatFormatSpec {
 const ChatFormatSpec& chat_format_spec(ChatFormat format);
 
 // The tools preamble with the given function objects, as the encoder of `format` writes it.
-std::string render_tools_block(const std::vector<nlohmann::ordered_json>& tools,
-                               ChatFormat format);
+std::string render_tools_block(const std::vector<nlohmann::ordered_json>& tools, ChatFormat format);
 
 // The text after "<｜Assistant｜>" that opens (thinking) or skips (chat) the reasoning.
 inline std::string_view think_token(bool open) { return open ? kThinkOpen : kThinkClose; }

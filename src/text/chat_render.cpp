@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "chat_format.h"
 #include "dsa/error.h"
 #include "dsa/text/chat.h"
-#include "py_json.h"
+#include "text/chat_format.h"
+#include "text/py_json.h"
 
 namespace dsa::text {
 namespace {
@@ -60,8 +60,10 @@ std::string render_parameters(const ChatToolCall& call, ChatFormat format, size_
     const bool is_string = value.is_string();
     out += fmt::format("<{}parameter name=\"{}\" string=\"{}\">", kDsml, key,
                        is_string ? "true" : "false");
-    if (is_string) out += value.get_ref<const std::string&>();
-    else append_py_json(out, value);
+    if (is_string)
+      out += value.get_ref<const std::string&>();
+    else
+      append_py_json(out, value);
     out += fmt::format("</{}parameter>", kDsml);
   }
   return out;
@@ -114,7 +116,9 @@ std::string render_v32(const ChatRequest& req) {
     const ChatMessage& m = *msgs[i];
     const bool opens_thinking = req.thinking && int(i) == last_user;
     switch (m.role) {
-      case Role::kSystem: out += system_text(m, ChatFormat::kV32); break;
+      case Role::kSystem:
+        out += system_text(m, ChatFormat::kV32);
+        break;
       case Role::kDeveloper: {
         out += kUserToken;
         if (!m.tools.empty()) out += "\n\n" + render_tools_block(m.tools, ChatFormat::kV32);
@@ -170,7 +174,8 @@ std::string render_v32(const ChatRequest& req) {
         out += kEos;
         break;
       }
-      case Role::kLatestReminder: break;  // refused above
+      case Role::kLatestReminder:
+        break;  // refused above
     }
   }
   return out;
@@ -286,7 +291,7 @@ std::string render_v4(const ChatRequest& req) {
         kept.push_back(std::move(v));
       } else if (v.role == Role::kAssistant) {
         kept.push_back(std::move(v));  // its reasoning is not rendered (i < last user turn)
-      }  // developer turns before the last user turn are dropped
+      }                                // developer turns before the last user turn are dropped
     }
     msgs = std::move(kept);
   }
@@ -298,11 +303,14 @@ std::string render_v4(const ChatRequest& req) {
       out += kReasoningEffortMax;
     }
     switch (v.role) {
-      case Role::kSystem: out += system_text(*v.msg, ChatFormat::kV4); break;
+      case Role::kSystem:
+        out += system_text(*v.msg, ChatFormat::kV4);
+        break;
       case Role::kDeveloper:
         out += kUserToken;
         out += *v.msg->content;
-        if (!v.msg->tools.empty()) out += "\n\n" + render_tools_block(v.msg->tools, ChatFormat::kV4);
+        if (!v.msg->tools.empty())
+          out += "\n\n" + render_tools_block(v.msg->tools, ChatFormat::kV4);
         if (v.msg->response_format) out += "\n\n" + response_format_block(*v.msg->response_format);
         break;
       case Role::kUser:
@@ -328,7 +336,8 @@ std::string render_v4(const ChatRequest& req) {
         if (!m.wo_eos) out += kEos;
         break;
       }
-      case Role::kTool: break;  // merged into user turns above
+      case Role::kTool:
+        break;  // merged into user turns above
     }
     // What follows decides the transition: only before an assistant turn (or at the end).
     if (i + 1 < msgs.size() && msgs[i + 1].role != Role::kAssistant &&

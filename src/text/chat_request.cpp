@@ -141,7 +141,8 @@ ChatMessage parse_message(const Json& msg, const std::string& where) {
       require(m.content.has_value() && !m.content->empty(), ErrorCode::kInvalidArgument,
               "{}.content must be a non-empty string for role '{}'", where, role_name(m.role));
       break;
-    default: break;
+    default:
+      break;
   }
   if (m.role == Role::kTool) {
     if (auto id = optional_string(msg, "tool_call_id", where)) m.tool_call_id = *id;
@@ -169,7 +170,7 @@ ChatMessage parse_message(const Json& msg, const std::string& where) {
           "{}.{} is only allowed on assistant messages", where, kRawCompletionKey);
   m.task = optional_string(msg, "task", where);
   if (m.task) {
-    static constexpr std::string_view kTasks[] = {"action", "query",  "authority",
+    static constexpr std::string_view kTasks[] = {"action", "query", "authority",
                                                   "domain", "title", "read_url"};
     require(std::find(std::begin(kTasks), std::end(kTasks), *m.task) != std::end(kTasks),
             ErrorCode::kInvalidArgument,
@@ -193,8 +194,7 @@ bool parse_thinking_value(const Json& v, const std::string& where) {
     if (t == "disabled") return false;
   }
   fail(ErrorCode::kInvalidArgument,
-       "{} must be true, false or {{\"type\": \"enabled\"|\"disabled\"}}, got {}", where,
-       v.dump());
+       "{} must be true, false or {{\"type\": \"enabled\"|\"disabled\"}}, got {}", where, v.dump());
 }
 
 }  // namespace
@@ -234,7 +234,8 @@ ChatRequest parse_chat_request(const Json& body) {
             "chat_template_kwargs must be an object, got {}", type_name(*it));
     for (const char* key : {"thinking", "enable_thinking"}) {
       if (it->contains(key)) {
-        req.thinking = parse_thinking_value((*it)[key], fmt::format("chat_template_kwargs.{}", key));
+        req.thinking =
+            parse_thinking_value((*it)[key], fmt::format("chat_template_kwargs.{}", key));
       }
     }
     if (it->contains("drop_thinking")) {
@@ -284,12 +285,18 @@ std::string_view chat_format_name(ChatFormat format) {
 
 std::string_view role_name(Role role) {
   switch (role) {
-    case Role::kSystem: return "system";
-    case Role::kDeveloper: return "developer";
-    case Role::kUser: return "user";
-    case Role::kAssistant: return "assistant";
-    case Role::kTool: return "tool";
-    case Role::kLatestReminder: return "latest_reminder";
+    case Role::kSystem:
+      return "system";
+    case Role::kDeveloper:
+      return "developer";
+    case Role::kUser:
+      return "user";
+    case Role::kAssistant:
+      return "assistant";
+    case Role::kTool:
+      return "tool";
+    case Role::kLatestReminder:
+      return "latest_reminder";
   }
   return "?";
 }

@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "chat_format.h"
 #include "dsa/text/chat.h"
 #include "dsa/text/tool_calls.h"
-#include "py_json.h"
+#include "text/chat_format.h"
+#include "text/py_json.h"
 
 namespace dsa::text {
 namespace {
@@ -71,16 +71,16 @@ struct ToolCallParser::Impl {
   bool raw_on_ = false;  // text after the reasoning is being copied to res.raw
 
   // The envelope or invoke being read.
-  bool wrapped_ = false;          // inside <｜DSML｜..._calls>
-  std::string wrap_close_;        // its closing tag
-  int block_calls_ = 0;           // calls begun in this envelope
-  bool call_open_ = false;        // a call has begun and not ended
-  bool args_open_ = false;        // its "{" has been emitted
+  bool wrapped_ = false;    // inside <｜DSML｜..._calls>
+  std::string wrap_close_;  // its closing tag
+  int block_calls_ = 0;     // calls begun in this envelope
+  bool call_open_ = false;  // a call has begun and not ended
+  bool args_open_ = false;  // its "{" has been emitted
   std::unordered_set<std::string> param_names_;
-  size_t param_start_ = 0;        // the '<' of the parameter being read
+  size_t param_start_ = 0;  // the '<' of the parameter being read
   std::string param_name_;
   bool param_is_string_ = false;
-  size_t value_start_ = 0;        // first byte of a string="false" value
+  size_t value_start_ = 0;  // first byte of a string="false" value
 
   // A trailing part of a UTF-8 character, held until its remaining bytes come.
   ChatDelta carry_;
@@ -135,10 +135,17 @@ struct ToolCallParser::Impl {
       out.push_back(std::move(d));
     }
     switch (kind) {
-      case ChatDelta::Kind::kReasoning: res.reasoning_content += text; break;
-      case ChatDelta::Kind::kContent: res.content += text; break;
-      case ChatDelta::Kind::kToolCallArguments: res.tool_calls.back().arguments += text; break;
-      case ChatDelta::Kind::kToolCallStart: break;
+      case ChatDelta::Kind::kReasoning:
+        res.reasoning_content += text;
+        break;
+      case ChatDelta::Kind::kContent:
+        res.content += text;
+        break;
+      case ChatDelta::Kind::kToolCallArguments:
+        res.tool_calls.back().arguments += text;
+        break;
+      case ChatDelta::Kind::kToolCallStart:
+        break;
     }
   }
   void flush_carry() {
@@ -492,14 +499,22 @@ struct ToolCallParser::Impl {
 
   bool step() {
     switch (state_) {
-      case State::kReasoning: return step_reasoning();
-      case State::kContent: return step_content();
-      case State::kBlock: return step_block();
-      case State::kInvokeHead: return step_invoke_head();
-      case State::kInvokeBody: return step_invoke_body();
-      case State::kParamHead: return step_param_head();
-      case State::kStringValue: return step_string_value();
-      case State::kJsonValue: return step_json_value();
+      case State::kReasoning:
+        return step_reasoning();
+      case State::kContent:
+        return step_content();
+      case State::kBlock:
+        return step_block();
+      case State::kInvokeHead:
+        return step_invoke_head();
+      case State::kInvokeBody:
+        return step_invoke_body();
+      case State::kParamHead:
+        return step_param_head();
+      case State::kStringValue:
+        return step_string_value();
+      case State::kJsonValue:
+        return step_json_value();
     }
     return false;
   }
@@ -522,8 +537,10 @@ struct ToolCallParser::Impl {
     // in kReasoning or kContent with everything emitted.
     while (step()) {
     }
-    if (eof_) flush_carry();
-    else hold_partial_character();
+    if (eof_)
+      flush_carry();
+    else
+      hold_partial_character();
     compact();
     return std::exchange(out, {});
   }
@@ -583,16 +600,18 @@ nlohmann::ordered_json ParsedCompletion::assistant_message() const {
 nlohmann::ordered_json ChatDelta::openai() const {
   using J = nlohmann::ordered_json;
   switch (kind) {
-    case Kind::kReasoning: return J{{"reasoning_content", text}};
-    case Kind::kContent: return J{{"content", text}};
+    case Kind::kReasoning:
+      return J{{"reasoning_content", text}};
+    case Kind::kContent:
+      return J{{"content", text}};
     case Kind::kToolCallStart:
       return J{{"tool_calls", J::array({J{{"index", index},
                                           {"id", id},
                                           {"type", "function"},
                                           {"function", {{"name", name}, {"arguments", ""}}}}})}};
     case Kind::kToolCallArguments:
-      return J{{"tool_calls",
-                J::array({J{{"index", index}, {"function", {{"arguments", text}}}}})}};
+      return J{
+          {"tool_calls", J::array({J{{"index", index}, {"function", {{"arguments", text}}}}})}};
   }
   return J::object();
 }

@@ -1,4 +1,4 @@
-#include "py_json.h"
+#include "text/py_json.h"
 
 #include <charconv>
 #include <cmath>
@@ -10,13 +10,27 @@ void append_py_json_escaped(std::string& out, std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   for (const char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += "\\u00";
@@ -41,8 +55,10 @@ std::string py_float_repr(double v) {
   const int exp10 = std::atoi(std::string(sci.substr(e_pos + 1)).c_str());
   std::string sign, digits;
   for (const char c : sci.substr(0, e_pos)) {
-    if (c == '-') sign = "-";
-    else if (c != '.') digits += c;
+    if (c == '-')
+      sign = "-";
+    else if (c != '.')
+      digits += c;
   }
   std::string out = sign;
   if (exp10 >= -4 && exp10 < 16) {
@@ -68,11 +84,21 @@ std::string py_float_repr(double v) {
 void append_py_json(std::string& out, const nlohmann::ordered_json& value) {
   using V = nlohmann::ordered_json::value_t;
   switch (value.type()) {
-    case V::null: out += "null"; break;
-    case V::boolean: out += value.get<bool>() ? "true" : "false"; break;
-    case V::number_integer: out += std::to_string(value.get<int64_t>()); break;
-    case V::number_unsigned: out += std::to_string(value.get<uint64_t>()); break;
-    case V::number_float: out += py_float_repr(value.get<double>()); break;
+    case V::null:
+      out += "null";
+      break;
+    case V::boolean:
+      out += value.get<bool>() ? "true" : "false";
+      break;
+    case V::number_integer:
+      out += std::to_string(value.get<int64_t>());
+      break;
+    case V::number_unsigned:
+      out += std::to_string(value.get<uint64_t>());
+      break;
+    case V::number_float:
+      out += py_float_repr(value.get<double>());
+      break;
     case V::string:
       out += '"';
       append_py_json_escaped(out, value.get_ref<const std::string&>());
@@ -104,7 +130,9 @@ void append_py_json(std::string& out, const nlohmann::ordered_json& value) {
       break;
     }
     case V::binary:
-    case V::discarded: out += "null"; break;
+    case V::discarded:
+      out += "null";
+      break;
   }
 }
 

@@ -62,7 +62,7 @@ struct ParsedCompletion {
   int malformed_calls = 0;  // calls that began but did not complete
   int rejected_blocks = 0;  // DSML envelopes or invokes returned to content before a call began
   bool thinking_closed = false;  // "</think>" was seen (thinking mode)
-  std::string raw;  // the generated text after the reasoning (see kRawCompletionKey)
+  std::string raw;               // the generated text after the reasoning (see kRawCompletionKey)
 
   // "tool_calls" when the message carries calls, "stop" otherwise (the caller reports "length"
   // when generation hit its limit).
@@ -75,8 +75,8 @@ struct ParsedCompletion {
 struct ChatDelta {
   enum class Kind { kReasoning, kContent, kToolCallStart, kToolCallArguments };
   Kind kind = Kind::kContent;
-  std::string text;  // reasoning/content text or an arguments fragment
-  int index = -1;    // tool-call index
+  std::string text;      // reasoning/content text or an arguments fragment
+  int index = -1;        // tool-call index
   std::string id, name;  // kToolCallStart
 
   // The OpenAI chat.completion.chunk "delta" object for this piece.
