@@ -236,6 +236,7 @@ bool Engine::step() {
   const double waited = stats_.device_wait_seconds;
   ++stats_.steps;
   progress_ = false;
+  new_tokens_.clear();
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
   const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
@@ -333,7 +334,10 @@ bool Engine::decode_step() {
   const StepResult result = runner_->step(rows, StepOutputs().with_sampling(sampling));
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
-  if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
+  if (result.bucket > 0) {
+    stats_.padded_rows += result.bucket - int64_t(rows.size());
+    ++stats_.graph_replays[result.bucket];
+  }
   for (Request* r : batch) ++r->n_cached;
   after_runner_step(batch, rows, result);
   for (size_t i = 0; i < batch.size(); ++i) sample_next(*batch[i], result.tokens[i]);
@@ -346,6 +350,7 @@ RowSampling Engine::sampling_of(const Request& r) const {
 
 void Engine::sample_next(Request& r, int32_t token) {
   r.seq.push_back(token);
+  new_tokens_.push_back({r.id, token});
   ++stats_.generated_tokens;
   if (r.params.stop_token >= 0 && token == r.params.stop_token) {
     finish(r, FinishReason::kStop);

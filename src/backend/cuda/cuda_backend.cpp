@@ -100,20 +100,27 @@ class CudaBackend final : public Backend {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
-    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
-    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
-          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+    owns_stream_ = true;
+    create_cublas();
+  }
+  // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
+  // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
+  // the thread's current device is given back as it was found.
+  CudaBackend(int device, cudaStream_t caller_stream) : device_(device), stream_(caller_stream) {
+    check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
+    if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }
   ~CudaBackend() override {
-    cudaStreamSynchronize(stream_);
+    if (owns_stream_) cudaStreamSynchronize(stream_);
     if (gemm_scratch_) cudaFree(gemm_scratch_);
-    cudaFree(cublas_workspace_);
-    cublasLtDestroy(cublas_);
-    cudaStreamDestroy(stream_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    if (cublas_) cublasLtDestroy(cublas_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
+    if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
-  std::string describe() const override { return label_; }
+  std::string describe() const override { return label(); }
   cudaStream_t stream() const { return stream_; }
 
   // ---- memory ----
@@ -122,7 +129,7 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
     if (err != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
-      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label_,
+      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label(),
            cudaGetErrorString(err));
     }
     return p;
@@ -134,7 +141,7 @@ class CudaBackend final : public Backend {
     if (err != cudaSuccess) {
       cudaGetLastError();
       fail(ErrorCode::kResourceExhausted, "cudaHostAlloc of {} pinned bytes failed on {}: {}",
-           bytes, label_, cudaGetErrorString(err));
+           bytes, label(), cudaGetErrorString(err));
     }
     return p;
   }
@@ -161,7 +168,7 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     const cudaError_t err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess) {
-      fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label_,
+      fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label(),
            cudaGetErrorString(err), cudaGetErrorName(err));
     }
   }
@@ -181,7 +188,8 @@ class CudaBackend final : public Backend {
       cudaStreamEndCapture(stream_, &graph);  // ends the capture; the partial graph is dropped
       if (graph) cudaGraphDestroy(graph);
       cudaGetLastError();
-      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label_, e.what());
+      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label(),
+           e.what());
     }
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (end != cudaSuccess) {
@@ -190,7 +198,7 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kBackend,
            "graph capture on {} was invalidated: {} ({}); a step must only enqueue work on the "
            "backend's stream and must not synchronize or allocate",
-           label_, cudaGetErrorString(end), cudaGetErrorName(end));
+           label(), cudaGetErrorString(end), cudaGetErrorName(end));
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -268,12 +276,12 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
     if (err == cudaErrorNotSupported) {
       throw_error(ErrorCode::kBackend,
-                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label_), loc);
+                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label()), loc);
     }
     throw_error(ErrorCode::kBackend,
                 fmt::format("dsa::cuda::{} launch failed on {}: {} ({}); invalid value means bad "
                             "params (shape, stride, null or misaligned pointer)",
-                            op, label_, cudaGetErrorString(err), cudaGetErrorName(err)),
+                            op, label(), cudaGetErrorString(err), cudaGetErrorName(err)),
                 loc);
   }
 
@@ -290,7 +298,7 @@ class CudaBackend final : public Backend {
     require(!capturing(), ErrorCode::kInternal,
             "gemm (fast mode) on {} needs a {}-element bf16 scratch during graph capture but has "
             "{}; run the step once eagerly before capturing it",
-            label_, elems, gemm_scratch_elems_);
+            label(), elems, gemm_scratch_elems_);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
     if (gemm_scratch_) check(cudaFree(gemm_scratch_), "cudaFree(gemm_scratch_)");
     gemm_scratch_ = nullptr;
@@ -303,9 +311,22 @@ class CudaBackend final : public Backend {
 
   void gemm_cublaslt(const GemmParams& p);
 
+  void create_cublas() {
+    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
+    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
+          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+  }
+  // The device's name, asked for only when a message or a report needs it.
+  const std::string& label() const {
+    if (label_.empty()) label_ = device_label(device_);
+    return label_;
+  }
+
   int device_;
-  std::string label_;
+  mutable std::string label_;
   cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
   cublasLtHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   Bf16* gemm_scratch_ = nullptr;
@@ -320,6 +341,7 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
           "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
   if (p.m == 0 || p.batch == 0) return;
   const int64_t xk = int64_t(p.m) * p.k;
+  if (!cublas_) create_cublas();
   // x as bf16: the producer's copy when it wrote one, else a conversion into the scratch.
   const bool given = p.x_bf16 != nullptr && p.batch == 1;
   require(!given || p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument,
@@ -389,7 +411,7 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
         cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic, &found),
         "cublasLtMatmulAlgoGetHeuristic", dev);
     require(found > 0, ErrorCode::kBackend,
-            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label_, p.m, p.n,
+            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label(), p.m, p.n,
             p.k, p.batch);
     const float alpha = p.alpha;
     const float beta = p.output == GemmOutput::kAccumulate ? 1.0f : 0.0f;
@@ -422,7 +444,8 @@ bool cuda_available() {
   return count > 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+namespace {
+void require_device(int device) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -432,7 +455,17 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   }
   require(device >= 0 && device < count, ErrorCode::kBackend,
           "CUDA device {} does not exist: {} device(s) present", device, count);
+}
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  require_device(device);
   return std::make_unique<CudaBackend>(device);
+}
+
+std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream) {
+  require_device(device);
+  return std::make_unique<CudaBackend>(device, reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace dsa
