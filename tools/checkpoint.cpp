@@ -1,9 +1,10 @@
 // dsa write-checkpoint: writes a preset's synthetic weights as a Hugging Face style checkpoint
 // (config.json + safetensors, sharded with an index), which --checkpoint DIR loads back.
+#include "dsa/checkpoint.h"
+
 #include <fmt/format.h>
 
 #include "common.h"
-#include "dsa/checkpoint.h"
 #include "dsa/config.h"
 
 namespace dsa::tools {
@@ -12,7 +13,7 @@ void register_write_checkpoint(CLI::App& app, Runner& run) {
   struct Opts {
     std::string preset = "tiny", out;
     int shards = 1;
-    bool fp8 = false;
+    bool fp8 = false, force = false;
     uint64_t seed = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -20,20 +21,28 @@ void register_write_checkpoint(CLI::App& app, Runner& run) {
       "write-checkpoint", "write a preset's synthetic weights as config.json + safetensors");
   cmd->add_option("--preset", o->preset, "model preset: tiny | tiny-moe | v32")
       ->capture_default_str();
-  cmd->add_option("--out", o->out, "checkpoint directory to write (created)")->required();
-  cmd->add_option("--shards", o->shards, "safetensors files (more than 1 adds the index)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--out", o->out,
+                  "checkpoint directory to write: written beside it, then renamed into place")
+      ->required()
+      ->check(non_empty("a directory name"));
+  add_int_option(cmd, "--shards", o->shards, 1, 1000,
+                 "safetensors files (more than 1 adds the index)");
   cmd->add_flag("--fp8", o->fp8, "store 2-D projections as F8_E4M3 with 128x128 block scales");
-  cmd->add_option("--seed", o->seed, "synthetic weight seed")->capture_default_str();
+  cmd->add_flag("--force", o->force,
+                "replace a non-empty --out directory as a whole (none of its files survive)");
+  add_seed_option(cmd, "--seed", o->seed, "synthetic weight seed");
   cmd->callback([&run, o] {
     run = [o] {
       const ModelConfig config = preset_config(o->preset);
       auto backend = make_cpu_backend();
       const Weights weights = Weights::synthetic(*backend, config, o->seed);
-      write_checkpoint(*backend, config, weights, o->out, {o->shards, o->fp8});
-      fmt::print("wrote checkpoint {}: preset {}, {} tensors, {} shard(s){}\n", o->out,
-                 o->preset, weights.tensors().size(), o->shards, o->fp8 ? ", fp8" : "");
+      CheckpointWriteOptions wo;
+      wo.shards = o->shards;
+      wo.fp8 = o->fp8;
+      wo.existing = o->force ? ExistingCheckpoint::kReplace : ExistingCheckpoint::kRefuse;
+      write_checkpoint(*backend, config, weights, o->out, wo);
+      fmt::print("wrote checkpoint {}: preset {}, {} tensors, {} shard(s){}\n", o->out, o->preset,
+                 weights.tensors().size(), o->shards, o->fp8 ? ", fp8" : "");
       return 0;
     };
   });

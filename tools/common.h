@@ -2,7 +2,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -12,6 +14,27 @@
 
 namespace dsa::tools {
 
+// ---- validated command-line numbers ----
+// Every numeric option takes a plain decimal integer within its range and nothing else: "-1" for
+// a count, "18446744073709551616", "", "1e3", "0x10" and " 5" are refused (exit 2) with a message
+// naming the option, the value and the range, before CLI11 converts anything.
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator unsigned_integer();  // [0, 2^64 - 1], for seeds: a negative seed is refused
+CLI::Validator non_empty(const char* what);
+
+template <typename T>
+CLI::Option* add_int_option(CLI::App* app, const std::string& name, T& value, int64_t lo,
+                            int64_t hi, const std::string& help) {
+  return app->add_option(name, value, help)->check(integer_in(lo, hi))->capture_default_str();
+}
+CLI::Option* add_seed_option(CLI::App* app, const std::string& name, uint64_t& value,
+                             const std::string& help);
+
+// Most rows one step may carry, and the longest context a command may ask for.
+inline constexpr int kMaxRowsLimit = 4096;
+inline constexpr int kMaxContextLimit = 1 << 20;
+inline constexpr int64_t kMaxPagesLimit = int64_t(1) << 30;  // page ids are int32
+
 struct ModelOptions {
   std::string preset = "tiny";
   std::string backend = "cpu";
@@ -20,13 +43,29 @@ struct ModelOptions {
   bool ue8m0 = false;
   uint64_t seed = 0;
   int max_rows = 64;
-  int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
-  int64_t pages = 0;    // 0: enough for max_rows full contexts
+  int max_context = 0;     // 0: the preset's max_position_embeddings (capped at 4096)
+  int64_t pages = 0;       // 0: enough for max_rows full contexts
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
 };
+// --preset, --checkpoint, --backend, --index-k, --latent, --ue8m0, --weights-seed.
+void add_model_source_options(CLI::App* app, ModelOptions& o);
+// --max-rows, --max-context, --pages.
+void add_capacity_options(CLI::App* app, ModelOptions& o);
+// Both.
 void add_model_options(CLI::App* app, ModelOptions& o);
 
 KvDtype parse_kv_dtype(const std::string& name, const char* flag);
+
+// The config a command will run: the checkpoint's (only config.json is read) or the preset's.
+ModelConfig resolve_config(const ModelOptions& o);
+// The context a command runs with: --max-context, or the config's capped at 4096; refused past
+// max_position_embeddings.
+int resolve_context(const ModelOptions& o, const ModelConfig& config);
+
+// Refuses (exit 2) a configuration whose estimate exceeds the backend's memory, naming the need,
+// the options and fields that drive it, and the limit. Call before allocating anything.
+void check_memory(const Backend& backend, const ModelConfig& config, int64_t max_rows,
+                  int64_t max_context, const CacheConfig& cache);
 
 // A model with synthetic weights and its cache, on one backend.
 struct ModelStack {
@@ -36,11 +75,22 @@ struct ModelStack {
 };
 ModelStack build_model_stack(const ModelOptions& o);
 
+// A prompt file: a regular file of at most kPromptBytesPerToken bytes per token of the context.
+inline constexpr int64_t kPromptBytesPerToken = 16;
+std::string read_prompt_file(const std::string& path, int64_t context_tokens);
+
+// Writes a result file (--json, --plot): exit 4 naming the file when any write fails.
+void write_result_file(const std::string& path, const std::string& text, const char* flag);
+
+// The exit-status table printed by `dsa --help`.
+std::string exit_status_help();
+
 // Subcommands: each registers itself and sets the function that runs it (returning the exit
 // status).
 using Runner = std::function<int()>;
 void register_generate(CLI::App& app, Runner& run);
 void register_write_checkpoint(CLI::App& app, Runner& run);
+void register_inspect(CLI::App& app, Runner& run);
 void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 void register_bench_decode(CLI::App& app, Runner& run);

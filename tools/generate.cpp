@@ -2,8 +2,6 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "common.h"
 #include "dsa/error.h"
@@ -22,28 +20,27 @@ void register_generate(CLI::App& app, Runner& run) {
   CLI::App* cmd = app.add_subcommand("generate", "greedy decode of one prompt (byte tokens)");
   add_model_options(cmd, o->model);
   auto* prompt = cmd->add_option("--prompt", o->prompt, "prompt text");
-  cmd->add_option("--prompt-file", o->prompt_file, "read the prompt from a file")
-      ->check(CLI::ExistingFile)
+  cmd->add_option("--prompt-file", o->prompt_file,
+                  fmt::format("read the prompt from a regular file of at most {} bytes per token "
+                              "of the context",
+                              kPromptBytesPerToken))
+      ->check(non_empty("a file name"))
       ->excludes(prompt);
-  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_int_option(cmd, "--max-tokens", o->max_tokens, 1, kMaxContextLimit, "tokens to generate");
   cmd->add_option("--mode", o->mode, "eager | graph")->capture_default_str();
   cmd->add_option("--inject", o->inject, "faults: stale-padding,unguarded-store (testing only)");
   cmd->callback([&run, o] {
     run = [o] {
-      std::string text = o->prompt;
-      if (!o->prompt_file.empty()) {
-        std::ifstream in(o->prompt_file, std::ios::binary);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        text = ss.str();
-      }
-      require(!text.empty(), ErrorCode::kInvalidArgument,
+      require(!o->prompt.empty() || !o->prompt_file.empty(), ErrorCode::kInvalidArgument,
               "give a prompt with --prompt TEXT or --prompt-file PATH");
       require(o->mode == "eager" || o->mode == "graph", ErrorCode::kInvalidArgument,
               "--mode must be eager or graph, got '{}'", o->mode);
       ModelStack stack = build_model_stack(o->model);
+      const std::string text = o->prompt_file.empty()
+                                   ? o->prompt
+                                   : read_prompt_file(o->prompt_file, stack.model->max_context());
+      require(!text.empty(), ErrorCode::kInvalidArgument, "--prompt-file {} is empty",
+              o->prompt_file);
       RunnerOptions ro;
       ro.mode = o->mode == "graph" ? RunMode::kGraph : RunMode::kEager;
       ro.faults = parse_faults(o->inject);
@@ -60,10 +57,12 @@ void register_generate(CLI::App& app, Runner& run) {
       fmt::print("{}\n", byte_text(out));
       fmt::print(stderr,
                  "generated {} tokens after a {}-token prompt in {:.3f} s ({:.1f} tok/s) on {} | "
-                 "preset {}, index-K {}, latent {}, mode {}, store errors {}\n",
+                 "{}, index-K {}, latent {}, mode {}, store errors {}\n",
                  stats.new_tokens, stats.prompt_tokens, s, stats.new_tokens / s,
-                 stack.backend->describe(), o->model.preset, o->model.index_k, o->model.latent,
-                 o->mode, stats.store_errors);
+                 stack.backend->describe(),
+                 o->model.checkpoint.empty() ? "preset " + o->model.preset
+                                             : "checkpoint " + o->model.checkpoint,
+                 o->model.index_k, o->model.latent, o->mode, stats.store_errors);
       return stats.store_errors == 0 ? 0 : 1;
     };
   });

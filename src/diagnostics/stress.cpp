@@ -183,17 +183,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void StressShape::validate() const {
-  auto range = [](int lo, int hi, const char* what) {
-    require(lo >= 1 && lo <= hi, ErrorCode::kInvalidArgument,
-            "{}: min {} and max {} must satisfy 1 <= min <= max", what, lo, hi);
+  auto range = [](int lo, int hi, const char* what, int limit) {
+    require(lo >= 1 && lo <= hi && hi <= limit, ErrorCode::kInvalidArgument,
+            "{}: min {} and max {} must satisfy 1 <= min <= max <= {}", what, lo, hi, limit);
   };
   require(sessions >= 1 && concurrency >= 1, ErrorCode::kInvalidArgument,
           "sessions = {} and concurrency = {} must be >= 1", sessions, concurrency);
-  range(min_turns, max_turns, "turns");
-  range(min_prompt, max_prompt, "prompt tokens per turn");
-  range(min_reply, max_reply, "reply tokens per turn");
-  require(max_arrival_gap >= 0 && max_think >= 0, ErrorCode::kInvalidArgument,
-          "arrival gap {} and think time {} must be >= 0", max_arrival_gap, max_think);
+  range(min_turns, max_turns, "turns", kMaxStressTurns);
+  range(min_prompt, max_prompt, "prompt tokens per turn", kMaxStressTokens);
+  range(min_reply, max_reply, "reply tokens per turn", kMaxStressTokens);
+  require(max_arrival_gap >= 0 && max_think >= 0 && max_arrival_gap <= kMaxStressTokens &&
+              max_think <= kMaxStressTokens,
+          ErrorCode::kInvalidArgument, "arrival gap {} and think time {} must be in [0, {}]",
+          max_arrival_gap, max_think, kMaxStressTokens);
 }
 
 std::string StressCell::condition() const {
@@ -237,6 +239,9 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
   }
   s.cache.num_layers = config.num_hidden_layers;
   s.cache.num_pages = c.pages > 0 ? c.pages : default_pool_pages(c.shape.concurrency, longest);
+  require_memory_fits(estimate_memory(config, c.max_rows, context, s.cache), config, s.cache,
+                      s.backend->memory_capacity_bytes(),
+                      fmt::format("stress (--pages {})", s.cache.num_pages), s.backend->describe());
 
   StressReport report;
   report.config = {{"preset", c.preset},

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/cache.h"
@@ -20,20 +21,7 @@ namespace {
 using ::dsa::testing::kPoisonByte;
 using ::dsa::testing::Rng;
 
-// Runs `fn`, expects a dsa::Error with `code` whose message contains every one of `needles`.
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsa::Error was thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-          << "message '" << e.what() << "' does not name '" << needle << "'";
-    }
-  }
-}
+using ::dsa::testing::expect_error;
 
 void expect_accounting(const PageAllocator& a, int64_t expected_used) {
   ASSERT_EQ(a.free_pages() + a.used_pages(), a.total_pages() - 1);

@@ -43,6 +43,9 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() = 0;  // wait for all queued work; surfaces asynchronous errors
+  // The memory this backend allocates from, for estimates made before allocating: the host's
+  // physical memory by default, the device's total on a GPU.
+  virtual uint64_t memory_capacity_bytes() const;
 
   // ---- graphs ----
   // Runs `step` once under capture and returns a graph that re-runs it. Every pointer the step

@@ -15,6 +15,11 @@
 
 namespace dsa {
 
+// Upper bounds of the workload's shape, so every sum of turns and tokens stays far from int
+// overflow; a session still ends at the context.
+inline constexpr int kMaxStressTurns = 1000;
+inline constexpr int kMaxStressTokens = 1 << 20;  // per turn's prompt or reply; also step gaps
+
 // The workload's shape. Every session draws its turn count, per-turn message and reply lengths,
 // arrival and think times from its own seeded stream, so a seed names the workload exactly.
 struct StressShape {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsa/backend.h"
@@ -60,9 +61,9 @@ struct StepView {
   const int32_t* seq_lens = nullptr;    // [rows] tokens the row attends to; 0 for a padded row
   const int32_t* page_table = nullptr;  // [rows, ld_page_table]
   int64_t ld_page_table = 0;
-  const int32_t* n_real = nullptr;      // [1] real rows; the stores ignore rows >= n_real
-  int32_t* error_count = nullptr;       // [1] the step's store error flag
-  float* logits = nullptr;              // [rows, vocab] output
+  const int32_t* n_real = nullptr;  // [1] real rows; the stores ignore rows >= n_real
+  int32_t* error_count = nullptr;   // [1] the step's store error flag
+  float* logits = nullptr;          // [rows, vocab] output
 };
 
 // Per-step options that only fault injection changes.
@@ -100,7 +101,7 @@ class Model {
   Weights weights_;
   int max_rows_, max_context_;
   std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
-  DeviceArray<float> cos_sin_;  // [max_context, 32, 2]
+  DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
   DeviceArray<float> h_, x_, qa_, q_, kv_, q_attn_, o_lat_, o_, gate_up_, act_;
   DeviceArray<float> qi_, ki_, wi_, index_logits_;
@@ -108,6 +109,24 @@ class Model {
   DeviceArray<int32_t> topk_positions_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE layers' weights and scratch; null without MoE layers
 };
+
+// The memory a configuration needs, estimated from its sizes alone (nothing is allocated), in
+// saturating 64-bit arithmetic: a configuration too large to count needs "more than 2^64 bytes".
+struct MemoryEstimate {
+  uint64_t weights = 0;  // the manifest's tensors, bf16
+  uint64_t scratch = 0;  // per-step activations for max_rows rows, the rope table, top-k
+  uint64_t cache = 0;    // the latent and index-K pools of every layer, and the page allocator
+  uint64_t total() const;
+};
+MemoryEstimate estimate_memory(const ModelConfig& config, int64_t max_rows, int64_t max_context,
+                               const CacheConfig& cache);
+
+// Refuses (kOutOfRange) an estimate above limit_bytes, before anything is allocated:
+// "<what> needs 8.6 GB (weights 0.0 GB, KV cache 8.6 GB for 1048576 pages x 2 layers, scratch
+// 0.0 GB); the <device> has 16.0 GB".
+void require_memory_fits(const MemoryEstimate& estimate, const ModelConfig& config,
+                         const CacheConfig& cache, uint64_t limit_bytes, std::string_view what,
+                         std::string_view device);
 
 // The host-side rope table: cos/sin of position * inv_freq for positions [0, max_position),
 // with DeepSeek's yarn frequency correction when config.rope_scaling asks for it.

@@ -95,6 +95,11 @@ class CudaBackend final : public Backend {
     return p;
   }
   void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
+  uint64_t memory_capacity_bytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo(&free_bytes, &total_bytes)");
+    return total_bytes;
+  }
   void copy_to_device(void* dst, const void* src, size_t n) override {
     if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
                  "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
