@@ -30,10 +30,12 @@ std::string summary_text(const std::string& dir, const CheckpointSummary& s) {
   const ModelConfig& c = s.config;
   std::string out = fmt::format("checkpoint {}\n", dir);
   out += fmt::format("  files        {}\n", fmt::join(s.files, ", "));
-  out += fmt::format("  tensors      {} ({:.3f} GB); the config uses {}, {} unused\n", s.tensors,
-                     double(s.tensor_bytes) / 1e9, s.manifest_tensors, s.unused.size());
+  const int64_t scales = s.tensors - s.manifest_tensors - int64_t(s.unused.size());
+  out += fmt::format(
+      "  tensors      {} ({:.3f} GB): {} the config uses, {} fp8 block scales, {} unused\n",
+      s.tensors, double(s.tensor_bytes) / 1e9, s.manifest_tensors, scales, s.unused.size());
   for (const auto& [name, d] : s.dtypes) {
-    out += fmt::format("  dtype {:<7}{} tensors, {} bytes\n", name, d.tensors, d.bytes);
+    out += fmt::format("  dtype {:<8}{} tensors, {} bytes\n", name, d.tensors, d.bytes);
   }
   const int moe_layers = c.n_routed_experts > 0 ? c.num_hidden_layers - c.first_k_dense_replace : 0;
   out += fmt::format(
