@@ -11,6 +11,7 @@
 #include "dsa/backend.h"
 #include "dsa/cache.h"
 #include "dsa/model.h"
+#include "dsa/text/tokenizer.h"
 
 namespace dsa::tools {
 
@@ -85,6 +86,25 @@ void write_result_file(const std::string& path, const std::string& text, const c
 // The exit-status table printed by `dsa --help`.
 std::string exit_status_help();
 
+// Where a command's tokenizer comes from: a checkpoint directory's tokenizer.json, a tokenizer.json
+// file, or the preset's built-in tokenizer (every preset uses "tiny": its 1024 ids fit each
+// preset's vocabulary). A missing or unsupported tokenizer is bad input (kInvalidArgument).
+struct TokenizerSource {
+  std::string checkpoint, tokenizer_file, preset = "tiny";
+};
+text::Tokenizer load_tokenizer(const TokenizerSource& source);
+// --checkpoint DIR | --tokenizer FILE | --preset P (tokenize, detokenize).
+void add_tokenizer_options(CLI::App* cmd, TokenizerSource& s);
+// The built-in tokenizer a preset's checkpoints carry.
+std::string_view preset_tokenizer_name(std::string_view preset);
+
+// "1,2,3" -> ids, each in [0, limit); `flag` and `limit_name` name them in errors.
+std::vector<int32_t> parse_ids(const std::string& list, const char* flag, int32_t limit,
+                               const char* limit_name);
+// The contents of a file given on the command line: a regular file of at most 64 MiB.
+inline constexpr uint64_t kMaxInputFileBytes = uint64_t(64) << 20;
+std::string read_input_file(const std::string& path, const char* flag);
+
 // Subcommands: each registers itself and sets the function that runs it (returning the exit
 // status).
 using Runner = std::function<int()>;
@@ -94,5 +114,7 @@ void register_inspect(CLI::App& app, Runner& run);
 void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 void register_bench_decode(CLI::App& app, Runner& run);
+void register_tokenize(CLI::App& app, Runner& run);
+void register_detokenize(CLI::App& app, Runner& run);
 
 }  // namespace dsa::tools

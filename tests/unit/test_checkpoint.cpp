@@ -95,7 +95,8 @@ class CheckpointTest : public ::testing::Test {
         keep.emplace_back(b.begin(), b.end());
       }
       size_t i = 0;
-      for (const auto& [name, t] : f.tensors()) views.push_back({name, t.dtype, t.shape, keep[i++]});
+      for (const auto& [name, t] : f.tensors())
+        views.push_back({name, t.dtype, t.shape, keep[i++]});
     }
     edit(views);
     write_safetensors(path.string(), views, metadata);
@@ -154,8 +155,9 @@ TEST_F(CheckpointTest, Fp8RoundTripDequantizesWithinFp8Precision) {
     EXPECT_EQ(w->dtype, StDtype::kF8E4M3);
     EXPECT_EQ(s->dtype, StDtype::kF32);
     EXPECT_EQ(s->shape, (std::vector<int64_t>{6, 1}));
-    const StTensorInfo* e = f0.find("model.embed_tokens.weight") ? f0.find("model.embed_tokens.weight")
-                                                                  : f1.find("model.embed_tokens.weight");
+    const StTensorInfo* e = f0.find("model.embed_tokens.weight")
+                                ? f0.find("model.embed_tokens.weight")
+                                : f1.find("model.embed_tokens.weight");
     ASSERT_TRUE(e);
     EXPECT_EQ(e->dtype, StDtype::kBf16);
   }
@@ -244,7 +246,8 @@ TEST_F(CheckpointTest, SafetensorsHeaderErrorsNameFileTensorAndNumbers) {
   write_raw(f, ok, 12, uint64_t(1) << 40);  // a corrupted length prefix
   expect_error(open, ErrorCode::kIo, {"x.safetensors", "header length 1099511627776"});
   write_raw(f, ok, 12, ok.size() + 100);  // runs past the end
-  expect_error(open, ErrorCode::kIo, {"x.safetensors", "truncated", std::to_string(ok.size() + 100)});
+  expect_error(open, ErrorCode::kIo,
+               {"x.safetensors", "truncated", std::to_string(ok.size() + 100)});
   write_raw(f, R"({"a":{"dtype":"BF16",)", 12);
   expect_error(open, ErrorCode::kIo, {"x.safetensors", "not valid JSON"});
   write_raw(f, ok, 10);  // the buffer is 2 bytes short
@@ -253,8 +256,10 @@ TEST_F(CheckpointTest, SafetensorsHeaderErrorsNameFileTensorAndNumbers) {
   expect_error(open, ErrorCode::kIo, {"tensor a", "spans 10 bytes", "[2, 3]", "needs 12"});
   write_raw(f, R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]}})", 2);
   expect_error(open, ErrorCode::kIo, {"tensor a", "unknown dtype 'Q4'"});
-  write_raw(f, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-               R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  write_raw(f,
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12);
   expect_error(open, ErrorCode::kIo, {"tensors a [0, 8] and b [4, 12] overlap"});
   write_raw(f, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
   expect_error(open, ErrorCode::kIo, {"tensor a", "not a non-negative integer"});
@@ -282,7 +287,8 @@ TEST_F(CheckpointTest, MissingMisshapenAndMistypedTensorsAreErrors) {
   auto load = [&] { load_checkpoint(*backend_, dir); };
 
   rewrite(file, [&](auto& v) { std::erase_if(v, [&](auto& t) { return t.name == expert; }); });
-  expect_error(load, ErrorCode::kIo, {"missing tensor " + expert, "[128, 256]", "model.safetensors"});
+  expect_error(load, ErrorCode::kIo,
+               {"missing tensor " + expert, "[128, 256]", "model.safetensors"});
 
   write("tiny-moe", 1);
   rewrite(file, [&](auto& v) {
