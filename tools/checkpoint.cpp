@@ -8,7 +8,7 @@
 
 namespace dsa::tools {
 
-void register_write_checkpoint(CLI::App& app, Runner& run) {
+void register_write_checkpoint(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     std::string preset = "tiny", out;
     int shards = 1;

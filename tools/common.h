@@ -20,8 +20,8 @@ struct ModelOptions {
   bool ue8m0 = false;
   uint64_t seed = 0;
   int max_rows = 64;
-  int max_context = 0;  // 0: the preset's max_position_embeddings (capped at 4096)
-  int64_t pages = 0;    // 0: enough for max_rows full contexts
+  int max_context = 0;     // 0: the preset's max_position_embeddings (capped at 4096)
+  int64_t pages = 0;       // 0: enough for max_rows full contexts
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
 };
 void add_model_options(CLI::App* app, ModelOptions& o);
@@ -38,11 +38,11 @@ ModelStack build_model_stack(const ModelOptions& o);
 
 // Subcommands: each registers itself and sets the function that runs it (returning the exit
 // status).
-using Runner = std::function<int()>;
-void register_generate(CLI::App& app, Runner& run);
-void register_write_checkpoint(CLI::App& app, Runner& run);
-void register_stress(CLI::App& app, Runner& run);
-void register_check_replay(CLI::App& app, Runner& run);
-void register_bench_decode(CLI::App& app, Runner& run);
+using SubcommandAction = std::function<int()>;  // not dsa::Runner: a parsed command to run
+void register_generate(CLI::App& app, SubcommandAction& run);
+void register_write_checkpoint(CLI::App& app, SubcommandAction& run);
+void register_stress(CLI::App& app, SubcommandAction& run);
+void register_check_replay(CLI::App& app, SubcommandAction& run);
+void register_bench_decode(CLI::App& app, SubcommandAction& run);
 
 }  // namespace dsa::tools

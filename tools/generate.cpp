@@ -12,7 +12,7 @@
 
 namespace dsa::tools {
 
-void register_generate(CLI::App& app, Runner& run) {
+void register_generate(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     ModelOptions model;
     std::string prompt, prompt_file, mode = "eager", inject;

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   std::string log_level = "warn";
   app.add_option("--log", log_level, "log level: trace|debug|info|warn|error")
       ->capture_default_str();
-  dsa::tools::Runner run;
+  dsa::tools::SubcommandAction run;
   dsa::tools::register_generate(app, run);
   dsa::tools::register_write_checkpoint(app, run);
   dsa::tools::register_stress(app, run);

@@ -149,7 +149,10 @@ struct Stack {
   CacheConfig cache;
 };
 
-EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool audit) {
+enum class Detectors : uint8_t { kNone, kAsConfigured };  // references run without any
+
+EngineOptions engine_options(const StressConfig& c, const StressCell& cell, Detectors detectors) {
+  const bool audit = detectors == Detectors::kAsConfigured && c.audit;
   EngineOptions o;
   o.runner.mode = cell.runner;
   if (!c.buckets.empty()) o.runner.buckets = c.buckets;
@@ -229,7 +232,8 @@ StressVerdict stress_verdict(const StressReport& report) {
     if (is_incident_cell(c.cell)) {
       incident_run = true;
       if (c.corrupted == 0) {
-        v.problems.push_back(fmt::format("{}: no session corrupted; the incident's cell must", name));
+        v.problems.push_back(
+            fmt::format("{}: no session corrupted; the incident's cell must", name));
         if (wrong_cell.empty()) wrong_cell = name + " shows no corruption";
       }
     } else if (c.corrupted > 0) {
@@ -247,9 +251,10 @@ StressVerdict stress_verdict(const StressReport& report) {
   for (const CellResult& c : report.cells) {
     const std::string name = c.cell.condition();
     if (c.oracle && (c.auditor_found != c.oracle_clobbers || c.auditor_unconfirmed > 0)) {
-      v.problems.push_back(fmt::format(
-          "{}: the auditor reported {} of the oracle's {} clobbered slots ({} findings unconfirmed)",
-          name, c.auditor_found, c.oracle_clobbers, c.auditor_unconfirmed));
+      v.problems.push_back(
+          fmt::format("{}: the auditor reported {} of the oracle's {} clobbered slots ({} findings "
+                      "unconfirmed)",
+                      name, c.auditor_found, c.oracle_clobbers, c.auditor_unconfirmed));
       v.exit_code = kStressExitCorruption;
     }
     if (c.diverged_not_flagged > 0) {
@@ -265,8 +270,8 @@ StressVerdict stress_verdict(const StressReport& report) {
                                        c.failed_turns, c.failed_sessions));
     }
     if (c.stats.store_errors > 0) {
-      v.problems.push_back(fmt::format("{}: steps raised the error flag {} times", name,
-                                       c.stats.store_errors));
+      v.problems.push_back(
+          fmt::format("{}: steps raised the error flag {} times", name, c.stats.store_errors));
     }
     if ((c.failed_turns > 0 || c.stats.store_errors > 0) && v.exit_code == kStressExitClean) {
       v.exit_code = kStressExitLostWork;
@@ -343,7 +348,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     cc.index_k_dtype = cell.index_k;
     KvCache cache(*s.backend, cc);
     Engine engine(*s.model, cache,
-                  engine_options(c, {cell.index_k, RunMode::kEager, false}, false));
+                  engine_options(c, {cell.index_k, RunMode::kEager, false}, Detectors::kNone));
     std::vector<SessionRun>& refs = references[cell.index_k];
     for (int i = 0; i < n; ++i) {
       SessionPlan alone = plans[size_t(i)];
@@ -362,7 +367,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     CacheConfig cc = s.cache;
     cc.index_k_dtype = cell.index_k;
     KvCache cache(*s.backend, cc);
-    Engine engine(*s.model, cache, engine_options(c, cell, c.audit));
+    Engine engine(*s.model, cache, engine_options(c, cell, Detectors::kAsConfigured));
     CellResult r;
     r.cell = cell;
     r.sessions = n;

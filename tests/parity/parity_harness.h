@@ -44,9 +44,9 @@ inline const char* side_name(Side s) { return s == Side::kCpu ? "cpu" : "cuda"; 
 struct Check {
   enum class Kind { kExact, kNmseF32 };
   Kind kind = Kind::kExact;
-  double tolerance = 0.0;   // kNmseF32: bound on sum (a-b)^2 / sum b^2
-  int64_t row_elems = 0;    // kNmseF32: floats per row for the max-abs bound; 0: one row
-  double row_bound = 0.0;   // kNmseF32: per-row max |a-b| relative to the row's max |b|
+  double tolerance = 0.0;  // kNmseF32: bound on sum (a-b)^2 / sum b^2
+  int64_t row_elems = 0;   // kNmseF32: floats per row for the max-abs bound; 0: one row
+  double row_bound = 0.0;  // kNmseF32: per-row max |a-b| relative to the row's max |b|
 
   static Check exact() { return {Kind::kExact, 0.0}; }
   // Floats: elements with identical bits (poison included) match; NaN on one side only fails.
@@ -357,8 +357,7 @@ inline ::testing::AssertionResult check_batch_invariance(
       if (infos[s][i].rows != RowLayout::kRowMajor) continue;
       const auto& small = runs[s][i];
       const auto& big = runs[largest][i];
-      if (small.size() > big.size() ||
-          std::memcmp(small.data(), big.data(), small.size()) != 0) {
+      if (small.size() > big.size() || std::memcmp(small.data(), big.data(), small.size()) != 0) {
         return ::testing::AssertionFailure()
                << name << ": output " << i << " at rows=" << sizes[s]
                << " differs from the same rows at rows=" << sizes[largest];

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "dsa/token_codec.h"
 #include "dsa/slot.h"
+#include "dsa/token_codec.h"
 #include "parity/parity_harness.h"
 
 namespace dsa::parity {
@@ -151,13 +151,20 @@ float draw_logit(testing::Rng& rng, Values v) {
   const float tie = float(rng.integer(-6, 6)) * 0.25f;  // 13 levels: ties everywhere
   if (v == Values::kTies) return tie;
   switch (rng.integer(0, 49)) {
-    case 0: return std::numeric_limits<float>::quiet_NaN();
-    case 1: return -std::numeric_limits<float>::quiet_NaN();
-    case 2: return -0.0f;
-    case 3: return 0.0f;
-    case 4: return std::numeric_limits<float>::infinity();
-    case 5: return -std::numeric_limits<float>::infinity();
-    default: return tie;
+    case 0:
+      return std::numeric_limits<float>::quiet_NaN();
+    case 1:
+      return -std::numeric_limits<float>::quiet_NaN();
+    case 2:
+      return -0.0f;
+    case 3:
+      return 0.0f;
+    case 4:
+      return std::numeric_limits<float>::infinity();
+    case 5:
+      return -std::numeric_limits<float>::infinity();
+    default:
+      return tie;
   }
 }
 
@@ -181,12 +188,23 @@ class TopkCase final : public OpCase {
       const int k = s_.k, len = s_.len;
       int32_t n = len;
       switch (r % 6) {
-        case 1: n = 0; break;                                   // padded row
-        case 2: n = std::min(k, len); break;                    // exactly k
-        case 3: n = std::min(k + 1, len); break;                // one to drop
-        case 4: n = int32_t(rng.integer(1, std::min(k, len))); break;  // fewer than k
-        case 5: n = int32_t(rng.integer(std::min(k, len), len)); break;
-        default: break;
+        case 1:
+          n = 0;
+          break;  // padded row
+        case 2:
+          n = std::min(k, len);
+          break;  // exactly k
+        case 3:
+          n = std::min(k + 1, len);
+          break;  // one to drop
+        case 4:
+          n = int32_t(rng.integer(1, std::min(k, len)));
+          break;  // fewer than k
+        case 5:
+          n = int32_t(rng.integer(std::min(k, len), len));
+          break;
+        default:
+          break;
       }
       seq_lens.push_back(n);
       for (int64_t t = 0; t < ld_logits_; ++t) {
@@ -262,9 +280,12 @@ class SparseMlaCase final : public OpCase {
       for (int j = 0; j < s_.topk; ++j) {
         int64_t slot = rng.integer(0, capacity - 1);  // page 0 (zeros) may be selected too
         const int64_t u = rng.integer(0, 99);
-        if (u < 6) slot = kPadSlot;
-        else if (u < 8) slot = capacity + rng.integer(0, 100);
-        else if (u < 9) slot = -rng.integer(2, 1000);
+        if (u < 6)
+          slot = kPadSlot;
+        else if (u < 8)
+          slot = capacity + rng.integer(0, 100);
+        else if (u < 9)
+          slot = -rng.integer(2, 1000);
         if (r % 4 == 3) slot = kPadSlot;  // a padded row: nothing selected
         indices.push_back(slot);
       }
@@ -276,8 +297,10 @@ class SparseMlaCase final : public OpCase {
     indices_ = ws.input(indices);
     q_ = ws.input(q);
     const int d = s_.dtype == KvDtype::kBf16 ? 0 : 1;
-    out_ = ws.output<float>(size_t(s_.rows) * ld_out_, Check::nmse(kAttentionOutNmse[d]).per_row(ld_out_));
-    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads, Check::nmse(kAttentionLseNmse[d]).per_row(s_.heads));
+    out_ = ws.output<float>(size_t(s_.rows) * ld_out_,
+                            Check::nmse(kAttentionOutNmse[d]).per_row(ld_out_));
+    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads,
+                            Check::nmse(kAttentionLseNmse[d]).per_row(s_.heads));
   }
 
   void run(Workspace& ws, Side side) override {

@@ -24,12 +24,18 @@ enum class SlotMix { kValid, kPadded, kStaleTail, kReserved, kBadSlots, kEveryth
 
 const char* mix_name(SlotMix m) {
   switch (m) {
-    case SlotMix::kValid: return "valid";
-    case SlotMix::kPadded: return "padded";
-    case SlotMix::kStaleTail: return "stale_tail";
-    case SlotMix::kReserved: return "reserved";
-    case SlotMix::kBadSlots: return "bad_slots";
-    case SlotMix::kEverything: return "everything";
+    case SlotMix::kValid:
+      return "valid";
+    case SlotMix::kPadded:
+      return "padded";
+    case SlotMix::kStaleTail:
+      return "stale_tail";
+    case SlotMix::kReserved:
+      return "reserved";
+    case SlotMix::kBadSlots:
+      return "bad_slots";
+    case SlotMix::kEverything:
+      return "everything";
   }
   return "?";
 }
@@ -59,12 +65,15 @@ std::vector<int64_t> make_slots(const StoreSpec& s, testing::Rng& rng, int32_t& 
   const bool incident = s.guard == StoreGuard::kIncidentScatter;
   auto pad = [&](int r) { slots[r] = kPadSlot; };
   switch (s.mix) {
-    case SlotMix::kValid: break;
+    case SlotMix::kValid:
+      break;
     case SlotMix::kPadded:
       pad(0);
       if (!incident) pad(mid), pad(last);  // one -1 under the incident: it wraps to one slot
       break;
-    case SlotMix::kStaleTail: n_real = s.rows / 3; break;  // 0 when rows == 1
+    case SlotMix::kStaleTail:
+      n_real = s.rows / 3;
+      break;  // 0 when rows == 1
     case SlotMix::kReserved:
       slots[0] = 0;
       slots[mid] = kPageSize - 1;
@@ -78,8 +87,10 @@ std::vector<int64_t> make_slots(const StoreSpec& s, testing::Rng& rng, int32_t& 
       if (s.rows >= 7) slots[1] = -kCapacity - 5, slots[2] = -3, slots[3] = INT64_MAX;
       break;
     case SlotMix::kEverything:
-      if (s.rows < 7) return make_slots({s.layout, s.dtype, s.rounding, s.rows, SlotMix::kBadSlots,
-                                         s.padded_stride, s.guard}, rng, n_real);
+      if (s.rows < 7)
+        return make_slots(
+            {s.layout, s.dtype, s.rounding, s.rows, SlotMix::kBadSlots, s.padded_stride, s.guard},
+            rng, n_real);
       pad(0);
       slots[1] = 3;
       slots[2] = kCapacity;
@@ -118,8 +129,8 @@ class StoreCase final : public OpCase {
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
-    const int64_t page_bytes = s_.layout == Layout::kIndexK ? index_k_page_bytes(s_.dtype)
-                                                            : latent_page_bytes(s_.dtype);
+    const int64_t page_bytes =
+        s_.layout == Layout::kIndexK ? index_k_page_bytes(s_.dtype) : latent_page_bytes(s_.dtype);
     std::vector<uint8_t> pool(size_t(kPages * page_bytes));
     for (auto& b : pool) b = uint8_t(rng.integer(1, 255));
     pool_ = ws.inout(pool, Check::exact());
@@ -181,13 +192,13 @@ class DigestRowsCase final : public OpCase {
       : layout_(layout), dtype_(dtype), rounding_(rounding), rows_(rows) {}
   std::string name() const override { return "digest_rows"; }
   std::string vars() const override {
-    return std::string(layout_ == Layout::kIndexK ? "index_k" : "latent") + ",dtype=" +
-           kv_dtype_name(dtype_) + (rounding_ == ScaleRounding::kUe8m0 ? "/ue8m0" : "") +
-           ",rows=" + std::to_string(rows_);
+    return std::string(layout_ == Layout::kIndexK ? "index_k" : "latent") +
+           ",dtype=" + kv_dtype_name(dtype_) +
+           (rounding_ == ScaleRounding::kUe8m0 ? "/ue8m0" : "") + ",rows=" + std::to_string(rows_);
   }
   void init(Workspace& ws, testing::Rng& rng) override {
-    const int64_t page_bytes = layout_ == Layout::kIndexK ? index_k_page_bytes(dtype_)
-                                                          : latent_page_bytes(dtype_);
+    const int64_t page_bytes =
+        layout_ == Layout::kIndexK ? index_k_page_bytes(dtype_) : latent_page_bytes(dtype_);
     pool_ = ws.inout(std::vector<uint8_t>(size_t(kPages * page_bytes), 0), Check::exact());
     n_real_ = std::max(1, rows_ - rows_ / 4);  // a stale tail of a quarter
     std::vector<int64_t> slots(size_t(rows_));
@@ -294,8 +305,8 @@ TEST_F(ParityStore, IncidentScatterMatchesCpu) {
   for (const auto& d : kDtypes) {
     for (int rows : kRows) {
       for (SlotMix mix : kMixes) {
-        StoreCase c({Layout::kIndexK, d.dtype, d.rounding, rows, mix, false,
-                     StoreGuard::kIncidentScatter});
+        StoreCase c(
+            {Layout::kIndexK, d.dtype, d.rounding, rows, mix, false, StoreGuard::kIncidentScatter});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), 5000 + cases));
         ++cases;
       }

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "dsa/token_codec.h"
 #include "common/test_util.h"
 #include "dsa/error.h"
+#include "dsa/token_codec.h"
 
 namespace dsa {
 namespace {
@@ -264,7 +264,7 @@ TEST(IndexerLogits, PageOutsideThePoolRaisesTheErrorFlagAndIsNeverRead) {
   for (int32_t bad : {-7, 1 << 20}) {
     IndexerFixture f(KvDtype::kBf16, ScaleRounding::kExact, 4, {70, 140}, 108);
     const std::vector<float> good = f.run();
-    f.page_table[1] = f.pool.num_pages;  // row 0's second page: tokens 64..69
+    f.page_table[1] = f.pool.num_pages;           // row 0's second page: tokens 64..69
     f.page_table[size_t(f.ld_page_table)] = bad;  // row 1's first page: tokens 0..63
     std::vector<float> logits(size_t(f.rows * f.ld_logits), kPoison);
     int32_t errors = 0;

@@ -105,7 +105,7 @@ inline constexpr int kStressExitLostWork = 3;    // failed turns or store errors
 // detectors agree (the auditor reported every change the oracle saw, and every divergence); no
 // turn failed and no step raised its error flag.
 struct StressVerdict {
-  std::string line;                   // "fingerprint: reproduced" / "fingerprint: NOT reproduced: .."
+  std::string line;  // "fingerprint: reproduced" / "fingerprint: NOT reproduced: .."
   std::vector<std::string> problems;  // one line each, naming the cell
   int exit_code = kStressExitClean;
 };

@@ -60,9 +60,9 @@ struct StepView {
   const int32_t* seq_lens = nullptr;    // [rows] tokens the row attends to; 0 for a padded row
   const int32_t* page_table = nullptr;  // [rows, ld_page_table]
   int64_t ld_page_table = 0;
-  const int32_t* n_real = nullptr;      // [1] real rows; the stores ignore rows >= n_real
-  int32_t* error_count = nullptr;       // [1] the step's error flag (stores, indexer page ids)
-  float* logits = nullptr;              // [rows, vocab] output
+  const int32_t* n_real = nullptr;  // [1] real rows; the stores ignore rows >= n_real
+  int32_t* error_count = nullptr;   // [1] the step's error flag (stores, indexer page ids)
+  float* logits = nullptr;          // [rows, vocab] output
   // Optional records of what each store was given, per layer l and pool k (0 latent, 1 index-K):
   //   write_digests [layers, 2, rows]: digest_rows of the store's inputs (the auditor's truth);
   //   store_values  [layers, rows, kStoreValuesDim]: the inputs themselves, c ‖ k_rope ‖ index
@@ -109,7 +109,7 @@ class Model {
   Weights weights_;
   int max_rows_, max_context_;
   std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
-  DeviceArray<float> cos_sin_;  // [max_context, 32, 2]
+  DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
   DeviceArray<float> h_, x_, qa_, q_, kv_, q_attn_, o_lat_, o_, gate_up_, act_;
   DeviceArray<float> qi_, ki_, wi_, index_logits_;

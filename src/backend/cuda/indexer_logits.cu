@@ -33,10 +33,10 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kGroupTokens = 32;                 // tokens per warp iteration: 4 n-tiles of 8
+constexpr int kGroupTokens = 32;  // tokens per warp iteration: 4 n-tiles of 8
 constexpr int kNTiles = kGroupTokens / 8;
-constexpr int kBlockTokens = 2048;               // tokens per block (32 pages)
-constexpr int kMaxHeads = 64;                    // heads padded to 16; up to 4 m-tiles
+constexpr int kBlockTokens = 2048;  // tokens per block (32 pages)
+constexpr int kMaxHeads = 64;       // heads padded to 16; up to 4 m-tiles
 constexpr int kMaxMTiles = kMaxHeads / 16;
 
 // Key bytes per token and 32-bit words each lane holds per token, by cache dtype.
@@ -64,9 +64,9 @@ __device__ __forceinline__ int word_byte(int c, int w) {
 }
 
 struct SharedQuery {
-  uint4 frag[kMaxMTiles * 8 * 32];    // A fragments [m-tile][k-step][lane], 4 regs each
-  uint8_t natural[kMaxHeads * 256];   // q per head as bf16 or e4m3 bytes, [head][row bytes]
-  float weight[kMaxHeads];            // w, or w * s_q for fp8; 0 for padded heads
+  uint4 frag[kMaxMTiles * 8 * 32];   // A fragments [m-tile][k-step][lane], 4 regs each
+  uint8_t natural[kMaxHeads * 256];  // q per head as bf16 or e4m3 bytes, [head][row bytes]
+  float weight[kMaxHeads];           // w, or w * s_q for fp8; 0 for padded heads
 };
 
 // Quantizes (or rounds) the row's q into s.natural and the weights, one warp per head. All of
