@@ -38,18 +38,6 @@ void print_report(const ReplayCheckReport& r, double seconds) {
   if (!r.detectors_agree()) {
     fmt::print("  detectors    DISAGREE: the auditor missed or invented changes\n");
   }
-  fmt::print("  sequences    {} lived past index_topk; {} diverged from eager\n", r.long_sequences,
-             r.diverged.size());
-  fmt::print("  detection    {} of {} victims also diverged (their findings changed logits); "
-             "diverged_not_flagged {}\n",
-             r.flagged_and_diverged(), r.victims.size(), r.diverged_not_flagged());
-  if (r.oracle) {
-    fmt::print("  oracle       oracle_clobbers {}, auditor_found {}, auditor_unconfirmed {}\n",
-               r.oracle_clobbers, r.auditor_found, r.auditor_unconfirmed);
-  }
-  if (!r.detectors_agree()) {
-    fmt::print("  detectors    DISAGREE: the auditor missed or invented changes\n");
-  }
   fmt::print("  verdict      {}\n", r.clean() ? "CLEAN" : "CORRUPTION FOUND");
 }
 

@@ -201,7 +201,7 @@ class DigestRowsCase final : public OpCase {
         layout_ == Layout::kIndexK ? index_k_page_bytes(dtype_) : latent_page_bytes(dtype_);
     pool_ = ws.inout(std::vector<uint8_t>(size_t(kPages * page_bytes), 0), Check::exact());
     n_real_ = std::max(1, rows_ - rows_ / 4);  // a stale tail of a quarter
-    std::vector<int64_t> slots(size_t(rows_));
+    std::vector<int64_t> slots(static_cast<size_t>(rows_));
     std::iota(slots.begin(), slots.end(), int64_t(kPageSize) + 3);
     slots_ = ws.input(slots);
     n_real_buf_ = ws.input(std::vector<int32_t>{n_real_});

@@ -27,7 +27,7 @@ struct ReplayCheckOptions {
   // their top-k selection and shows in the parity channel; the others stay within index_topk.
   int long_live = 2;
   bool parity = true;          // also run every step eagerly on a twin cache and compare
-  int audit_sample = 48;       // slots verified per step (plus all slots the step wrote)
+  int audit_sample = 48;       // slots verified per step (every watched slot when faults are on)
   int full_audit_every = 250;  // steps between audits of every watched slot (0: never)
   std::function<void(int step, int steps)> progress;  // optional, called every few steps
 };
