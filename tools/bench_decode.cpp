@@ -32,7 +32,7 @@ double median_ms(std::vector<double> v) {
 
 }  // namespace
 
-void register_bench_decode(CLI::App& app, Runner& run) {
+void register_bench_decode(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     ModelOptions model;
     int layers = 1, context = 0, iters = 20;
@@ -98,7 +98,8 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       ro.mode = RunMode::kGraph;
       ro.buckets = o->batches;
       dsa::Runner runner(model, cache, ro);
-      auto time_step = [&](const std::vector<RowInput>& rows, bool graph) {
+      auto time_step = [&](const std::vector<RowInput>& rows, RunMode mode) {
+        const bool graph = mode == RunMode::kGraph;
         for (int i = 0; i < 3; ++i) graph ? runner.step(rows) : runner.step_eager(rows);
         std::vector<double> ms;
         for (int i = 0; i < o->iters; ++i) {
@@ -114,13 +115,13 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       fmt::print("{:>5} {:>12} {:>12} {:>9} {:>16} {:>12}\n", "B", "eager ms", "graph ms",
                  "speedup", "padded B-1 in B", "pad cost");
       for (int b : o->batches) {
-        const double eager = time_step(rows_for(b), false);
-        const double graph = time_step(rows_for(b), true);
+        const double eager = time_step(rows_for(b), RunMode::kEager);
+        const double graph = time_step(rows_for(b), RunMode::kGraph);
         // Padding: b-1 real rows replayed in bucket b, against b-1 rows eagerly.
         double padded = 0, eager_small = 0;
         if (b > 1) {
-          padded = time_step(rows_for(b - 1), true);
-          eager_small = time_step(rows_for(b - 1), false);
+          padded = time_step(rows_for(b - 1), RunMode::kGraph);
+          eager_small = time_step(rows_for(b - 1), RunMode::kEager);
         }
         fmt::print("{:>5} {:>12.3f} {:>12.3f} {:>8.2f}x {:>16.3f} {:>11.2f}x\n", b, eager, graph,
                    eager / graph, padded, b > 1 ? padded / graph : 1.0);

@@ -27,7 +27,7 @@ std::map<std::string, std::string> tokenizer_files(std::string_view preset) {
 
 }  // namespace
 
-void register_write_checkpoint(CLI::App& app, Runner& run) {
+void register_write_checkpoint(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     std::string preset = "tiny", out;
     int shards = 1;

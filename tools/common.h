@@ -107,17 +107,17 @@ std::string read_input_file(const std::string& path, const char* flag);
 
 // Subcommands: each registers itself and sets the function that runs it (returning the exit
 // status).
-using Runner = std::function<int()>;
-void register_generate(CLI::App& app, Runner& run);
-void register_write_checkpoint(CLI::App& app, Runner& run);
-void register_inspect(CLI::App& app, Runner& run);
-void register_stress(CLI::App& app, Runner& run);
-void register_check_replay(CLI::App& app, Runner& run);
-void register_bench_decode(CLI::App& app, Runner& run);
-void register_serve(CLI::App& app, Runner& run);
-void register_bench_serve(CLI::App& app, Runner& run);
-void register_bench_engine(CLI::App& app, Runner& run);
-void register_tokenize(CLI::App& app, Runner& run);
-void register_detokenize(CLI::App& app, Runner& run);
+using SubcommandAction = std::function<int()>;  // not dsa::Runner: a parsed command to run
+void register_generate(CLI::App& app, SubcommandAction& run);
+void register_write_checkpoint(CLI::App& app, SubcommandAction& run);
+void register_inspect(CLI::App& app, SubcommandAction& run);
+void register_stress(CLI::App& app, SubcommandAction& run);
+void register_check_replay(CLI::App& app, SubcommandAction& run);
+void register_bench_decode(CLI::App& app, SubcommandAction& run);
+void register_serve(CLI::App& app, SubcommandAction& run);
+void register_bench_serve(CLI::App& app, SubcommandAction& run);
+void register_bench_engine(CLI::App& app, SubcommandAction& run);
+void register_tokenize(CLI::App& app, SubcommandAction& run);
+void register_detokenize(CLI::App& app, SubcommandAction& run);
 
 }  // namespace dsa::tools

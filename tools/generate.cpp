@@ -67,7 +67,7 @@ std::string decode_output(const text::Tokenizer& tok, std::span<const int32_t> i
 
 }  // namespace
 
-void register_generate(CLI::App& app, Runner& run) {
+void register_generate(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<GenerateOpts>();
   CLI::App* cmd = app.add_subcommand("generate", "greedy decode of one prompt");
   add_model_options(cmd, o->model);

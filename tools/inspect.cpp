@@ -65,7 +65,7 @@ std::string summary_text(const std::string& dir, const CheckpointSummary& s) {
 
 }  // namespace
 
-void register_inspect(CLI::App& app, Runner& run) {
+void register_inspect(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     std::string checkpoint;
     bool json = false;

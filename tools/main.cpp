@@ -16,7 +16,7 @@
 namespace {
 
 // Runs the chosen command and maps every way it can end to an exit status.
-int run_command(const dsa::tools::Runner& run) {
+int run_command(const dsa::tools::SubcommandAction& run) {
   try {
     return run();
   } catch (const dsa::Error& e) {
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   app.add_option("--log", log_level, "log level (to stderr)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
-  dsa::tools::Runner run;
+  dsa::tools::SubcommandAction run;
   dsa::tools::register_generate(app, run);
   dsa::tools::register_write_checkpoint(app, run);
   dsa::tools::register_inspect(app, run);

@@ -131,23 +131,25 @@ int run_stress_command(StressOpts& o) {
       report.reference_seconds);
   if (!o.json.empty()) write_result_file(o.json, stress_json(report).dump(2) + "\n", "--json");
   if (!o.plot.empty()) write_result_file(o.plot, stress_svg(report), "--plot");
-  if (!report.guarded_clean()) {
-    fmt::print(stderr, "dsa stress: a guarded cell had corrupted sessions\n");
-    return 1;
-  }
-  return 0;
+  const StressVerdict verdict = stress_verdict(report);
+  fmt::print("{}\n", verdict.line);
+  for (const std::string& p : verdict.problems) fmt::print("  {}\n", p);
+  return verdict.exit_code;
 }
 
 }  // namespace
 
-void register_stress(CLI::App& app, Runner& run) {
+void register_stress(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<StressOpts>();
   o->shape.sessions = 0;  // 0: the backend's default
   o->shape.concurrency = 0;
   CLI::App* cmd = app.add_subcommand(
       "stress",
       "concurrent multi-turn sessions across index-K x runner x faults; prints the "
-      "incident's table (exit 0 iff the guarded cells are clean)");
+      "incident's table and a verdict line. Exit 0: the fingerprint holds (only bf16 index-K + "
+      "graph + incident faults corrupts, and it does when in the matrix) and the detectors agree; "
+      "1: it does not, or the auditor missed what the oracle or divergence saw; 2: bad usage; "
+      "3: turns failed or a step raised its error flag (lost work)");
   cmd->add_option("--preset", o->preset, "model preset")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();

@@ -45,9 +45,9 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   // The widest gemm input, batch * m * k, over every projection of a step (MoE experts read the
   // hidden state or their intermediate, both below these).
   const int64_t H = config_.num_attention_heads;
-  const int64_t widest = std::max<int64_t>({config_.hidden_size, config_.q_lora_rank,
-                                            config_.intermediate_size, H * config_.v_head_dim,
-                                            H * config_.qk_nope_head_dim, H * kKvLoraRank});
+  const int64_t widest =
+      std::max<int64_t>({config_.hidden_size, config_.q_lora_rank, config_.intermediate_size,
+                         H * config_.v_head_dim, H * config_.qk_nope_head_dim, H * kKvLoraRank});
   backend.reserve_gemm_scratch(size_t(max_rows) * size_t(widest));
   const std::vector<float> table = rope_cos_sin_table(config_, max_context);
   cos_sin_ = DeviceArray<float>(backend, table.size());
@@ -123,8 +123,8 @@ void Model::forward(const StepView& step, KvCache& cache, const StepOptions& opt
   }
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, weights_.get("model.norm.weight", {hidden}), R,
           hidden, config_.rms_norm_eps);
-  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}),
-         config_.vocab_size, hidden, step.logits, vocab, R);
+  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}), config_.vocab_size,
+         hidden, step.logits, vocab, R);
 }
 
 void Model::attention(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
@@ -155,6 +155,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   store.ld_latent = store.ld_rope = kLatentDim;
   store.pool = cache.latent(l);
   be.store_latent_kv(store);
+  record_store_inputs(l, PoolKind::kLatent, step, store.pool, kv_.data(), kLatentDim);
 
   // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
   indexer(l, step, cache, options);
@@ -208,8 +209,8 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   up.batch_stride_w = kv_b_head;
   up.batch_stride_y = c.v_head_dim;
   be.gemm(up);
-  linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(),
-         hidden, R, GemmOutput::kAccumulate);
+  linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(), hidden,
+         R, GemmOutput::kAccumulate);
 }
 
 void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
@@ -217,7 +218,8 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   const ModelConfig& c = config_;
   const LayerPtrs& L = layers_[l];
   const int R = step.rows, hidden = c.hidden_size, IH = c.index_n_heads;
-  const RopeStyle style = c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  const RopeStyle style =
+      c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
   const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
 
   // q_i = W_iq(norm(W_qa x)); k_i = LayerNorm(W_ik x); RoPE on the first 64 dims, then Hadamard.
@@ -244,6 +246,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   store.pool = cache.index_k(l);
   store.guard = options.index_k_guard;
   be.store_index_k(store);
+  record_store_inputs(l, PoolKind::kIndexK, step, store.pool, ki_.data(), kIndexHeadDim);
 
   IndexerLogitsParams lp;
   lp.q = qi_.data();
@@ -258,6 +261,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   lp.ld_w = IH;
   lp.ld_page_table = step.ld_page_table;
   lp.ld_logits = max_context_;
+  lp.error_count = step.error_count;
   be.indexer_logits(lp);
 
   TopkParams tp;
@@ -271,6 +275,30 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   tp.ld_logits = max_context_;
   tp.ld_page_table = step.ld_page_table;
   be.topk(tp);
+}
+
+void Model::record_store_inputs(int l, PoolKind kind, const StepView& step, const PoolView& pool,
+                                const float* values, int64_t ld) {
+  Backend& be = *backend_;
+  const int R = step.rows;
+  const bool latent = kind == PoolKind::kLatent;
+  if (step.write_digests) {
+    DigestRowsParams d;
+    d.kind = kind;
+    d.values = values;
+    d.k_rope = latent ? values + kKvLoraRank : nullptr;
+    d.ld_values = d.ld_rope = ld;
+    d.n_real = step.n_real;
+    d.rows = R;
+    d.dtype = pool.dtype;
+    d.rounding = pool.rounding;
+    d.digests = step.write_digests + (int64_t(l) * 2 + (latent ? 0 : 1)) * R;
+    be.digest_rows(d);
+  }
+  if (step.store_values) {
+    float* dst = step.store_values + int64_t(l) * R * kStoreValuesDim + (latent ? 0 : kLatentDim);
+    be.copy_rows({values, dst, R, latent ? kLatentDim : kIndexHeadDim, ld, kStoreValuesDim});
+  }
 }
 
 void Model::mlp(int l, int rows) {
