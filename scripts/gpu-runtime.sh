@@ -34,10 +34,15 @@ run check-replay-guarded 90 "$DSA" check-replay --backend cuda --steps 3000 --se
 run check-replay-incident 60 "$DSA" check-replay --backend cuda --steps 600 --seed 7 --inject incident
 run check-replay-incident-fp8 60 "$DSA" check-replay --backend cuda --steps 600 --seed 7 \
   --inject incident --index-k fp8
-if "$DSA" stress --help > /dev/null 2>&1; then
-  run stress-cuda 240 "$DSA" stress --backend cuda --sessions 60 --concurrency 60 \
-    --json "$TMP/stress.json" --plot "$OUT/stress.svg"
-fi
+# The stress matrix: the default one (60 sessions at concurrency 60 per cell), then the incident
+# cell's exact reproduction of the H200 report that exposed a missed same-step clobber. Both exit
+# by the fingerprint and print oracle_clobbers / auditor_found per faulted cell; their JSON is
+# kept whole in $OUT as well as inside runtime.json.
+run stress-cuda 300 "$DSA" stress --backend cuda --sessions 60 --concurrency 60 \
+  --json "$TMP/stress.json" --plot "$OUT/stress.svg"
+run stress-cuda-incident-240 300 "$DSA" stress --backend cuda --sessions 240 --concurrency 120 \
+  --index-k bf16 --mode all --seed 424242 --json "$TMP/stress_incident_240.json"
+cp "$TMP/stress.json" "$TMP/stress_incident_240.json" "$OUT/" 2>/dev/null
 
 python3 - "$TMP" "$OUT/runtime.json" <<'PY'
 import glob, json, os, sys

@@ -2,7 +2,8 @@
 # The GPU suite. Runs ON the device, from the repository root, with the build of
 # scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}). One run tells everything:
 #   parity tests (gtest JSON), CPU tests, compute-sanitizer (memcheck, racecheck, initcheck,
-#   synccheck) over a short parity filter, dsa_gpu_bench, the torch baselines, the joined report.
+#   synccheck) over a short parity filter, memcheck and racecheck over graph-replayed decode (the
+#   CUDA graph tests and a short check-replay), dsa_gpu_bench, the torch baselines, the report.
 # Every step has a timeout and the suite goes on after a failure. Files written to $OUT (a few,
 # logs concatenated): summary.md, results.json, suite.log, parity.json, bench_merged.json.
 # Environment: OUT (default ./gpu-out), SANITIZER_FILTER (gtest filter for the sanitizer runs),
@@ -48,6 +49,20 @@ for tool in memcheck racecheck initcheck synccheck; do
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)
   step "sanitizer-$tool" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
     --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+done
+# memcheck and racecheck over graph-replayed decode too: the graph tests replay captured CUDA
+# graphs with padded rows and planted garbage, and a short check-replay drives the runner's
+# buckets (graph launches of the whole decode step) with the auditor's kernels on.
+GRAPH_FILTER="${GRAPH_SANITIZER_FILTER:-IndexK/ParityGraph.*}"
+for tool in memcheck racecheck; do
+  extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
+  step "sanitizer-$tool-graph" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" \
+    --error-exitcode 17 --print-limit 30 "$B/tests/dsa_parity_tests" \
+    --gtest_filter="$GRAPH_FILTER" --gtest_brief=1
+  step "sanitizer-$tool-replay" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" \
+    --error-exitcode 17 --print-limit 30 "$B/dsa" --log error check-replay --backend cuda \
+    --steps 40 --buckets 1 4 16 --no-parity
 done
 
 if [[ -z ${SKIP_BENCH:-} ]]; then

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "common.h"
+#include "dsa/checkpoint.h"
 #include "dsa/error.h"
 #include "dsa/pool_fill.h"
 #include "dsa/runner.h"
@@ -34,26 +34,29 @@ double median_ms(std::vector<double> v) {
 
 }  // namespace
 
-void register_bench_decode(CLI::App& app, Runner& run) {
+void register_bench_decode(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     ModelOptions model;
-    int layers = 1, context = 4096, iters = 20;
+    int layers = 1, context = 0, iters = 20;
     std::vector<int> batches = {1, 8, 64, 256};
     std::string gemm = "invariant", json;
     bool profile = false;
     Ceilings ceilings;
   };
   auto o = std::make_shared<Opts>();
-  o->model.max_rows = 256;
   CLI::App* cmd = app.add_subcommand("bench-decode", "time one decode step: graph replay vs eager");
-  add_model_options(cmd, o->model);
-  cmd->add_option("--layers", o->layers, "layers to keep from the preset (0: all)")
+  add_model_source_options(cmd, o->model);
+  add_int_option(cmd, "--layers", o->layers, 0, 256, "layers to keep from the model (0: all)");
+  add_int_option(cmd, "--context", o->context, 0, kMaxContextLimit,
+                 "tokens each row attends to (0: 4096, or less when the model's positions end "
+                 "sooner)");
+  add_int_option(cmd, "--batches", o->batches, 1, kMaxRowsLimit,
+                 "batch sizes (each also a graph bucket)");
+  add_int_option(cmd, "--iters", o->iters, 1, 100000, "timed steps per point");
+  cmd->add_option("--gemm", o->gemm, "invariant | fast")
+      ->check(CLI::IsMember({"invariant", "fast"}))
       ->capture_default_str();
-  cmd->add_option("--context", o->context, "tokens each row attends to")->capture_default_str();
-  cmd->add_option("--batches", o->batches, "batch sizes (each also a graph bucket)");
-  cmd->add_option("--iters", o->iters, "timed steps per point")->capture_default_str();
-  cmd->add_option("--gemm", o->gemm, "invariant | fast")->capture_default_str();
-  cmd->add_option("--json", o->json, "write the results here");
+  cmd->add_option("--json", o->json, "write the results here")->check(non_empty("a file name"));
   cmd->add_flag("--profile", o->profile,
                 "per batch size, time every op of an eager step and compare it with its floor");
   cmd->add_option("--peak-gbps", o->ceilings.gb_per_s, "memory bandwidth for the floors, GB/s")
@@ -62,38 +65,44 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->callback([&run, o] {
     run = [o] {
-      ModelConfig config = preset_config(o->model.preset);
+      ModelConfig config = resolve_config(o->model);
       if (o->layers > 0) config.num_hidden_layers = std::min(o->layers, config.num_hidden_layers);
       config.first_k_dense_replace =
           std::min(config.first_k_dense_replace, config.num_hidden_layers);
       const int max_b = *std::max_element(o->batches.begin(), o->batches.end());
-      require(o->context >= 2 && o->context <= config.max_position_embeddings,
-              ErrorCode::kInvalidArgument, "--context {} must be in [2, {}]", o->context,
-              config.max_position_embeddings);
+      const int context =
+          o->context > 0 ? o->context : std::min(4096, config.max_position_embeddings - 1);
+      require(context >= 2 && context < config.max_position_embeddings, ErrorCode::kInvalidArgument,
+              "--context {} must be in [2, {}] (max_position_embeddings - 1)", context,
+              config.max_position_embeddings - 1);
+      CacheConfig cc;
+      cc.num_layers = config.num_hidden_layers;
+      const int64_t pages_per_row = (context + 1 + kPageSize - 1) / kPageSize;
+      cc.num_pages = 1 + pages_per_row * max_b;
+      cc.index_k_dtype = parse_kv_dtype(o->model.index_k, "--index-k");
+      cc.latent_dtype = parse_kv_dtype(o->model.latent, "--latent");
+      cc.fp8_scale_rounding = o->model.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
       auto device = make_backend(parse_backend(o->model.backend));
+      check_memory(*device, config, max_b, context + 1, cc);
       device->set_gemm_mode(o->gemm == "fast" ? GemmMode::kFast : GemmMode::kBatchInvariant);
       ProfilingBackend profiler(*device);  // forwards only, until a profile starts recording
       Backend* backend = &profiler;
       fmt::print(stderr, "bench-decode: building {} ({} layers) on {}\n", config.name,
                  config.num_hidden_layers, backend->describe());
-      Model model(*backend, config, Weights::synthetic(*backend, config, o->model.seed), max_b,
-                  o->context + 1);
-      CacheConfig cc;
-      cc.num_layers = config.num_hidden_layers;
-      const int64_t pages_per_row = (o->context + 1 + kPageSize - 1) / kPageSize;
-      cc.num_pages = 1 + pages_per_row * max_b;
-      cc.index_k_dtype = parse_kv_dtype(o->model.index_k, "--index-k");
-      cc.latent_dtype = parse_kv_dtype(o->model.latent, "--latent");
+      Weights weights = o->model.checkpoint.empty()
+                            ? Weights::synthetic(*backend, config, o->model.seed)
+                            : load_checkpoint(*backend, o->model.checkpoint);
+      Model model(*backend, config, std::move(weights), max_b, context + 1);
       KvCache cache(*backend, cc);
       fill_cache(*backend, cache, 1);
 
       std::vector<PageTable> tables(static_cast<size_t>(max_b));
-      for (auto& t : tables) t.reserve(o->context + 1, cache.allocator());
+      for (auto& t : tables) t.reserve(context + 1, cache.allocator());
       auto rows_for = [&](int b) {
         std::vector<RowInput> rows;
         for (int r = 0; r < b; ++r) {
-          rows.push_back({r % config.vocab_size, o->context, tables[r].slot(o->context),
-                          o->context + 1, tables[r].pages()});
+          rows.push_back({r % config.vocab_size, context, tables[r].slot(context), context + 1,
+                          tables[r].pages()});
         }
         return rows;
       };
@@ -106,7 +115,8 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       struct StepTime {
         double ms, host_us;
       };
-      auto time_step = [&](const std::vector<RowInput>& rows, bool graph) {
+      auto time_step = [&](const std::vector<RowInput>& rows, RunMode mode) {
+        const bool graph = mode == RunMode::kGraph;
         for (int i = 0; i < 3; ++i) graph ? runner.step(rows) : runner.step_eager(rows);
         std::vector<double> ms, host_us;
         for (int i = 0; i < o->iters; ++i) {
@@ -143,13 +153,13 @@ void register_bench_decode(CLI::App& app, Runner& run) {
       fmt::print("{:>5} {:>12} {:>12} {:>9} {:>14} {:>16} {:>12}\n", "B", "eager ms", "graph ms",
                  "speedup", "graph host us", "padded B-1 in B", "pad cost");
       for (int b : o->batches) {
-        const StepTime eager = time_step(rows_for(b), false);
-        const StepTime graph = time_step(rows_for(b), true);
+        const StepTime eager = time_step(rows_for(b), RunMode::kEager);
+        const StepTime graph = time_step(rows_for(b), RunMode::kGraph);
         // Padding: b-1 real rows replayed in bucket b, against b-1 rows eagerly.
         double padded = 0, eager_small = 0;
         if (b > 1) {
-          padded = time_step(rows_for(b - 1), true).ms;
-          eager_small = time_step(rows_for(b - 1), false).ms;
+          padded = time_step(rows_for(b - 1), RunMode::kGraph).ms;
+          eager_small = time_step(rows_for(b - 1), RunMode::kEager).ms;
         }
         fmt::print("{:>5} {:>12.3f} {:>12.3f} {:>8.2f}x {:>14.1f} {:>16.3f} {:>11.2f}x\n", b,
                    eager.ms, graph.ms, eager.ms / graph.ms, graph.host_us, padded,
@@ -166,15 +176,15 @@ void register_bench_decode(CLI::App& app, Runner& run) {
         if (o->profile) results.back()["profile"] = profile_step(rows_for(b), eager.ms, graph.ms);
       }
       if (!o->json.empty()) {
-        nlohmann::json j = {{"preset", config.name},
+        nlohmann::json j = {{"model", config.name},
                             {"layers", config.num_hidden_layers},
-                            {"context", o->context},
+                            {"context", context},
                             {"backend", backend->describe()},
                             {"index_k", o->model.index_k},
                             {"latent", o->model.latent},
                             {"gemm", o->gemm},
                             {"results", results}};
-        std::ofstream(o->json) << j.dump(2) << "\n";
+        write_result_file(o->json, j.dump(2) + "\n", "--json");
       }
       return 0;
     };

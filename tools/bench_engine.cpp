@@ -73,7 +73,7 @@ int run_bench_engine(const BenchEngineOpts& o) {
 
 }  // namespace
 
-void register_bench_engine(CLI::App& app, Runner& run) {
+void register_bench_engine(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<BenchEngineOpts>();
   CLI::App* cmd =
       app.add_subcommand("bench-engine",

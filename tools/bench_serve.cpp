@@ -80,7 +80,7 @@ int run_bench_serve(BenchServeOpts& o) {
 
 }  // namespace
 
-void register_bench_serve(CLI::App& app, Runner& run) {
+void register_bench_serve(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<BenchServeOpts>();
   bench::BenchOptions& b = o->bench;
   CLI::App* cmd = app.add_subcommand(

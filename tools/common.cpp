@@ -3,34 +3,103 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "dsa/checkpoint.h"
 #include "dsa/config.h"
 #include "dsa/error.h"
+#include "dsa/file_io.h"
 
 namespace dsa::tools {
+namespace {
 
-void add_model_options(CLI::App* app, ModelOptions& o) {
+// Parses all of `s` as a decimal integer of type T (a leading '-' only for signed T).
+template <typename T>
+std::from_chars_result parse_decimal(const std::string& s, T& out) {
+  const bool digits = !s.empty() && std::all_of(s.begin() + (s[0] == '-' ? 1 : 0), s.end(),
+                                                [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || s == "-") return {s.data(), std::errc::invalid_argument};
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (r.ec == std::errc() && r.ptr != s.data() + s.size()) {
+    return {r.ptr, std::errc::invalid_argument};
+  }
+  return r;
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        int64_t v = 0;
+        const auto r = parse_decimal(s, v);
+        if (r.ec == std::errc::invalid_argument) {
+          return fmt::format("'{}' is not an integer; expected one in [{}, {}]", s, lo, hi);
+        }
+        if (r.ec != std::errc() || v < lo || v > hi) {
+          return fmt::format("{} is out of range: expected an integer in [{}, {}]", s, lo, hi);
+        }
+        return {};
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        const auto r = s.starts_with('-')
+                           ? std::from_chars_result{s.data(), std::errc::invalid_argument}
+                           : parse_decimal(s, v);
+        if (r.ec == std::errc::invalid_argument) {
+          return fmt::format(
+              "'{}' is not an integer in [0, 2^64 - 1] (negative values are refused)", s);
+        }
+        if (r.ec != std::errc()) return fmt::format("{} is out of range [0, 2^64 - 1]", s);
+        return {};
+      },
+      "UINT64");
+}
+
+CLI::Validator non_empty(const char* what) {
+  return CLI::Validator(
+      [what](std::string& s) -> std::string {
+        if (s.empty()) return fmt::format("an empty value; expected {}", what);
+        if (s.find('\0') != std::string::npos) return "the value contains a NUL byte";
+        return {};
+      },
+      "");
+}
+
+CLI::Option* add_seed_option(CLI::App* app, const std::string& name, uint64_t& value,
+                             const std::string& help) {
+  return app->add_option(name, value, help)->check(unsigned_integer())->capture_default_str();
+}
+
+void add_model_source_options(CLI::App* app, ModelOptions& o) {
   app->add_option("--preset", o.preset, "model preset: tiny | tiny-moe | v32")
       ->capture_default_str();
   app->add_option("--checkpoint", o.checkpoint,
-                  "load config and weights from this checkpoint directory instead of a preset");
+                  "load config and weights from this checkpoint directory instead of a preset")
+      ->check(non_empty("a checkpoint directory"));
   app->add_option("--backend", o.backend, "cpu | cuda")->capture_default_str();
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
-  app->add_option("--weights-seed", o.seed, "synthetic weight seed")->capture_default_str();
-  app->add_option("--max-rows", o.max_rows, "most rows one step may carry")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
-  app->add_option("--max-context", o.max_context, "longest sequence (0: preset, capped at 4096)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--pages", o.pages,
-                  "pages per pool, page 0 included (0: enough for max-rows "
-                  "full contexts)")
-      ->check(CLI::NonNegativeNumber);
+  add_seed_option(app, "--weights-seed", o.seed, "synthetic weight seed");
+}
+
+void add_capacity_options(CLI::App* app, ModelOptions& o) {
+  add_int_option(app, "--max-rows", o.max_rows, 1, kMaxRowsLimit, "most rows one step may carry");
+  add_int_option(app, "--max-context", o.max_context, 0, kMaxContextLimit,
+                 "longest sequence (0: the config's, capped at 4096)");
+  add_int_option(app, "--pages", o.pages, 0, kMaxPagesLimit,
+                 "pages per pool, page 0 included (0: enough for max-rows full contexts, at most "
+                 "64 rows)");
+}
+
+void add_model_options(CLI::App* app, ModelOptions& o) {
+  add_model_source_options(app, o);
+  add_capacity_options(app, o);
 }
 
 KvDtype parse_kv_dtype(const std::string& name, const char* flag) {
@@ -39,22 +108,32 @@ KvDtype parse_kv_dtype(const std::string& name, const char* flag) {
   fail(ErrorCode::kInvalidArgument, "{} must be bf16 or fp8, got '{}'", flag, name);
 }
 
+ModelConfig resolve_config(const ModelOptions& o) {
+  return o.checkpoint.empty() ? preset_config(o.preset) : load_checkpoint_config(o.checkpoint);
+}
+
+int resolve_context(const ModelOptions& o, const ModelConfig& config) {
+  require(o.max_context <= config.max_position_embeddings, ErrorCode::kOutOfRange,
+          "--max-context {} exceeds max_position_embeddings = {} of {}", o.max_context,
+          config.max_position_embeddings, config.name);
+  return o.max_context > 0 ? o.max_context : std::min(config.max_position_embeddings, 4096);
+}
+
+void check_memory(const Backend& backend, const ModelConfig& config, int64_t max_rows,
+                  int64_t max_context, const CacheConfig& cache) {
+  require_memory_fits(estimate_memory(config, max_rows, max_context, cache), config, cache,
+                      backend.memory_capacity_bytes(),
+                      fmt::format("this run (--max-rows {}, context {}, --pages {})", max_rows,
+                                  max_context, cache.num_pages),
+                      backend.describe());
+}
+
 ModelStack build_model_stack(const ModelOptions& o) {
   ModelStack s;
-  ModelConfig config;
-  Weights weights;
   const KvDtype index_k = parse_kv_dtype(o.index_k, "--index-k");
   const KvDtype latent = parse_kv_dtype(o.latent, "--latent");
-  s.backend = make_backend(parse_backend(o.backend));
-  if (o.checkpoint.empty()) {
-    config = preset_config(o.preset);
-    weights = Weights::synthetic(*s.backend, config, o.seed);
-  } else {
-    weights = load_checkpoint(*s.backend, o.checkpoint, &config);
-  }
-  const int context =
-      o.max_context > 0 ? o.max_context : std::min(config.max_position_embeddings, 4096);
-  s.model = std::make_unique<Model>(*s.backend, config, std::move(weights), o.max_rows, context);
+  const ModelConfig config = resolve_config(o);
+  const int context = resolve_context(o, config);
   CacheConfig cc;
   cc.num_layers = config.num_hidden_layers;
   const int64_t pages_per_context = (context + kPageSize - 1) / kPageSize;
@@ -62,8 +141,37 @@ ModelStack build_model_stack(const ModelOptions& o) {
   cc.latent_dtype = latent;
   cc.index_k_dtype = index_k;
   cc.fp8_scale_rounding = o.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
+  s.backend = make_backend(parse_backend(o.backend));
+  check_memory(*s.backend, config, o.max_rows, context, cc);
+  Weights weights = o.checkpoint.empty() ? Weights::synthetic(*s.backend, config, o.seed)
+                                         : load_checkpoint(*s.backend, o.checkpoint);
+  s.model = std::make_unique<Model>(*s.backend, config, std::move(weights), o.max_rows, context);
   s.cache = std::make_unique<KvCache>(*s.backend, cc);
   return s;
+}
+
+std::string read_prompt_file(const std::string& path, int64_t context_tokens) {
+  return read_regular_file(path, uint64_t(context_tokens * kPromptBytesPerToken),
+                           fmt::format("--prompt-file (at most {} bytes per token of the "
+                                       "{}-token context)",
+                                       kPromptBytesPerToken, context_tokens));
+}
+
+void write_result_file(const std::string& path, const std::string& text, const char* flag) {
+  write_output_file(path, text, fmt::format("{} file", flag));
+}
+
+std::string exit_status_help() {
+  return fmt::format(
+      "Exit status:\n"
+      "  0  success; for check-replay and stress: no corruption found\n"
+      "  {}  corruption found (check-replay, stress verdicts; generate: store errors)\n"
+      "  {}  bad input: a flag, file, config or checkpoint was refused; the message names the "
+      "value and its limit\n"
+      "  {}  runtime failure: the device failed, or memory ran out mid-run\n"
+      "  {}  an output could not be written (a --json or --plot file, a checkpoint, stdout)\n"
+      "  {}  internal error: a bug in dsa\n",
+      kExitCorruption, kExitBadInput, kExitRuntime, kExitWrite, kExitInternal);
 }
 
 void add_tokenizer_options(CLI::App* cmd, TokenizerSource& s) {
@@ -134,11 +242,7 @@ std::vector<int32_t> parse_ids(const std::string& list, const char* flag, int32_
 }
 
 std::string read_input_file(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), ErrorCode::kInvalidArgument, "{}: cannot read {}", flag, path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_regular_file(path, kMaxInputFileBytes, flag);
 }
 
 }  // namespace dsa::tools

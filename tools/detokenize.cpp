@@ -6,7 +6,7 @@
 
 namespace dsa::tools {
 
-void register_detokenize(CLI::App& app, Runner& run) {
+void register_detokenize(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     TokenizerSource source;
     std::string ids;

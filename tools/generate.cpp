@@ -28,11 +28,11 @@ struct GenerateOpts {
 // The prompt's ids, from exactly one source: --prompt / --prompt-file (text, tokenized, or one
 // token per byte with --byte-tokens) or --prompt-ids. (--chat is rendered and tokenized apart.)
 std::vector<int32_t> prompt_tokens(const GenerateOpts& o, const std::optional<text::Tokenizer>& tok,
-                                   int32_t vocab) {
+                                   int32_t vocab, int context) {
   if (!o.prompt_ids.empty())
     return parse_ids(o.prompt_ids, "--prompt-ids", vocab, "the model's vocabulary");
   const std::string text =
-      o.prompt_file.empty() ? o.prompt : read_input_file(o.prompt_file, "--prompt-file");
+      o.prompt_file.empty() ? o.prompt : read_prompt_file(o.prompt_file, context);
   require(!text.empty(), ErrorCode::kInvalidArgument,
           "give a prompt with --prompt TEXT, --prompt-file PATH or --prompt-ids 1,2,3");
   if (o.byte_tokens) {
@@ -67,13 +67,16 @@ std::string decode_output(const text::Tokenizer& tok, std::span<const int32_t> i
 
 }  // namespace
 
-void register_generate(CLI::App& app, Runner& run) {
+void register_generate(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<GenerateOpts>();
   CLI::App* cmd = app.add_subcommand("generate", "greedy decode of one prompt");
   add_model_options(cmd, o->model);
   auto* prompt = cmd->add_option("--prompt", o->prompt, "prompt text (tokenized)");
-  auto* file = cmd->add_option("--prompt-file", o->prompt_file, "read the prompt text from a file")
-                   ->check(CLI::ExistingFile)
+  auto* file = cmd->add_option("--prompt-file", o->prompt_file,
+                               fmt::format("read the prompt text from a regular file of at most {} "
+                                           "bytes per token of the context",
+                                           kPromptBytesPerToken))
+                   ->check(non_empty("a file name"))
                    ->excludes(prompt);
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "the prompt as token ids: 1,2,3")
                   ->excludes(prompt)
@@ -89,18 +92,14 @@ void register_generate(CLI::App& app, Runner& run) {
       ->excludes(ids)
       ->excludes("--byte-tokens");
   cmd->add_option("--chat-format", o->chat_format, "v32 | v4")->capture_default_str();
-  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_int_option(cmd, "--max-tokens", o->max_tokens, 1, kMaxContextLimit, "tokens to generate");
   cmd->add_option("--mode", o->mode, "eager | graph")->capture_default_str();
   cmd->add_option("--inject", o->inject, "faults: stale-padding,unguarded-store (testing only)");
   cmd->callback([&run, o] {
     run = [o] {
       require(o->mode == "eager" || o->mode == "graph", ErrorCode::kInvalidArgument,
               "--mode must be eager or graph, got '{}'", o->mode);
-      const ModelConfig config = o->model.checkpoint.empty()
-                                     ? preset_config(o->model.preset)
-                                     : load_checkpoint_config(o->model.checkpoint);
+      const ModelConfig config = resolve_config(o->model);
       std::optional<text::Tokenizer> tok;
       if (!o->byte_tokens) {
         tok = load_tokenizer({o->model.checkpoint, "", o->model.preset});
@@ -111,7 +110,8 @@ void register_generate(CLI::App& app, Runner& run) {
       std::optional<ChatPrompt> chat;
       if (!o->chat.empty()) chat = read_chat_prompt(o->chat, o->chat_format);
       const std::vector<int32_t> prompt_ids =
-          chat ? tok->encode(chat->text) : prompt_tokens(*o, tok, config.vocab_size);
+          chat ? tok->encode(chat->text)
+               : prompt_tokens(*o, tok, config.vocab_size, resolve_context(o->model, config));
       const int32_t stop = tok && tok->eos_id() ? *tok->eos_id() : -1;
 
       ModelStack stack = build_model_stack(o->model);
@@ -137,10 +137,12 @@ void register_generate(CLI::App& app, Runner& run) {
       }
       fmt::print(stderr,
                  "generated {} tokens after a {}-token prompt in {:.3f} s ({:.1f} tok/s) on {} | "
-                 "preset {}, index-K {}, latent {}, mode {}, store errors {}\n",
+                 "{}, index-K {}, latent {}, mode {}, store errors {}\n",
                  stats.new_tokens, stats.prompt_tokens, s, stats.new_tokens / s,
-                 stack.backend->describe(), o->model.preset, o->model.index_k, o->model.latent,
-                 o->mode, stats.store_errors);
+                 stack.backend->describe(),
+                 o->model.checkpoint.empty() ? "preset " + o->model.preset
+                                             : "checkpoint " + o->model.checkpoint,
+                 o->model.index_k, o->model.latent, o->mode, stats.store_errors);
       return stats.store_errors == 0 ? 0 : 1;
     };
   });

@@ -249,6 +249,10 @@ void ProfilingBackend::audit_slots(const AuditSlotsParams& p) {
   timed({"audit_slots", fmt::format("n={}", p.n), 0, 0}, [&] { inner_.audit_slots(p); });
 }
 
+void ProfilingBackend::digest_rows(const DigestRowsParams& p) {
+  timed({"digest_rows", fmt::format("rows={}", p.rows), 0, 0}, [&] { inner_.digest_rows(p); });
+}
+
 void ProfilingBackend::sample(const SampleParams& p) {
   timed({"sample", fmt::format("rows={} vocab={}", p.rows, p.vocab),
          f32_bytes(double(p.rows) * p.vocab), 0},

@@ -63,6 +63,7 @@ class ProfilingBackend final : public Backend {
   }
   void fill(void* dst, uint8_t byte, size_t n) override { inner_.fill(dst, byte, n); }
   void synchronize() override { inner_.synchronize(); }
+  uint64_t memory_capacity_bytes() const override { return inner_.memory_capacity_bytes(); }
   std::unique_ptr<Stopwatch> stopwatch() override { return inner_.stopwatch(); }
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override;
   void reserve_gemm_scratch(size_t x_elements) override { inner_.reserve_gemm_scratch(x_elements); }
@@ -88,6 +89,7 @@ class ProfilingBackend final : public Backend {
   void topk(const TopkParams& p) override;
   void sparse_mla(const SparseMlaParams& p) override;
   void audit_slots(const AuditSlotsParams& p) override;
+  void digest_rows(const DigestRowsParams& p) override;
   void sample(const SampleParams& p) override;
 
  private:

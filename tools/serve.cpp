@@ -79,7 +79,7 @@ int run_serve(ServeOpts& o) {
 
 }  // namespace
 
-void register_serve(CLI::App& app, Runner& run) {
+void register_serve(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<ServeOpts>();
   o->model.max_rows = 64;
   CLI::App* cmd = app.add_subcommand(

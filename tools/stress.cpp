@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 #include "common.h"
 #include "dsa/error.h"
@@ -23,7 +22,7 @@ struct StressOpts {
   uint64_t weight_seed = 0;
   int max_rows = 64;
   int64_t pages = 0;
-  bool no_audit = false, no_reference = false, quiet = false;
+  bool no_audit = false, no_reference = false, quiet = false, allow_slow_cpu = false;
   StressShape shape;
 };
 
@@ -60,6 +59,26 @@ AuditScope parse_scope(const std::string& s) {
   fail(ErrorCode::kInvalidArgument, "--audit-scope must be all, read or sample, got '{}'", s);
 }
 
+// The scalar CPU backend is the specification, not a fast path: a workload of many TFLOP (the
+// v32 preset's matrix) would run for hours without a word. Refused, with the estimate, unless
+// --allow-slow-cpu.
+void refuse_slow_cpu_run(const StressConfig& c) {
+  constexpr double kCpuFlopLimit = 1e13;
+  const ModelConfig config = preset_config(c.preset);
+  const double params = double(estimate_memory(config, 1, 1, CacheConfig{}).weights) / 2;
+  const StressShape& s = c.shape;
+  // Every session runs once per cell and once alone as the reference; each token costs about
+  // 2 FLOP per parameter.
+  const double tokens = double(s.sessions) * double(c.cells.size() + 1) * s.max_turns *
+                        (double(s.max_prompt) + s.max_reply);
+  const double flop = 2 * params * tokens;
+  require(flop <= kCpuFlopLimit, ErrorCode::kInvalidArgument,
+          "stress --preset {} on the cpu backend: up to {:.2g} tokens through {:.2g} parameters "
+          "is about {:.2g} FLOP, hours on the scalar CPU backend (this check refuses more than "
+          "{:.0g}); run it with --backend cuda, shrink the workload, or give --allow-slow-cpu",
+          c.preset, tokens, params, flop, kCpuFlopLimit);
+}
+
 void print_progress(const StressProgress& p) {
   const std::string line =
       p.cell < 0 ? fmt::format("{}: {}/{} sessions", p.phase, p.sessions_done, p.sessions)
@@ -91,6 +110,7 @@ int run_stress_command(StressOpts& o) {
   c.compare_reference = !o.no_reference;
   c.audit_scope = parse_scope(o.audit_scope);
   require(!c.cells.empty(), ErrorCode::kInvalidArgument, "no cell matches the flags");
+  if (cpu && !o.allow_slow_cpu) refuse_slow_cpu_run(c);
 
   StressProgressFn progress;
   if (!o.quiet) progress = print_progress;
@@ -120,33 +140,27 @@ int run_stress_command(StressOpts& o) {
         1e6 * (st.host_seconds - st.runner_host_seconds) / steps,
         1e6 * st.runner_host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
   }
-  if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    require(bool(out), ErrorCode::kIo, "cannot write --json file '{}'", o.json);
-    out << stress_json(report).dump(2) << "\n";
-  }
-  if (!o.plot.empty()) {
-    std::ofstream out(o.plot);
-    require(bool(out), ErrorCode::kIo, "cannot write --plot file '{}'", o.plot);
-    out << stress_svg(report);
-  }
-  if (!report.guarded_clean()) {
-    fmt::print(stderr, "dsa stress: a guarded cell had corrupted sessions\n");
-    return 1;
-  }
-  return 0;
+  if (!o.json.empty()) write_result_file(o.json, stress_json(report).dump(2) + "\n", "--json");
+  if (!o.plot.empty()) write_result_file(o.plot, stress_svg(report), "--plot");
+  const StressVerdict verdict = stress_verdict(report);
+  fmt::print("{}\n", verdict.line);
+  for (const std::string& p : verdict.problems) fmt::print("  {}\n", p);
+  return verdict.exit_code;
 }
 
 }  // namespace
 
-void register_stress(CLI::App& app, Runner& run) {
+void register_stress(CLI::App& app, SubcommandAction& run) {
   auto o = std::make_shared<StressOpts>();
   o->shape.sessions = 0;  // 0: the backend's default
   o->shape.concurrency = 0;
   CLI::App* cmd = app.add_subcommand(
       "stress",
       "concurrent multi-turn sessions across index-K x runner x faults; prints the "
-      "incident's table (exit 0 iff the guarded cells are clean)");
+      "incident's table and a verdict line. Exit 0: the fingerprint holds (only bf16 index-K + "
+      "graph + incident faults corrupts, and it does when in the matrix) and the detectors agree; "
+      "1: it does not, or the auditor missed what the oracle or divergence saw; 2: bad usage; "
+      "3: turns failed or a step raised its error flag (lost work)");
   cmd->add_option("--preset", o->preset, "model preset")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
@@ -154,45 +168,42 @@ void register_stress(CLI::App& app, Runner& run) {
   cmd->add_option("--faults,--inject", o->faults,
                   "guarded | incident (= stale-padding,unguarded-store) | all")
       ->capture_default_str();
-  cmd->add_option("--sessions", o->shape.sessions, "sessions per cell (0: 12 on cpu, 60 on cuda)")
-      ->check(CLI::Range(0, 100000));
-  cmd->add_option("--concurrency", o->shape.concurrency,
-                  "sessions active at once (0: 8 on cpu, 60 on cuda)")
-      ->check(CLI::Range(0, 100000));
-  cmd->add_option("--seed", o->shape.seed, "workload seed")->capture_default_str();
-  cmd->add_option("--weight-seed", o->weight_seed, "synthetic weight seed")->capture_default_str();
-  cmd->add_option("--min-turns", o->shape.min_turns, "turns per session, least")
-      ->capture_default_str();
-  cmd->add_option("--max-turns", o->shape.max_turns, "turns per session, most")
-      ->capture_default_str();
-  cmd->add_option("--min-prompt", o->shape.min_prompt, "new tokens per turn, least")
-      ->capture_default_str();
-  cmd->add_option("--max-prompt", o->shape.max_prompt, "new tokens per turn, most")
-      ->capture_default_str();
-  cmd->add_option("--min-reply", o->shape.min_reply, "reply tokens per turn, least")
-      ->capture_default_str();
-  cmd->add_option("--max-reply", o->shape.max_reply, "reply tokens per turn, most")
-      ->capture_default_str();
-  cmd->add_option("--arrival-gap", o->shape.max_arrival_gap, "most engine steps between arrivals")
-      ->capture_default_str();
-  cmd->add_option("--think", o->shape.max_think,
-                  "most engine steps between a reply and the next "
-                  "turn")
-      ->capture_default_str();
+  add_int_option(cmd, "--sessions", o->shape.sessions, 0, 100000,
+                 "sessions per cell (0: 12 on cpu, 60 on cuda)");
+  add_int_option(cmd, "--concurrency", o->shape.concurrency, 0, 100000,
+                 "sessions active at once (0: 8 on cpu, 60 on cuda)");
+  add_seed_option(cmd, "--seed", o->shape.seed, "workload seed");
+  add_seed_option(cmd, "--weight-seed", o->weight_seed, "synthetic weight seed");
+  add_int_option(cmd, "--min-turns", o->shape.min_turns, 1, kMaxStressTurns,
+                 "turns per session, least");
+  add_int_option(cmd, "--max-turns", o->shape.max_turns, 1, kMaxStressTurns,
+                 "turns per session, most");
+  add_int_option(cmd, "--min-prompt", o->shape.min_prompt, 1, kMaxStressTokens,
+                 "new tokens per turn, least");
+  add_int_option(cmd, "--max-prompt", o->shape.max_prompt, 1, kMaxStressTokens,
+                 "new tokens per turn, most");
+  add_int_option(cmd, "--min-reply", o->shape.min_reply, 1, kMaxStressTokens,
+                 "reply tokens per turn, least");
+  add_int_option(cmd, "--max-reply", o->shape.max_reply, 1, kMaxStressTokens,
+                 "reply tokens per turn, most");
+  add_int_option(cmd, "--arrival-gap", o->shape.max_arrival_gap, 0, kMaxStressTokens,
+                 "most engine steps between arrivals");
+  add_int_option(cmd, "--think", o->shape.max_think, 0, kMaxStressTokens,
+                 "most engine steps between a reply and the next turn");
   cmd->add_option("--policy", o->policy, "session cache between turns: keep | recompute")
       ->capture_default_str();
-  cmd->add_option("--max-rows", o->max_rows, "rows per step (prefill chunk, largest bucket)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--pages", o->pages,
-                  "pages per pool (0: a third of what the concurrent sessions could need)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  add_int_option(cmd, "--max-rows", o->max_rows, 1, kMaxRowsLimit,
+                 "rows per step (prefill chunk, largest bucket)");
+  add_int_option(cmd, "--pages", o->pages, 0, kMaxPagesLimit,
+                 "pages per pool (0: a third of what the concurrent sessions could need)");
+  cmd->add_flag("--allow-slow-cpu", o->allow_slow_cpu,
+                "run a workload the scalar CPU backend needs hours for (refused otherwise)");
   cmd->add_option("--audit-scope", o->audit_scope, "auditor verification: all | read | sample")
       ->capture_default_str();
   cmd->add_flag("--no-audit", o->no_audit, "turn the auditor off (detection by divergence only)");
   cmd->add_flag("--no-reference", o->no_reference, "skip the reference comparison");
-  cmd->add_option("--json", o->json, "write the results as JSON");
-  cmd->add_option("--plot", o->plot, "write a bar chart as SVG");
+  cmd->add_option("--json", o->json, "write the results as JSON")->check(non_empty("a file name"));
+  cmd->add_option("--plot", o->plot, "write a bar chart as SVG")->check(non_empty("a file name"));
   cmd->add_flag("--quiet", o->quiet, "no progress line");
   cmd->callback([&run, o] { run = [o] { return run_stress_command(*o); }; });
 }

@@ -7,7 +7,7 @@
 
 namespace dsa::tools {
 
-void register_tokenize(CLI::App& app, Runner& run) {
+void register_tokenize(CLI::App& app, SubcommandAction& run) {
   struct Opts {
     TokenizerSource source;
     std::string text, file;

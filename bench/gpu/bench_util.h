@@ -9,10 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dsa/backend.h"
 
@@ -21,11 +20,11 @@ namespace dsa::bench {
 inline constexpr double kRotateBytes = 192.0 * 1024 * 1024;  // > 3x the H200's 60 MB L2
 
 struct BenchResult {
-  std::string name;        // "store_index_k/bf16/tokens=1048576"
-  double us = 0;           // median time per call
-  double bytes = 0;        // bytes the op must move (read + write), for GB/s
-  double flops = 0;        // flops the op must do, 0 when memory bound
-  double floor_us = 0;     // the best possible time: bytes / copy_gbs, flops / bf16 rate, or a launch
+  std::string name;     // "store_index_k/bf16/tokens=1048576"
+  double us = 0;        // median time per call
+  double bytes = 0;     // bytes the op must move (read + write), for GB/s
+  double flops = 0;     // flops the op must do, 0 when memory bound
+  double floor_us = 0;  // the best possible time: bytes / copy_gbs, flops / bf16 rate, or a launch
   std::string floor_kind;  // "hbm", "bf16", "launch"
   nlohmann::json extra;    // anything else worth keeping
 };
@@ -38,12 +37,17 @@ class BenchContext {
   dsa::Backend& backend;
   cudaStream_t stream;
   double copy_gbs = 0;         // device-to-device copy, read + write bytes, GB/s (1e9)
-  double empty_launch_us = 0;  // one empty kernel launch on the stream, back to back
-  double bf16_tflops = 0;      // a large bf16 GEMM through cuBLASLt
+  double empty_launch_us = 0;  // one empty kernel, graph-launched back to back (time_graph_us)
+  double empty_stream_launch_us = 0;  // the same kernel launched on the stream one by one
+  double bf16_tflops = 0;             // a large bf16 GEMM through cuBLASLt
 
   // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
   // repeats of `iters` calls between CUDA events.
   double time_us(const std::function<void()>& fn, int iters);
+  // Median microseconds per call of fn when `calls` calls are captured into one CUDA graph and
+  // the graph is launched back to back: no per-launch host overhead. The empty-kernel floor and
+  // the small stores are both timed this way, so the floor is comparable with what it bounds.
+  double time_graph_us(const std::function<void()>& fn, int calls);
   void add(BenchResult r);
 
   // Floors from the measured ceilings.

@@ -45,6 +45,11 @@ double measure_copy_gbs(BenchContext& ctx) {
 }
 
 double measure_empty_launch_us(BenchContext& ctx) {
+  return ctx.time_graph_us([&] { check(launch_empty_kernel(ctx.stream), "launch_empty_kernel"); },
+                           1000);
+}
+
+double measure_empty_stream_launch_us(BenchContext& ctx) {
   return ctx.time_us([&] { check(launch_empty_kernel(ctx.stream), "launch_empty_kernel"); }, 1000);
 }
 
@@ -124,6 +129,7 @@ nlohmann::json to_json(const BenchContext& ctx) {
           {"ceilings",
            {{"copy_gbs", ctx.copy_gbs},
             {"empty_launch_us", ctx.empty_launch_us},
+            {"empty_stream_launch_us", ctx.empty_stream_launch_us},
             {"bf16_tflops", ctx.bf16_tflops}}},
           {"results", rows}};
 }
@@ -153,6 +159,22 @@ double BenchContext::time_us(const std::function<void()>& fn, int iters) {
   return samples[samples.size() / 2];
 }
 
+double BenchContext::time_graph_us(const std::function<void()>& fn, int calls) {
+  for (int i = 0; i < 3; ++i) fn();  // warm-up outside capture
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  for (int i = 0; i < calls; ++i) fn();
+  check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  const double us =
+      time_us([&] { check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }, 5) / calls;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
 void BenchContext::add(BenchResult r) {
   std::printf("  %-44s %10.2f us\n", r.name.c_str(), r.us);
   std::fflush(stdout);
@@ -162,7 +184,8 @@ void BenchContext::add(BenchResult r) {
 }  // namespace dsa::bench
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsa_gpu_bench: dsa.cpp's GPU kernels against the ceilings measured in the same run"};
+  CLI::App app{
+      "dsa_gpu_bench: dsa.cpp's GPU kernels against the ceilings measured in the same run"};
   std::string json_path;
   int device = 0;
   bool skip_attention = false, skip_store = false;
@@ -177,9 +200,11 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);
     ctx.empty_launch_us = dsa::bench::measure_empty_launch_us(ctx);
+    ctx.empty_stream_launch_us = dsa::bench::measure_empty_stream_launch_us(ctx);
     ctx.bf16_tflops = dsa::bench::measure_bf16_tflops(ctx);
-    std::printf("ceilings: copy %.0f GB/s (read + write), empty launch %.2f us, bf16 %.0f TFLOP/s\n",
-                ctx.copy_gbs, ctx.empty_launch_us, ctx.bf16_tflops);
+    std::printf(
+        "ceilings: copy %.0f GB/s (read + write), empty launch %.2f us, bf16 %.0f TFLOP/s\n",
+        ctx.copy_gbs, ctx.empty_launch_us, ctx.bf16_tflops);
     if (!skip_store) dsa::bench::run_store_benches(ctx);
     if (!skip_attention) dsa::bench::run_attention_benches(ctx);
     dsa::bench::print_table(ctx);

@@ -25,20 +25,24 @@ def main():
 
     dsa = json.load(open(args.dsa))
     baselines = {}  # name -> (source, us)
+    eager = {}      # name -> torch's eager time, when the baseline also timed a CUDA graph
     for path in args.torch:
         if not os.path.exists(path):
             continue
         source = os.path.splitext(os.path.basename(path))[0]
         for row in load_rows(path):
             baselines[row["name"]] = (source, float(row["us"]))
+            if "us_eager" in row:
+                eager[row["name"]] = float(row["us_eager"])
 
     ceil = dsa.get("ceilings", {})
     lines = [f"## bench: {dsa.get('device', '?')}", "",
              f"ceilings: copy {ceil.get('copy_gbs', 0):.0f} GB/s, empty launch "
              f"{ceil.get('empty_launch_us', 0):.2f} us, bf16 {ceil.get('bf16_tflops', 0):.0f} TFLOP/s",
              "",
-             "| name | dsa us | GB/s | % copy | floor us | floor/dsa | torch us | torch/dsa |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| name | dsa us | GB/s | % copy | floor us | floor/dsa | torch us | torch/dsa | "
+             "torch eager us |",
+             "|---|---|---|---|---|---|---|---|---|"]
     merged = []
     for r in dsa.get("results", []):
         row = dict(r)
@@ -51,9 +55,12 @@ def main():
         merged.append(row)
         torch_us = f"{base[1]:.2f}" if base else "-"
         speedup = f"{base[1] / us:.2f}x" if base and us > 0 else "-"
+        if r["name"] in eager:
+            row["torch_eager_us"] = eager[r["name"]]
+        torch_eager = f"{eager[r['name']]:.2f}" if r["name"] in eager else "-"
         lines.append(f"| {r['name']} | {us:.2f} | {r.get('gbs', 0):.0f} | "
                      f"{r.get('pct_copy', 0):.0f}% | {r.get('floor_us', 0):.2f} | "
-                     f"{row['floor_ratio'] or 0:.2f} | {torch_us} | {speedup} |")
+                     f"{row['floor_ratio'] or 0:.2f} | {torch_us} | {speedup} | {torch_eager} |")
     unmatched = sorted(set(baselines) - {r["name"] for r in dsa.get("results", [])})
     if unmatched:
         lines += ["", "torch rows without a dsa row: " + ", ".join(unmatched)]

@@ -6,7 +6,11 @@
         values and the scales into the same page layout as dsa.cpp (DESIGN §3).
 
 Same sizes, same row names and the same rotation over > 3x L2 as dsa_gpu_bench's store benches;
-timed with CUDA events (warm-up, median of 7 repeats). Writes JSON rows {name, us}.
+timed with CUDA events (warm-up, median of 7 repeats), twice: eager Python calls (at small sizes
+this mostly measures torch's per-op launch overhead), and the same calls captured once in a
+torch.cuda.graph and replayed (what a graph-captured decode step pays). Writes JSON rows
+{name, us, us_eager, us_graph}; `us`, the row compared with dsa.cpp, is the graphed time, since
+dsa_gpu_bench times its small stores graph-launched too.
 """
 import argparse
 import json
@@ -32,6 +36,21 @@ def time_us(fn, iters):
         stop.synchronize()
         samples.append(start.elapsed_time(stop) * 1e3 / iters)
     return sorted(samples)[len(samples) // 2]
+
+
+def time_graph_us(fn, calls):
+    """fn called `calls` times inside one CUDA graph; per-call time of replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture, as torch.cuda.graph asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return time_us(graph.replay, 5) / calls
 
 
 def page_shuffled_slots(total, gen):
@@ -89,12 +108,14 @@ def bench(layout, dtype, tokens, gen):
             row = torch.cat([q, scale.contiguous().view(torch.uint8), rope], dim=1)
             pool.index_put_((loc,), row)
 
-    us = time_us(run, 10 if tokens > 256 else 200)
+    calls = 10 if tokens > 256 else 200
+    us_eager = time_us(run, calls)
+    us_graph = time_graph_us(run, calls)
     name = f"store_{'index_k' if layout == 'index_k' else 'latent_kv'}/{dtype}/tokens={tokens}"
-    print(f"  {name:44s} {us:10.2f} us", flush=True)
+    print(f"  {name:44s} eager {us_eager:10.2f} us   graph {us_graph:10.2f} us", flush=True)
     del pool, x, slots
     torch.cuda.empty_cache()
-    return {"name": name, "us": us}
+    return {"name": name, "us": us_graph, "us_eager": us_eager, "us_graph": us_graph}
 
 
 def main():

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dsa/error.h"
+#include "dsa/file_io.h"
 
 namespace dsa {
 
@@ -55,6 +56,8 @@ void Backend::copy_rows(const CopyRowsParams& p) {
     copy_on_device(p.y + r * p.ld_y, p.x + r * p.ld_x, size_t(p.dim) * sizeof(float));
   }
 }
+
+uint64_t Backend::memory_capacity_bytes() const { return host_memory_bytes(); }
 
 void Backend::moe_route(const MoeRouteParams&) {
   fail(ErrorCode::kBackend, "moe_route is not implemented by backend {}", describe());

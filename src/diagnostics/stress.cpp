@@ -149,12 +149,16 @@ struct Stack {
   CacheConfig cache;
 };
 
-EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool audit) {
+enum class Detectors : uint8_t { kNone, kAsConfigured };  // references run without any
+
+EngineOptions engine_options(const StressConfig& c, const StressCell& cell, Detectors detectors) {
+  const bool audit = detectors == Detectors::kAsConfigured && c.audit;
   EngineOptions o;
   o.runner.mode = cell.runner;
   if (!c.buckets.empty()) o.runner.buckets = c.buckets;
   o.runner.faults.stale_padding = o.runner.faults.unguarded_store = cell.faults;
   o.audit = audit;
+  o.oracle = audit && cell.faults;  // fault-injection cells: the auditor's recall is measured
   o.audit_scope = c.audit_scope;
   o.max_running = std::min(c.max_rows, c.shape.concurrency);
   return o;
@@ -183,17 +187,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void StressShape::validate() const {
-  auto range = [](int lo, int hi, const char* what) {
-    require(lo >= 1 && lo <= hi, ErrorCode::kInvalidArgument,
-            "{}: min {} and max {} must satisfy 1 <= min <= max", what, lo, hi);
+  auto range = [](int lo, int hi, const char* what, int limit) {
+    require(lo >= 1 && lo <= hi && hi <= limit, ErrorCode::kInvalidArgument,
+            "{}: min {} and max {} must satisfy 1 <= min <= max <= {}", what, lo, hi, limit);
   };
   require(sessions >= 1 && concurrency >= 1, ErrorCode::kInvalidArgument,
           "sessions = {} and concurrency = {} must be >= 1", sessions, concurrency);
-  range(min_turns, max_turns, "turns");
-  range(min_prompt, max_prompt, "prompt tokens per turn");
-  range(min_reply, max_reply, "reply tokens per turn");
-  require(max_arrival_gap >= 0 && max_think >= 0, ErrorCode::kInvalidArgument,
-          "arrival gap {} and think time {} must be >= 0", max_arrival_gap, max_think);
+  range(min_turns, max_turns, "turns", kMaxStressTurns);
+  range(min_prompt, max_prompt, "prompt tokens per turn", kMaxStressTokens);
+  range(min_reply, max_reply, "reply tokens per turn", kMaxStressTokens);
+  require(max_arrival_gap >= 0 && max_think >= 0 && max_arrival_gap <= kMaxStressTokens &&
+              max_think <= kMaxStressTokens,
+          ErrorCode::kInvalidArgument, "arrival gap {} and think time {} must be in [0, {}]",
+          max_arrival_gap, max_think, kMaxStressTokens);
 }
 
 std::string StressCell::condition() const {
@@ -211,6 +217,69 @@ std::vector<StressCell> stress_matrix() {
     }
   }
   return cells;
+}
+
+namespace {
+bool is_incident_cell(const StressCell& c) {
+  return c.index_k == KvDtype::kBf16 && c.runner == RunMode::kGraph && c.faults;
+}
+}  // namespace
+
+StressVerdict stress_verdict(const StressReport& report) {
+  StressVerdict v;
+  std::string wrong_cell;  // the first cell that contradicts the fingerprint
+  bool incident_run = false;
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (is_incident_cell(c.cell)) {
+      incident_run = true;
+      if (c.corrupted == 0) {
+        v.problems.push_back(
+            fmt::format("{}: no session corrupted; the incident's cell must", name));
+        if (wrong_cell.empty()) wrong_cell = name + " shows no corruption";
+      }
+    } else if (c.corrupted > 0) {
+      v.problems.push_back(fmt::format("{}: {} of {} sessions corrupted; this cell must stay clean",
+                                       name, c.corrupted, c.sessions));
+      if (wrong_cell.empty()) wrong_cell = fmt::format("{} corrupted {}", name, c.corrupted);
+    }
+  }
+  v.line = !wrong_cell.empty() ? "fingerprint: NOT reproduced: " + wrong_cell
+           : incident_run      ? "fingerprint: reproduced"
+                               : "fingerprint: not run (the matrix has no bf16 index-K + graph + "
+                                 "incident faults cell; the cells that ran are clean)";
+  if (!wrong_cell.empty()) v.exit_code = kStressExitCorruption;
+
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (c.oracle && (c.auditor_found != c.oracle_clobbers || c.auditor_unconfirmed > 0)) {
+      v.problems.push_back(
+          fmt::format("{}: the auditor reported {} of the oracle's {} clobbered slots ({} findings "
+                      "unconfirmed)",
+                      name, c.auditor_found, c.oracle_clobbers, c.auditor_unconfirmed));
+      v.exit_code = kStressExitCorruption;
+    }
+    if (c.diverged_not_flagged > 0) {
+      v.problems.push_back(fmt::format("{}: {} sessions diverged without an auditor finding", name,
+                                       c.diverged_not_flagged));
+      v.exit_code = kStressExitCorruption;
+    }
+  }
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (c.failed_turns > 0) {
+      v.problems.push_back(fmt::format("{}: {} turns of {} sessions failed (lost work)", name,
+                                       c.failed_turns, c.failed_sessions));
+    }
+    if (c.stats.store_errors > 0) {
+      v.problems.push_back(
+          fmt::format("{}: steps raised the error flag {} times", name, c.stats.store_errors));
+    }
+    if ((c.failed_turns > 0 || c.stats.store_errors > 0) && v.exit_code == kStressExitClean) {
+      v.exit_code = kStressExitLostWork;
+    }
+  }
+  return v;
 }
 
 bool StressReport::guarded_clean() const {
@@ -237,6 +306,20 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
   }
   s.cache.num_layers = config.num_hidden_layers;
   s.cache.num_pages = c.pages > 0 ? c.pages : default_pool_pages(c.shape.concurrency, longest);
+  require_memory_fits(estimate_memory(config, c.max_rows, context, s.cache), config, s.cache,
+                      s.backend->memory_capacity_bytes(),
+                      fmt::format("stress (--pages {})", s.cache.num_pages), s.backend->describe());
+  const int64_t longest_pages = (longest + kPageSize - 1) / kPageSize;
+  require(longest_pages <= s.cache.num_pages - 1, ErrorCode::kInvalidArgument,
+          "--pages {} gives {} usable pages, but the longest session of this workload needs {} "
+          "pages for {} tokens: its turns would fail; use --pages {} or more",
+          s.cache.num_pages, s.cache.num_pages - 1, longest_pages, longest, longest_pages + 1);
+  int longer_than_topk = 0;
+  for (const SessionPlan& p : plans) {
+    int64_t total = 0;
+    for (size_t t = 0; t < p.turns.size(); ++t) total += int64_t(p.turns[t].size()) + p.replies[t];
+    longer_than_topk += total > config.index_topk;
+  }
 
   StressReport report;
   report.config = {{"preset", c.preset},
@@ -256,6 +339,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
                    {"pages", s.cache.num_pages},
                    {"longest_session_tokens", longest},
                    {"index_topk", config.index_topk},
+                   {"sessions_longer_than_index_topk", longer_than_topk},
                    {"audit", c.audit},
                    {"compare_reference", c.compare_reference}};
   const int n = c.shape.sessions;
@@ -269,7 +353,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     cc.index_k_dtype = cell.index_k;
     KvCache cache(*s.backend, cc);
     Engine engine(*s.model, cache,
-                  engine_options(c, {cell.index_k, RunMode::kEager, false}, false));
+                  engine_options(c, {cell.index_k, RunMode::kEager, false}, Detectors::kNone));
     std::vector<SessionRun>& refs = references[cell.index_k];
     for (int i = 0; i < n; ++i) {
       SessionPlan alone = plans[size_t(i)];
@@ -288,7 +372,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     CacheConfig cc = s.cache;
     cc.index_k_dtype = cell.index_k;
     KvCache cache(*s.backend, cc);
-    Engine engine(*s.model, cache, engine_options(c, cell, c.audit));
+    Engine engine(*s.model, cache, engine_options(c, cell, Detectors::kAsConfigured));
     CellResult r;
     r.cell = cell;
     r.sessions = n;
@@ -311,12 +395,22 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     r.stats = engine.stats();
     r.tokens = r.stats.generated_tokens;
     r.audit_findings = r.stats.audit_findings;
+    r.oracle = engine.options().oracle;
+    r.oracle_clobbers = r.stats.oracle_clobbers;
+    r.auditor_found = r.stats.auditor_found;
+    r.auditor_unconfirmed = r.stats.auditor_unconfirmed;
     for (int i = 0; i < n; ++i) {
-      const int turn = diverges(size_t(i), runs[size_t(i)]);
+      const SessionRun& run = runs[size_t(i)];
+      const int turn = diverges(size_t(i), run);
       if (turn >= 0) r.first_divergent_turns.push_back(turn);
       r.diverged += turn >= 0;
-      r.auditor_flagged += runs[size_t(i)].flagged;
-      r.corrupted += turn >= 0 || runs[size_t(i)].flagged;
+      r.auditor_flagged += run.flagged;
+      r.corrupted += turn >= 0 || run.flagged;
+      r.flagged_and_diverged += turn >= 0 && run.flagged;
+      r.diverged_not_flagged += turn >= 0 && !run.flagged && c.audit;
+      const int failed = int(std::count(run.failed.begin(), run.failed.end(), true));
+      r.failed_turns += failed;
+      r.failed_sessions += failed > 0;
     }
     require(cache.allocator().used_pages() == 0, ErrorCode::kInternal,
             "stress: {} pages still in use after every session closed",

@@ -30,11 +30,16 @@ std::string xml_escape(const std::string& s) {
 
 std::string stress_table(const StressReport& report) {
   std::string out =
-      "| condition | corrupted sessions (k/N, %) | auditor flagged | diverged |\n"
-      "|---|---|---|---|\n";
+      "| condition | corrupted sessions (k/N, %) | auditor flagged | diverged | flagged and "
+      "diverged | diverged not flagged | oracle clobbers / auditor found | failed turns |\n"
+      "|---|---|---|---|---|---|---|---|\n";
   for (const CellResult& c : report.cells) {
-    out += fmt::format("| {} | {}/{} ({:.0f}%) | {} | {} |\n", c.cell.condition(), c.corrupted,
-                       c.sessions, percent(c.corrupted, c.sessions), c.auditor_flagged, c.diverged);
+    const std::string oracle =
+        c.oracle ? fmt::format("{} / {}", c.oracle_clobbers, c.auditor_found) : "-";
+    out += fmt::format("| {} | {}/{} ({:.0f}%) | {} | {} | {} | {} | {} | {} |\n",
+                       c.cell.condition(), c.corrupted, c.sessions,
+                       percent(c.corrupted, c.sessions), c.auditor_flagged, c.diverged,
+                       c.flagged_and_diverged, c.diverged_not_flagged, oracle, c.failed_turns);
   }
   return out;
 }
@@ -53,6 +58,14 @@ nlohmann::json stress_json(const StressReport& report) {
          {"corrupted_percent", percent(c.corrupted, c.sessions)},
          {"auditor_flagged", c.auditor_flagged},
          {"diverged", c.diverged},
+         {"flagged_and_diverged", c.flagged_and_diverged},
+         {"diverged_not_flagged", c.diverged_not_flagged},
+         {"failed_turns", c.failed_turns},
+         {"failed_sessions", c.failed_sessions},
+         {"oracle", c.oracle},
+         {"oracle_clobbers", c.oracle_clobbers},
+         {"auditor_found", c.auditor_found},
+         {"auditor_unconfirmed", c.auditor_unconfirmed},
          {"first_divergent_turns", c.first_divergent_turns},
          {"audit_findings", c.audit_findings},
          {"tokens", c.tokens},
@@ -70,10 +83,14 @@ nlohmann::json stress_json(const StressReport& report) {
          {"runner_host_us_per_step", s.steps > 0 ? 1e6 * s.runner_host_seconds / s.steps : 0.0},
          {"device_wait_us_per_step", s.steps > 0 ? 1e6 * s.device_wait_seconds / s.steps : 0.0}});
   }
+  const StressVerdict verdict = stress_verdict(report);
   return {{"cells", cells},
           {"config", report.config},
           {"reference_seconds", report.reference_seconds},
-          {"guarded_clean", report.guarded_clean()}};
+          {"guarded_clean", report.guarded_clean()},
+          {"verdict", verdict.line},
+          {"problems", verdict.problems},
+          {"exit_code", verdict.exit_code}};
 }
 
 std::string stress_svg(const StressReport& report) {

@@ -2,16 +2,20 @@
 // into Weights with dtype and shape checks, and written from Weights (optionally fp8 blocks).
 #include "dsa/checkpoint.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "dsa/error.h"
+#include "dsa/file_io.h"
+#include "model/json_read.h"
 #include "model/safetensors.h"
 
 namespace dsa {
@@ -29,15 +33,14 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
+// config.json and the index: regular files of at most 64 MiB, nesting at most 16 levels.
+constexpr uint64_t kMaxJsonFileBytes = uint64_t(64) << 20;
+constexpr int kMaxJsonDepth = 16;
+
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  require(bool(in), ErrorCode::kIo, "checkpoint file {} cannot be opened: {}", path.string(),
-          std::strerror(errno));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorCode::kIo, "checkpoint file {} is not valid JSON: {}", path.string(), e.what());
-  }
+  const std::string text = read_regular_file(path.string(), kMaxJsonFileBytes, "checkpoint file");
+  return parse_json_bounded(text, kMaxJsonDepth, fmt::format("checkpoint file {}", path.string()),
+                            ErrorCode::kIo);
 }
 
 // Finds each tensor's file: the index's weight_map, or every tensor of model.safetensors.
@@ -54,10 +57,12 @@ class TensorSource {
                 "checkpoint index {}: weight_map entry of tensor {} is not a file name",
                 index.string(), name);
         const std::string f = file.get<std::string>();
-        require(f.find('/') == std::string::npos && f != ".." && !f.empty(), ErrorCode::kIo,
+        require(f.find('/') == std::string::npos && f.find('\0') == std::string::npos &&
+                    f != ".." && f != "." && !f.empty(),
+                ErrorCode::kIo,
                 "checkpoint index {}: tensor {} maps to '{}', which is not a file name in the "
                 "checkpoint directory",
-                index.string(), name, f);
+                index.string(), name, printable(f));
         require(fs::exists(dir / f), ErrorCode::kIo,
                 "checkpoint index {} maps tensor {} to file {}, which does not exist",
                 index.string(), name, (dir / f).string());
@@ -106,9 +111,17 @@ class TensorSource {
   std::map<std::string, SafetensorsFile> files_;  // opened on first use
 };
 
-// The bf16 values of one manifest tensor; records the names it consumed.
-std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
-                              std::set<std::string>& consumed) {
+// One manifest tensor as the checkpoint stores it, checked against the spec: present, of the
+// right shape and a loadable dtype, and for F8_E4M3 with its block scales.
+struct StoredTensor {
+  const SafetensorsFile* file = nullptr;
+  const StTensorInfo* info = nullptr;
+  const SafetensorsFile* scale_file = nullptr;  // F8_E4M3 only
+  const StTensorInfo* scale = nullptr;
+};
+
+StoredTensor locate_tensor(TensorSource& src, const WeightSpec& spec,
+                           std::set<std::string>& consumed) {
   const auto [file, t] = src.find(spec.name);
   require(file != nullptr, ErrorCode::kIo, "checkpoint is missing tensor {} (shape {}): not in {}",
           spec.name, shape_string(spec.shape), src.listing());
@@ -116,26 +129,10 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
           "checkpoint tensor {} in {} has shape {}, the config needs {}", spec.name, file->path(),
           shape_string(t->shape), shape_string(spec.shape));
   consumed.insert(spec.name);
-  const std::span<const uint8_t> bytes = file->bytes(*t);
-  std::vector<Bf16> out(size_t(t->numel()));
-  switch (t->dtype) {
-    case StDtype::kBf16:
-      if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-      return out;
-    case StDtype::kF32:
-      for (size_t i = 0; i < out.size(); ++i) {
-        float v;
-        std::memcpy(&v, bytes.data() + 4 * i, 4);
-        out[i] = float_to_bf16(v);
-      }
-      return out;
-    case StDtype::kF8E4M3: break;
-    default:
-      fail(ErrorCode::kIo,
-           "checkpoint tensor {} in {} has dtype {}; expected BF16, F32, or F8_E4M3 with {}{}",
-           spec.name, file->path(), st_dtype_name(t->dtype), spec.name, kScaleSuffix);
-  }
-  // F8_E4M3: dequantize by the 128x128 block scales.
+  if (t->dtype == StDtype::kBf16 || t->dtype == StDtype::kF32) return {file, t};
+  require(t->dtype == StDtype::kF8E4M3, ErrorCode::kIo,
+          "checkpoint tensor {} in {} has dtype {}; expected BF16, F32, or F8_E4M3 with {}{}",
+          spec.name, file->path(), st_dtype_name(t->dtype), spec.name, kScaleSuffix);
   const std::string scale_name = spec.name + kScaleSuffix;
   require(t->shape.size() == 2, ErrorCode::kIo,
           "checkpoint tensor {} in {} is F8_E4M3 with shape {}; only 2-D matrices may be fp8",
@@ -144,18 +141,42 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
   require(sfile != nullptr, ErrorCode::kIo,
           "checkpoint tensor {} in {} is F8_E4M3 but its scale tensor {} is missing", spec.name,
           file->path(), scale_name);
-  const int64_t rows = t->shape[0], cols = t->shape[1];
-  const std::vector<int64_t> scale_shape = {blocks(rows), blocks(cols)};
+  const std::vector<int64_t> scale_shape = {blocks(t->shape[0]), blocks(t->shape[1])};
   require(s->dtype == StDtype::kF32 && s->shape == scale_shape, ErrorCode::kIo,
           "checkpoint scale tensor {} in {} is {} {}, expected F32 {}", scale_name, sfile->path(),
           st_dtype_name(s->dtype), shape_string(s->shape), shape_string(scale_shape));
   consumed.insert(scale_name);
-  const std::span<const uint8_t> scale_bytes = sfile->bytes(*s);
+  return {file, t, sfile, s};
+}
+
+// The bf16 values of one manifest tensor; records the names it consumed.
+std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
+                              std::set<std::string>& consumed) {
+  const StoredTensor st = locate_tensor(src, spec, consumed);
+  const StTensorInfo* t = st.info;
+  const std::span<const uint8_t> bytes = st.file->bytes(*t);
+  std::vector<Bf16> out(size_t(t->numel()));
+  if (t->dtype == StDtype::kBf16) {
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+  if (t->dtype == StDtype::kF32) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      float v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      out[i] = float_to_bf16(v);
+    }
+    return out;
+  }
+  // F8_E4M3: dequantize by the 128x128 block scales.
+  const int64_t rows = t->shape[0], cols = t->shape[1];
+  const int64_t scale_cols = st.scale->shape[1];
+  const std::span<const uint8_t> scale_bytes = st.scale_file->bytes(*st.scale);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       float scale;
-      std::memcpy(&scale, scale_bytes.data() + 4 * ((r / kFp8BlockSize) * scale_shape[1] +
-                                                    c / kFp8BlockSize),
+      std::memcpy(&scale,
+                  scale_bytes.data() + 4 * ((r / kFp8BlockSize) * scale_cols + c / kFp8BlockSize),
                   4);
       const float v = fp8_to_float(Fp8E4M3{bytes[size_t(r * cols + c)]}) * scale;
       out[size_t(r * cols + c)] = float_to_bf16(v);
@@ -164,13 +185,28 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
   return out;
 }
 
+// The names of weight_map that no manifest tensor consumed, for a warning or an error.
+std::vector<std::string> unconsumed(const TensorSource& source,
+                                    const std::set<std::string>& consumed) {
+  std::vector<std::string> extra;
+  for (const auto& [name, file] : source.weight_map()) {
+    if (!consumed.count(name)) extra.push_back(name);
+  }
+  return extra;
+}
+
 }  // namespace
 
 ModelConfig load_checkpoint_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / kConfigFile;
   require(fs::is_directory(dir), ErrorCode::kIo, "checkpoint directory {} does not exist", dir);
-  require(fs::exists(path), ErrorCode::kIo, "checkpoint directory {} has no {}", dir,
-          kConfigFile);
+  require(fs::exists(path), ErrorCode::kIo, "checkpoint directory {} has no {}", dir, kConfigFile);
+  // The weights come from the index when there is one; a model.safetensors beside it would be
+  // silently ignored, so a directory holding both is refused.
+  require(!(fs::exists(fs::path(dir) / kIndexFile) && fs::exists(fs::path(dir) / kSingleFile)),
+          ErrorCode::kIo,
+          "checkpoint directory {} holds both {} and {}; it is not clear which weights to load",
+          dir, kIndexFile, kSingleFile);
   const nlohmann::json j = read_json(path);
   try {
     ModelConfig c = config_from_json(j);
@@ -190,23 +226,43 @@ Weights load_checkpoint(Backend& backend, const std::string& dir, ModelConfig* c
   for (const WeightSpec& spec : weight_manifest(config)) {
     weights.add(backend, spec.name, spec.shape, load_tensor(source, spec, consumed));
   }
-  std::vector<std::string> extra;
-  for (const auto& [name, file] : source.weight_map()) {
-    if (!consumed.count(name)) extra.push_back(name);
-  }
+  const std::vector<std::string> extra = unconsumed(source, consumed);
   if (!extra.empty()) {
     const size_t shown = std::min<size_t>(extra.size(), 5);
     const std::string names =
         fmt::format("{}{}", fmt::join(extra.begin(), extra.begin() + shown, ", "),
                     extra.size() > shown ? ", ..." : "");
     require(!options.strict, ErrorCode::kIo,
-            "checkpoint {} has {} tensor(s) the config does not use: {}", dir, extra.size(),
-            names);
+            "checkpoint {} has {} tensor(s) the config does not use: {}", dir, extra.size(), names);
     spdlog::warn("checkpoint {}: ignoring {} tensor(s) the config does not use: {}", dir,
                  extra.size(), names);
   }
   if (config_out) *config_out = config;
   return weights;
+}
+
+CheckpointSummary inspect_checkpoint(const std::string& dir) {
+  CheckpointSummary summary;
+  summary.config = load_checkpoint_config(dir);
+  TensorSource source{fs::path(dir)};
+  std::set<std::string> consumed, files;
+  for (const WeightSpec& spec : weight_manifest(summary.config)) {
+    locate_tensor(source, spec, consumed);
+    ++summary.manifest_tensors;
+  }
+  for (const auto& [name, file] : source.weight_map()) {
+    const StTensorInfo* t = source.find(name).info;
+    files.insert(file);
+    const uint64_t bytes = t->end - t->begin;
+    ++summary.tensors;
+    summary.tensor_bytes += bytes;
+    CheckpointSummary::DtypeCount& d = summary.dtypes[std::string(st_dtype_name(t->dtype))];
+    ++d.tensors;
+    d.bytes += bytes;
+  }
+  summary.files.assign(files.begin(), files.end());
+  summary.unused = unconsumed(source, consumed);
+  return summary;
 }
 
 bool checkpoint_stores_fp8(const std::string& name, const std::vector<int64_t>& shape) {
@@ -258,7 +314,8 @@ std::pair<std::vector<uint8_t>, std::vector<float>> quantize_fp8_blocks(const st
       scales[size_t(i * bc + j)] = scale;
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
-          q[size_t(r * cols + c)] = float_to_fp8(bf16_to_float(w[size_t(r * cols + c)]) / scale).bits;
+          q[size_t(r * cols + c)] =
+              float_to_fp8(bf16_to_float(w[size_t(r * cols + c)]) / scale).bits;
         }
       }
     }
@@ -281,7 +338,9 @@ std::vector<OwnedTensor> stored_tensors(Backend& backend, const WeightSpec& spec
   }
   auto [q, scales] = quantize_fp8_blocks(host, spec.shape[0], spec.shape[1]);
   return {{spec.name, StDtype::kF8E4M3, spec.shape, std::move(q)},
-          {spec.name + kScaleSuffix, StDtype::kF32, {blocks(spec.shape[0]), blocks(spec.shape[1])},
+          {spec.name + kScaleSuffix,
+           StDtype::kF32,
+           {blocks(spec.shape[0]), blocks(spec.shape[1])},
            to_bytes(scales)}};
 }
 
@@ -306,26 +365,12 @@ std::vector<int> assign_shards(const std::vector<uint64_t>& unit_bytes, int shar
   return shard_of;
 }
 
-}  // namespace
-
-void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights& weights,
-                      const std::string& dir, const CheckpointWriteOptions& options) {
-  const std::vector<WeightSpec> specs = weight_manifest(config);
-  require(options.shards >= 1 && options.shards <= int(specs.size()),
-          ErrorCode::kInvalidArgument, "--shards = {} must be in [1, {}] (the tensor count)",
-          options.shards, specs.size());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  require(!ec && fs::is_directory(dir), ErrorCode::kIo, "cannot create checkpoint directory {}: {}",
-          dir, ec.message());
-
-  {
-    const fs::path path = fs::path(dir) / kConfigFile;
-    std::ofstream out(path);
-    out << config_to_json(config).dump(2) << "\n";
-    require(bool(out), ErrorCode::kIo, "writing {} failed", path.string());
-  }
-
+// Writes every file of the checkpoint into `dir` (a fresh, empty directory).
+void write_checkpoint_files(Backend& backend, const ModelConfig& config, const Weights& weights,
+                            const std::vector<WeightSpec>& specs, const fs::path& dir,
+                            const CheckpointWriteOptions& options) {
+  write_output_file((dir / kConfigFile).string(), config_to_json(config).dump(2) + "\n",
+                    "checkpoint config");
   std::vector<std::vector<OwnedTensor>> units;
   std::vector<uint64_t> unit_bytes;
   for (const WeightSpec& spec : specs) {
@@ -343,10 +388,9 @@ void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights
   nlohmann::json weight_map = nlohmann::json::object();
   uint64_t total = 0;
   for (int s = 0; s < options.shards; ++s) {
-    const std::string file =
-        options.shards == 1 ? std::string(kSingleFile)
-                            : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                          options.shards);
+    const std::string file = options.shards == 1 ? std::string(kSingleFile)
+                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors",
+                                                               s + 1, options.shards);
     std::vector<StTensorView> views;
     for (size_t u = 0; u < units.size(); ++u) {
       if (shard_of[u] != s) continue;
@@ -356,14 +400,97 @@ void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights
         total += t.bytes.size();
       }
     }
-    write_safetensors((fs::path(dir) / file).string(), views, metadata);
+    write_safetensors((dir / file).string(), views, metadata);
   }
   if (options.shards > 1) {
-    const fs::path path = fs::path(dir) / kIndexFile;
-    std::ofstream out(path);
-    out << nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2)
-        << "\n";
-    require(bool(out), ErrorCode::kIo, "writing {} failed", path.string());
+    write_output_file(
+        (dir / kIndexFile).string(),
+        nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) +
+            "\n",
+        "checkpoint index");
+  }
+  for (const auto& [name, text] : options.extra_files) {
+    write_output_file((dir / name).string(), text, "checkpoint file");
+  }
+}
+
+// A directory beside `target` (so a rename is atomic), named after it, created empty.
+fs::path make_sibling_dir(const fs::path& target, std::string_view role) {
+  std::string tmpl =
+      (target.parent_path() / fmt::format(".{}.{}-XXXXXX", target.filename().string(), role))
+          .string();
+  require(::mkdtemp(tmpl.data()) != nullptr, ErrorCode::kWriteFailed,
+          "cannot create a directory beside checkpoint directory {}: {}", target.string(),
+          std::strerror(errno));
+  return tmpl;
+}
+
+// Puts the finished directory `fresh` at `target`: an exchange when the filesystem allows it, so
+// a reader sees the old checkpoint or the new one and never a mix; the old one is then removed.
+void move_into_place(const fs::path& fresh, const fs::path& target) {
+  std::error_code ec;
+  if (!fs::exists(target)) {
+    fs::rename(fresh, target, ec);
+    require(!ec, ErrorCode::kWriteFailed, "cannot move the new checkpoint {} to {}: {}",
+            fresh.string(), target.string(), ec.message());
+    return;
+  }
+  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+    // No exchange here (an old kernel or filesystem): move the old one aside, then rename.
+    const fs::path old = make_sibling_dir(target, "old");
+    fs::rename(target, old, ec);
+    require(!ec, ErrorCode::kWriteFailed, "cannot move the old checkpoint {} aside: {}",
+            target.string(), ec.message());
+    fs::rename(fresh, target, ec);
+    if (ec) {
+      std::error_code undo;
+      fs::rename(old, target, undo);
+      fail(ErrorCode::kWriteFailed, "cannot move the new checkpoint {} to {}: {}", fresh.string(),
+           target.string(), ec.message());
+    }
+    fs::remove_all(old, ec);
+    return;
+  }
+  fs::remove_all(fresh, ec);  // now holds the old checkpoint
+}
+
+}  // namespace
+
+void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights& weights,
+                      const std::string& dir, const CheckpointWriteOptions& options) {
+  const std::vector<WeightSpec> specs = weight_manifest(config);
+  require(options.shards >= 1 && options.shards <= int(specs.size()), ErrorCode::kInvalidArgument,
+          "--shards = {} must be in [1, {}] (the tensor count)", options.shards, specs.size());
+  require(!dir.empty() && dir.find('\0') == std::string::npos, ErrorCode::kInvalidArgument,
+          "the checkpoint directory name '{}' is empty or holds a NUL byte", dir);
+  for (const auto& [name, text] : options.extra_files) {
+    require(!name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." &&
+                name != kConfigFile && name != kIndexFile && !name.ends_with(".safetensors"),
+            ErrorCode::kInvalidArgument,
+            "write_checkpoint: extra file '{}' is not a plain file name of its own", name);
+  }
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(fs::absolute(dir), ec);
+  require(!ec, ErrorCode::kInvalidArgument, "checkpoint directory {}: {}", dir, ec.message());
+  if (fs::exists(target)) {
+    require(fs::is_directory(target), ErrorCode::kInvalidArgument,
+            "checkpoint directory {} exists and is not a directory", dir);
+    require(fs::is_empty(target) || options.existing == ExistingCheckpoint::kReplace,
+            ErrorCode::kInvalidArgument,
+            "checkpoint directory {} is not empty; refusing to mix a new checkpoint with its "
+            "files (give --force to replace the directory as a whole)",
+            dir);
+  }
+  fs::create_directories(target.parent_path(), ec);
+  require(!ec, ErrorCode::kWriteFailed, "cannot create the parent of checkpoint directory {}: {}",
+          dir, ec.message());
+  const fs::path fresh = make_sibling_dir(target, "tmp");
+  try {
+    write_checkpoint_files(backend, config, weights, specs, fresh, options);
+    move_into_place(fresh, target);
+  } catch (...) {
+    fs::remove_all(fresh, ec);
+    throw;
   }
 }
 

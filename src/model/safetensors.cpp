@@ -9,15 +9,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "dsa/error.h"
+#include "dsa/file_io.h"
+#include "model/json_read.h"
 
 namespace dsa {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // the reference implementation's cap
+// A valid header nests 3 levels (header, tensor entry, shape); a few more leave room for metadata.
+constexpr int kMaxHeaderDepth = 8;
+constexpr uint64_t kMaxDim = uint64_t(1) << 62;
 
 struct DtypeInfo {
   StDtype dtype;
@@ -25,12 +29,10 @@ struct DtypeInfo {
   int size;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {StDtype::kBool, "BOOL", 1},      {StDtype::kU8, "U8", 1},
-    {StDtype::kI8, "I8", 1},          {StDtype::kI16, "I16", 2},
-    {StDtype::kI32, "I32", 4},        {StDtype::kI64, "I64", 8},
-    {StDtype::kF8E4M3, "F8_E4M3", 1}, {StDtype::kF8E5M2, "F8_E5M2", 1},
-    {StDtype::kF16, "F16", 2},        {StDtype::kBf16, "BF16", 2},
-    {StDtype::kF32, "F32", 4},        {StDtype::kF64, "F64", 8},
+    {StDtype::kBool, "BOOL", 1},      {StDtype::kU8, "U8", 1},          {StDtype::kI8, "I8", 1},
+    {StDtype::kI16, "I16", 2},        {StDtype::kI32, "I32", 4},        {StDtype::kI64, "I64", 8},
+    {StDtype::kF8E4M3, "F8_E4M3", 1}, {StDtype::kF8E5M2, "F8_E5M2", 1}, {StDtype::kF16, "F16", 2},
+    {StDtype::kBf16, "BF16", 2},      {StDtype::kF32, "F32", 4},        {StDtype::kF64, "F64", 8},
 };
 
 const DtypeInfo& info(StDtype d) {
@@ -72,25 +74,13 @@ int64_t StTensorInfo::numel() const {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  require(fd >= 0, ErrorCode::kIo, "safetensors file {} cannot be opened: {}", path,
-          std::strerror(errno));
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(ErrorCode::kIo, "safetensors file {} cannot be read: {}", path, std::strerror(err));
-  }
-  const uint64_t file_bytes = uint64_t(st.st_size);
-  if (file_bytes < 8) {
-    ::close(fd);
-    fail(ErrorCode::kIo,
-         "safetensors file {} is truncated: {} bytes, too short for the 8-byte header length",
-         path, file_bytes);
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const UniqueFd fd = open_regular_file(path, "safetensors file");
+  const uint64_t file_bytes = regular_file_size(fd, path, "safetensors file");
+  require(file_bytes >= 8, ErrorCode::kIo,
+          "safetensors file {} is truncated: {} bytes, too short for the 8-byte header length",
+          path, file_bytes);
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   const int map_err = errno;
-  ::close(fd);
   require(map != MAP_FAILED, ErrorCode::kIo, "safetensors file {} cannot be mapped: {}", path,
           std::strerror(map_err));
   map_ = map;
@@ -108,8 +98,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
             "follow it",
             path, header_bytes, file_bytes - 8);
     data_offset_ = size_t(8 + header_bytes);
-    parse_header({reinterpret_cast<const char*>(p + 8), size_t(header_bytes)},
-                 file_bytes - data_offset_);
+    StHeader header =
+        parse_safetensors_header({reinterpret_cast<const char*>(p + 8), size_t(header_bytes)},
+                                 file_bytes - data_offset_, path);
+    tensors_ = std::move(header.tensors);
+    metadata_ = std::move(header.metadata);
   } catch (...) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
@@ -132,15 +125,12 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
   o.map_bytes_ = 0;
 }
 
-void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes) {
-  const std::string& path = path_;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorCode::kIo, "safetensors file {}: the {}-byte header is not valid JSON: {}", path,
-         text.size(), e.what());
-  }
+StHeader parse_safetensors_header(std::string_view text, uint64_t buffer_bytes,
+                                  const std::string& path) {
+  StHeader out;
+  const nlohmann::json header = parse_json_bounded(
+      text, kMaxHeaderDepth,
+      fmt::format("safetensors file {}: the {}-byte header", path, text.size()), ErrorCode::kIo);
   require(header.is_object(), ErrorCode::kIo,
           "safetensors file {}: the header is a JSON {}, expected an object", path,
           header.type_name());
@@ -152,7 +142,7 @@ void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes)
       for (const auto& [key, value] : entry.items()) {
         require(value.is_string(), ErrorCode::kIo,
                 "safetensors file {}: __metadata__ value of '{}' is not a string", path, key);
-        metadata_[key] = value.get<std::string>();
+        out.metadata[key] = value.get<std::string>();
       }
       continue;
     }
@@ -164,22 +154,25 @@ void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes)
     StTensorInfo t;
     t.name = name;
     const auto& dtype = entry["dtype"];
-    require(dtype.is_string(), ErrorCode::kIo, "safetensors file {}: tensor {} dtype is not a string",
-            path, name);
+    require(dtype.is_string(), ErrorCode::kIo,
+            "safetensors file {}: tensor {} dtype is not a string", path, name);
     const auto parsed = parse_st_dtype(dtype.get<std::string>());
     require(parsed.has_value(), ErrorCode::kIo,
             "safetensors file {}: tensor {} has unknown dtype '{}'", path, name,
             dtype.get<std::string>());
     t.dtype = *parsed;
     const auto& shape = entry["shape"];
-    require(shape.is_array(), ErrorCode::kIo, "safetensors file {}: tensor {} shape is not an array",
-            path, name);
+    require(shape.is_array(), ErrorCode::kIo,
+            "safetensors file {}: tensor {} shape is not an array", path, name);
     for (const auto& d : shape) {
       require(d.is_number_unsigned(), ErrorCode::kIo,
               "safetensors file {}: tensor {} shape has a dimension {} that is not a "
               "non-negative integer",
-              path, name, d.dump());
-      t.shape.push_back(d.get<int64_t>());
+              path, name, json_excerpt(d));
+      require(d.get<uint64_t>() <= kMaxDim, ErrorCode::kIo,
+              "safetensors file {}: tensor {} shape has a dimension {} past the limit 2^62", path,
+              name, d.get<uint64_t>());
+      t.shape.push_back(int64_t(d.get<uint64_t>()));
     }
     const auto& offsets = entry["data_offsets"];
     require(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
@@ -187,7 +180,7 @@ void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes)
             ErrorCode::kIo,
             "safetensors file {}: tensor {} data_offsets {} is not a pair of non-negative "
             "integers",
-            path, name, offsets.dump());
+            path, name, json_excerpt(offsets));
     t.begin = offsets[0].get<uint64_t>();
     t.end = offsets[1].get<uint64_t>();
     require(t.begin <= t.end && t.end <= buffer_bytes, ErrorCode::kIo,
@@ -199,11 +192,11 @@ void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes)
             "safetensors file {}: tensor {} spans {} bytes, but shape {} of {} needs {}", path,
             name, t.end - t.begin, shape_string(t.shape), st_dtype_name(t.dtype),
             want ? fmt::to_string(*want) : std::string("more than 2^62"));
-    tensors_.emplace(name, std::move(t));
+    out.tensors.emplace(name, std::move(t));
   }
   // No two tensors may share bytes.
   std::vector<const StTensorInfo*> by_begin;
-  for (const auto& [name, t] : tensors_) by_begin.push_back(&t);
+  for (const auto& [name, t] : out.tensors) by_begin.push_back(&t);
   std::sort(by_begin.begin(), by_begin.end(), [](const StTensorInfo* a, const StTensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
@@ -214,6 +207,7 @@ void SafetensorsFile::parse_header(std::string_view text, uint64_t buffer_bytes)
             "safetensors file {}: tensors {} [{}, {}] and {} [{}, {}] overlap", path, a.name,
             a.begin, a.end, b.name, b.begin, b.end);
   }
+  return out;
 }
 
 const StTensorInfo* SafetensorsFile::find(const std::string& name) const {
@@ -248,17 +242,11 @@ void write_safetensors(const std::string& path, const std::vector<StTensorView>&
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  require(bool(out), ErrorCode::kIo, "cannot create safetensors file {}: {}", path,
-          std::strerror(errno));
-  out.write(reinterpret_cast<const char*>(length), 8);
-  out.write(text.data(), std::streamsize(text.size()));
-  for (const StTensorView& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
-  }
+  OutputFile out(path, "safetensors file");
+  out.write(std::span<const uint8_t>(length, 8));
+  out.write(text);
+  for (const StTensorView& t : tensors) out.write(t.bytes);
   out.close();
-  require(bool(out), ErrorCode::kIo, "writing safetensors file {} failed: {}", path,
-          std::strerror(errno));
 }
 
 }  // namespace dsa

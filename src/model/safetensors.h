@@ -15,8 +15,20 @@
 
 namespace dsa {
 
-enum class StDtype : uint8_t { kBool, kU8, kI8, kI16, kI32, kI64, kF8E4M3, kF8E5M2, kF16, kBf16,
-                               kF32, kF64 };
+enum class StDtype : uint8_t {
+  kBool,
+  kU8,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kF8E4M3,
+  kF8E5M2,
+  kF16,
+  kBf16,
+  kF32,
+  kF64
+};
 std::optional<StDtype> parse_st_dtype(std::string_view name);  // "BF16", "F8_E4M3", ...
 std::string_view st_dtype_name(StDtype dtype);
 int st_dtype_size(StDtype dtype);  // bytes per element
@@ -29,10 +41,22 @@ struct StTensorInfo {
   int64_t numel() const;
 };
 
+// A parsed header: the tensors (validated against a data buffer of buffer_bytes) and metadata.
+struct StHeader {
+  std::map<std::string, StTensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// Parses and validates the JSON header of a file `path` (named in messages) whose data buffer
+// holds buffer_bytes. Nesting deeper than the format's is refused before the JSON parser runs.
+// Every error is kIo.
+StHeader parse_safetensors_header(std::string_view header, uint64_t buffer_bytes,
+                                  const std::string& path);
+
 // A read-only mapping of one safetensors file. Move-only.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);  // maps and validates; throws kIo
+  // Maps and validates a regular file (a FIFO or device is refused); throws kIo.
+  explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&& o) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) = delete;
@@ -46,8 +70,6 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
-  void parse_header(std::string_view header, uint64_t buffer_bytes);
-
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
@@ -65,8 +87,8 @@ struct StTensorView {
 };
 
 // Writes tensors in the given order, the header padded with spaces to a multiple of 8 bytes so
-// the buffer stays aligned. Throws kIo when the file cannot be written, kInvalidArgument on a
-// size mismatch or a duplicate name.
+// the buffer stays aligned. Throws kWriteFailed naming the file when any write or the close fails
+// (ENOSPC), kInvalidArgument on a size mismatch or a duplicate name.
 void write_safetensors(const std::string& path, const std::vector<StTensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

@@ -23,6 +23,7 @@ std::string FaultSet::describe() const {
   std::string s;
   if (stale_padding) s += "stale-padding";
   if (unguarded_store) s += std::string(s.empty() ? "" : ",") + "unguarded-store";
+  if (wild_slots) s += std::string(s.empty() ? "" : ",") + "wild-slot";
   return s.empty() ? "none" : s;
 }
 
@@ -38,9 +39,12 @@ FaultSet parse_faults(std::string_view list) {
       f.unguarded_store = true;
     } else if (item == "incident") {
       f.stale_padding = f.unguarded_store = true;
+    } else if (item == "wild-slot") {
+      f.wild_slots = true;
     } else if (!item.empty() && item != "none") {
       fail(ErrorCode::kInvalidArgument,
-           "unknown fault '{}' (known: stale-padding, unguarded-store, incident, none)", item);
+           "unknown fault '{}' (known: stale-padding, unguarded-store, incident, wild-slot, none)",
+           item);
     }
     start = end + 1;
   }
@@ -87,7 +91,8 @@ struct StepLayout {
 };
 
 struct Runner::StaticStep {
-  StaticStep(Backend& be, int rows_, int max_pages, float* logits_, void* workspace)
+  StaticStep(Backend& be, int rows_, int max_pages, float* logits_, void* workspace, int layers,
+             const RunnerOptions& options)
       : rows(rows_),
         ld_page_table(max_pages),
         layout(rows_, max_pages),
@@ -109,6 +114,12 @@ struct Runner::StaticStep {
         h_out_tokens(staged<int32_t>(layout.out_tokens, rows)),
         h_out_logprobs(staged<float>(layout.out_logprobs, rows)) {
     std::fill(host.data(), host.data() + layout.bytes, uint8_t(0));
+    if (options.write_digests == WriteDigests::kOn) {
+      write_digests = DeviceArray<uint64_t>(be, size_t(layers) * 2 * rows_);
+    }
+    if (options.write_values == WriteValues::kOn) {
+      store_values = DeviceArray<float>(be, size_t(layers) * rows_ * kStoreValuesDim);
+    }
   }
 
   template <typename T>
@@ -132,6 +143,8 @@ struct Runner::StaticStep {
     v.n_real = on_device<int32_t>(layout.n_real);
     v.error_count = on_device<int32_t>(layout.error_count);
     v.logits = logits;
+    v.write_digests = write_digests.data();
+    v.store_values = store_values.data();
     return v;
   }
 
@@ -162,8 +175,10 @@ struct Runner::StaticStep {
   DeviceArray<uint8_t> device;
   // Host staging. It persists between steps: the stale-padding fault relies on exactly that.
   HostArray<uint8_t> host;
-  float* logits;           // the runner's, [rows, vocab]
-  void* sample_workspace;  // the runner's
+  float* logits;                        // the runner's, [rows, vocab]
+  void* sample_workspace;               // the runner's
+  DeviceArray<uint64_t> write_digests;  // [layers, 2, rows] when WriteDigests::kOn, else empty
+  DeviceArray<float> store_values;      // [layers, rows, kStoreValuesDim] when WriteValues::kOn
   std::span<int32_t> h_n_real, h_error_count, h_tokens, h_positions, h_seq_lens, h_page_table;
   std::span<int64_t> h_slots;
   std::span<float> h_temperature, h_top_p;
@@ -186,9 +201,10 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   }
   logits_ = DeviceArray<float>(be, size_t(model_.max_rows()) * vocab);
   sample_workspace_ = DeviceArray<uint8_t>(be, be.sample_workspace_bytes(model_.max_rows(), vocab));
+  const int layers = model_.config().num_hidden_layers;
   auto static_step = [&](int rows) {
     return std::make_unique<StaticStep>(be, rows, max_pages_, logits_.data(),
-                                        sample_workspace_.data());
+                                        sample_workspace_.data(), layers, options_);
   };
   eager_ = static_step(model_.max_rows());
   if (options_.mode != RunMode::kGraph) return;
@@ -205,7 +221,7 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
                                                                  : StoreGuard::kEnforced};
   for (size_t i = b.size(); i-- > 0;) {  // largest first
     auto s = static_step(b[i]);
-    stage_rows(*s, {}, {}, /*rewrite_padding=*/true);  // every row starts as padding
+    stage_rows(*s, {}, {}, Padding::kRewrite);  // every row starts as padding
     const StaticStep* step = s.get();
     s->graph = be.capture(
         [this, step, step_options] { forward_and_sample(*step, step->rows, step_options); });
@@ -216,17 +232,10 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
 
 Runner::~Runner() = default;
 
-int Runner::bucket_for(int rows) const {
-  for (const auto& g : graphs_) {
-    if (g->rows >= rows) return g->rows;
-  }
-  return 0;
-}
-
 StepResult Runner::step(std::span<const RowInput> rows, const StepOutputs& outputs) {
   if (options_.mode == RunMode::kGraph) {
     for (auto& g : graphs_) {
-      if (g->rows >= int(rows.size())) return run(*g, rows, /*replay_graph=*/true, outputs);
+      if (g->rows >= int(rows.size())) return run(*g, rows, Launch::kReplay, outputs);
     }
     if (!logged_oversize_) {
       spdlog::info("runner: a batch of {} rows exceeds the largest bucket ({}); running eagerly",
@@ -238,7 +247,7 @@ StepResult Runner::step(std::span<const RowInput> rows, const StepOutputs& outpu
 }
 
 StepResult Runner::step_eager(std::span<const RowInput> rows, const StepOutputs& outputs) {
-  return run(*eager_, rows, /*replay_graph=*/false, outputs);
+  return run(*eager_, rows, Launch::kEager, outputs);
 }
 
 void Runner::forward_and_sample(const StaticStep& s, int rows, const StepOptions& options) {
@@ -273,8 +282,9 @@ void Runner::plant_garbage_inputs(uint64_t seed) {
 }
 
 void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
-                        std::span<const RowSampling> sampling, bool rewrite_padding) {
+                        std::span<const RowSampling> sampling, Padding padding) {
   const ModelConfig& c = model_.config();
+  const int64_t num_pages = cache_.config().num_pages;
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowInput& in = rows[r];
     require(in.token >= 0 && in.token < c.vocab_size, ErrorCode::kInvalidArgument,
@@ -289,11 +299,21 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
         int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
         ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)", r,
         in.pages.size(), in.seq_len, max_pages_);
+    // Page ids are checked once, here, for both backends: a real row reads only pages of the
+    // pool, never the reserved page. (The kernels also refuse a bad id, through the error flag.)
+    for (size_t i = 0; i < in.pages.size(); ++i) {
+      require(in.pages[i] > kReservedPage && in.pages[i] < num_pages, ErrorCode::kInvalidArgument,
+              "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r, i,
+              in.pages[i], num_pages);
+    }
     const RowSampling draw = sampling.empty() ? RowSampling{} : sampling[r];
     draw.params.validate();
     s.h_tokens[r] = in.token;
     s.h_positions[r] = in.position;
     s.h_slots[r] = in.slot;
+    if (options_.faults.wild_slots && in.slot >= 0) {
+      s.h_slots[r] = in.slot + cache_.capacity_slots();
+    }
     s.h_seq_lens[r] = in.seq_len;
     s.h_temperature[r] = draw.params.temperature;
     s.h_top_p[r] = draw.params.top_p;
@@ -303,7 +323,7 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
     std::fill(pt, pt + s.ld_page_table, kReservedPage);
     std::copy(in.pages.begin(), in.pages.end(), pt);
   }
-  if (!rewrite_padding) return;
+  if (padding == Padding::kLeaveStale) return;
   for (int r = int(rows.size()); r < s.rows; ++r) {
     s.h_tokens[r] = 0;
     s.h_positions[r] = 0;
@@ -318,7 +338,7 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
   }
 }
 
-StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph,
+StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch launch,
                        const StepOutputs& outputs) {
   const auto start = std::chrono::steady_clock::now();
   const int B = int(rows.size());
@@ -326,20 +346,21 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
           s.rows, B);
   require(!outputs.logprobs || options_.logprobs, ErrorCode::kInvalidArgument,
           "a step asked for log-probs, but the runner was built without RunnerOptions::logprobs");
-  const bool stale = replay_graph && options_.faults.stale_padding;
+  const bool replay = launch == Launch::kReplay;
+  const bool stale = replay && options_.faults.stale_padding;
   require(outputs.sampling.empty() || outputs.sampling.size() == rows.size(),
           ErrorCode::kInvalidArgument, "a step of {} rows got {} sampling entries", rows.size(),
           outputs.sampling.size());
-  stage_rows(s, rows, outputs.sampling, /*rewrite_padding=*/!stale);
+  stage_rows(s, rows, outputs.sampling, stale ? Padding::kLeaveStale : Padding::kRewrite);
   s.h_n_real[0] = B;
   s.h_error_count[0] = 0;
 
   // One copy up of every row the step will read: G rows for a replay, B rows eagerly.
   Backend& be = model_.backend();
-  be.copy_to_device(s.device.data(), s.host.data(), s.upload_bytes(replay_graph ? s.rows : B));
+  be.copy_to_device(s.device.data(), s.host.data(), s.upload_bytes(replay ? s.rows : B));
   const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
                                                          : StoreGuard::kEnforced};
-  if (replay_graph) {
+  if (replay) {
     s.graph->replay();
   } else {
     forward_and_sample(s, B, opts);
@@ -355,16 +376,25 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
   result.wait_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wait_start)
           .count();
-  result.bucket = replay_graph ? s.rows : 0;
+  result.bucket = replay ? s.rows : 0;
   result.store_errors = s.h_error_count[0];
   result.tokens.assign(s.h_out_tokens.begin(), s.h_out_tokens.begin() + B);
   if (outputs.logprobs) {
     result.logprobs.assign(s.h_out_logprobs.begin(), s.h_out_logprobs.begin() + B);
   }
+  if (result.store_errors > 0) {
+    const int64_t capacity = cache_.capacity_slots();
+    for (int r = 0; r < B; ++r) {
+      if (verdict_is_error(judge_slot(r, B, s.h_slots[r], capacity))) {
+        result.error_rows.push_back(r);
+      }
+    }
+  }
   if (outputs.logits) {
     result.logits.resize(size_t(B) * size_t(model_.config().vocab_size));
     be.copy_to_host(result.logits.data(), s.logits, result.logits.size() * sizeof(float));
   }
+  read_records(s, B, result);
   result.host_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() -
       result.wait_us;
@@ -373,6 +403,32 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
             model_.config().vocab_size);
   }
   return result;
+}
+
+// The step's write digests and store values of the B real rows, when the options ask for them.
+// The device buffers are laid out for the step's launched rows (s.rows for a replay, B eagerly).
+void Runner::read_records(StaticStep& s, int real_rows, StepResult& result) {
+  Backend& be = model_.backend();
+  const int layers = model_.config().num_hidden_layers;
+  const size_t B = size_t(real_rows);
+  // The model indexes both records by the step's row count: the bucket, or B when eager.
+  const size_t launched = &s == eager_.get() ? B : size_t(s.rows);
+  if (s.write_digests.data()) {
+    std::vector<uint64_t> all(size_t(layers) * 2 * launched);
+    be.copy_to_host(all.data(), s.write_digests.data(), all.size() * sizeof(uint64_t));
+    result.write_digests.resize(size_t(layers) * 2 * B);
+    for (size_t k = 0; k < size_t(layers) * 2; ++k) {
+      std::copy_n(all.begin() + k * launched, B, result.write_digests.begin() + k * B);
+    }
+  }
+  if (s.store_values.data()) {
+    result.store_values.resize(size_t(layers) * B * kStoreValuesDim);
+    for (int l = 0; l < layers; ++l) {
+      be.copy_to_host(result.store_values.data() + l * B * kStoreValuesDim,
+                      s.store_values.data() + l * launched * kStoreValuesDim,
+                      B * kStoreValuesDim * sizeof(float));
+    }
+  }
 }
 
 }  // namespace dsa

@@ -1,22 +1,16 @@
 #include "dsa/text/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "dsa/error.h"
+#include "dsa/file_io.h"
 #include "text/tokenizer_data.h"
 #include "text/utf8.h"
 
 namespace dsa::text {
 namespace {
 
+// A regular file (a FIFO in a checkpoint must not hang the load) of at most 256 MiB.
 std::string read_file(const std::filesystem::path& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), ErrorCode::kIo, "cannot read {} {}: {}", what, path.string(),
-          std::filesystem::exists(path) ? "unreadable" : "no such file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_regular_file(path.string(), uint64_t(256) << 20, what);
 }
 
 // Encodes text without added tokens: pre-tokenize, then BPE each piece.

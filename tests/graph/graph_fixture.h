@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <random>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -53,6 +54,49 @@ inline ReplayCheckReport run_micro_check(BackendKind kind, KvDtype index_k, int 
   o.buckets = {1, 2, 4, 8, 12, 16};
   o.max_request_tokens = 96;
   return run_replay_check(model, cc, o);
+}
+
+// Every byte of every pool of a cache, in the order latent(0), index-K(0), latent(1), ...
+inline std::vector<std::vector<uint8_t>> snapshot(Backend& be, const KvCache& cache) {
+  std::vector<std::vector<uint8_t>> out;
+  const CacheConfig& c = cache.config();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const PoolView latent = cache.latent(l), index_k = cache.index_k(l);
+    for (auto [pool, page_bytes] : {std::pair{latent, latent_page_bytes(c.latent_dtype)},
+                                    std::pair{index_k, index_k_page_bytes(c.index_k_dtype)}}) {
+      std::vector<uint8_t> host(size_t(pool.num_pages * page_bytes));
+      be.copy_to_host(host.data(), pool.data, host.size());
+      out.push_back(std::move(host));
+    }
+  }
+  return out;
+}
+
+// The exact slots whose bytes differ between two snapshots (any layer, any pool): a stray write
+// into another slot of a page that also got a real write shows as that slot. Shared by the CPU
+// graph tests and their CUDA twins in tests/parity.
+inline std::set<int64_t> changed_slots(const KvCache& cache,
+                                       const std::vector<std::vector<uint8_t>>& a,
+                                       const std::vector<std::vector<uint8_t>>& b) {
+  std::set<int64_t> slots;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool latent = i % 2 == 0;
+    const KvDtype dt = latent ? cache.config().latent_dtype : cache.config().index_k_dtype;
+    for (size_t byte = 0; byte < a[i].size(); ++byte) {
+      if (a[i][byte] == b[i][byte]) continue;
+      if (latent) {
+        slots.insert(int64_t(byte) / latent_token_bytes(dt));
+      } else {
+        const int64_t page = int64_t(byte) / index_k_page_bytes(dt);
+        const int64_t in_page = int64_t(byte) % index_k_page_bytes(dt);
+        const int64_t values = kPageSize * kIndexHeadDim * (dt == KvDtype::kBf16 ? 2 : 1);
+        const int64_t off =
+            in_page < values ? in_page / (values / kPageSize) : (in_page - values) / 4;
+        slots.insert(page * kPageSize + off);
+      }
+    }
+  }
+  return slots;
 }
 
 struct GraphFixture {

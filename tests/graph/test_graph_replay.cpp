@@ -17,49 +17,11 @@
 namespace dsa {
 namespace {
 
+using testing::changed_slots;
 using testing::GraphFixture;
 using testing::kWithLogits;
 using testing::micro_config;
-
-// Every byte of every pool of a cache, in the order latent(0), index-K(0), latent(1), ...
-std::vector<std::vector<uint8_t>> snapshot(Backend& be, const KvCache& cache) {
-  std::vector<std::vector<uint8_t>> out;
-  const CacheConfig& c = cache.config();
-  for (int l = 0; l < c.num_layers; ++l) {
-    const PoolView latent = cache.latent(l), index_k = cache.index_k(l);
-    for (auto [pool, page_bytes] : {std::pair{latent, latent_page_bytes(c.latent_dtype)},
-                                    std::pair{index_k, index_k_page_bytes(c.index_k_dtype)}}) {
-      std::vector<uint8_t> host(size_t(pool.num_pages * page_bytes));
-      be.copy_to_host(host.data(), pool.data, host.size());
-      out.push_back(std::move(host));
-    }
-  }
-  return out;
-}
-
-// The slots whose bytes differ between two snapshots (any layer, any pool).
-std::set<int64_t> changed_slots(const KvCache& cache, const std::vector<std::vector<uint8_t>>& a,
-                                const std::vector<std::vector<uint8_t>>& b) {
-  std::set<int64_t> slots;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const bool latent = i % 2 == 0;
-    const KvDtype dt = latent ? cache.config().latent_dtype : cache.config().index_k_dtype;
-    for (size_t byte = 0; byte < a[i].size(); ++byte) {
-      if (a[i][byte] == b[i][byte]) continue;
-      if (latent) {
-        slots.insert(int64_t(byte) / latent_token_bytes(dt));
-      } else {
-        const int64_t page = int64_t(byte) / index_k_page_bytes(dt);
-        const int64_t in_page = int64_t(byte) % index_k_page_bytes(dt);
-        const int64_t values = kPageSize * kIndexHeadDim * (dt == KvDtype::kBf16 ? 2 : 1);
-        const int64_t off =
-            in_page < values ? in_page / (values / kPageSize) : (in_page - values) / 4;
-        slots.insert(page * kPageSize + off);
-      }
-    }
-  }
-  return slots;
-}
+using testing::snapshot;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -125,8 +87,10 @@ TEST_P(GraphReplay, EachRowDrawsWithItsOwnSamplingInsideTheReplay) {
     const std::span<const float> logits(g.logits.data() + k * vocab, vocab);
     EXPECT_EQ(g.tokens[k], sample_token(logits, sampling[k].params, sampling[k].index)) << k;
   }
-  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_sampling(std::span(sampling).first(2))), Error);
-  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_logprobs()), Error);  // the runner computes none
+  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_sampling(std::span(sampling).first(2))),
+               Error);
+  EXPECT_THROW(f.graph->step(rows, StepOutputs().with_logprobs()),
+               Error);  // the runner computes none
 
   // A runner built for log-probs returns log softmax(logits)[token]; rerunning the same rows
   // rewrites the eager cache's slots with the same bytes.

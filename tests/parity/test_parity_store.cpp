@@ -24,12 +24,18 @@ enum class SlotMix { kValid, kPadded, kStaleTail, kReserved, kBadSlots, kEveryth
 
 const char* mix_name(SlotMix m) {
   switch (m) {
-    case SlotMix::kValid: return "valid";
-    case SlotMix::kPadded: return "padded";
-    case SlotMix::kStaleTail: return "stale_tail";
-    case SlotMix::kReserved: return "reserved";
-    case SlotMix::kBadSlots: return "bad_slots";
-    case SlotMix::kEverything: return "everything";
+    case SlotMix::kValid:
+      return "valid";
+    case SlotMix::kPadded:
+      return "padded";
+    case SlotMix::kStaleTail:
+      return "stale_tail";
+    case SlotMix::kReserved:
+      return "reserved";
+    case SlotMix::kBadSlots:
+      return "bad_slots";
+    case SlotMix::kEverything:
+      return "everything";
   }
   return "?";
 }
@@ -59,12 +65,15 @@ std::vector<int64_t> make_slots(const StoreSpec& s, testing::Rng& rng, int32_t& 
   const bool incident = s.guard == StoreGuard::kIncidentScatter;
   auto pad = [&](int r) { slots[r] = kPadSlot; };
   switch (s.mix) {
-    case SlotMix::kValid: break;
+    case SlotMix::kValid:
+      break;
     case SlotMix::kPadded:
       pad(0);
       if (!incident) pad(mid), pad(last);  // one -1 under the incident: it wraps to one slot
       break;
-    case SlotMix::kStaleTail: n_real = s.rows / 3; break;  // 0 when rows == 1
+    case SlotMix::kStaleTail:
+      n_real = s.rows / 3;
+      break;  // 0 when rows == 1
     case SlotMix::kReserved:
       slots[0] = 0;
       slots[mid] = kPageSize - 1;
@@ -78,8 +87,10 @@ std::vector<int64_t> make_slots(const StoreSpec& s, testing::Rng& rng, int32_t& 
       if (s.rows >= 7) slots[1] = -kCapacity - 5, slots[2] = -3, slots[3] = INT64_MAX;
       break;
     case SlotMix::kEverything:
-      if (s.rows < 7) return make_slots({s.layout, s.dtype, s.rounding, s.rows, SlotMix::kBadSlots,
-                                         s.padded_stride, s.guard}, rng, n_real);
+      if (s.rows < 7)
+        return make_slots(
+            {s.layout, s.dtype, s.rounding, s.rows, SlotMix::kBadSlots, s.padded_stride, s.guard},
+            rng, n_real);
       pad(0);
       slots[1] = 3;
       slots[2] = kCapacity;
@@ -118,8 +129,8 @@ class StoreCase final : public OpCase {
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
-    const int64_t page_bytes = s_.layout == Layout::kIndexK ? index_k_page_bytes(s_.dtype)
-                                                            : latent_page_bytes(s_.dtype);
+    const int64_t page_bytes =
+        s_.layout == Layout::kIndexK ? index_k_page_bytes(s_.dtype) : latent_page_bytes(s_.dtype);
     std::vector<uint8_t> pool(size_t(kPages * page_bytes));
     for (auto& b : pool) b = uint8_t(rng.integer(1, 255));
     pool_ = ws.inout(pool, Check::exact());
@@ -171,6 +182,87 @@ class StoreCase final : public OpCase {
   int64_t ld_a_ = 0, ld_b_ = 0;
 };
 
+// digest_rows beside a guarded store on each backend: the digests of what the rows meant to write
+// (poisoned first; 0 past n_real), and audit_slots over the written slots compared with them on
+// the device. Both backends must give the same digests and flags, and the CPU flags none, so the
+// CUDA digest of the staged values is the digest of the bytes the CUDA store wrote.
+class DigestRowsCase final : public OpCase {
+ public:
+  DigestRowsCase(Layout layout, KvDtype dtype, ScaleRounding rounding, int rows)
+      : layout_(layout), dtype_(dtype), rounding_(rounding), rows_(rows) {}
+  std::string name() const override { return "digest_rows"; }
+  std::string vars() const override {
+    return std::string(layout_ == Layout::kIndexK ? "index_k" : "latent") +
+           ",dtype=" + kv_dtype_name(dtype_) +
+           (rounding_ == ScaleRounding::kUe8m0 ? "/ue8m0" : "") + ",rows=" + std::to_string(rows_);
+  }
+  void init(Workspace& ws, testing::Rng& rng) override {
+    const int64_t page_bytes =
+        layout_ == Layout::kIndexK ? index_k_page_bytes(dtype_) : latent_page_bytes(dtype_);
+    pool_ = ws.inout(std::vector<uint8_t>(size_t(kPages * page_bytes), 0), Check::exact());
+    n_real_ = std::max(1, rows_ - rows_ / 4);  // a stale tail of a quarter
+    std::vector<int64_t> slots(static_cast<size_t>(rows_));
+    std::iota(slots.begin(), slots.end(), int64_t(kPageSize) + 3);
+    slots_ = ws.input(slots);
+    n_real_buf_ = ws.input(std::vector<int32_t>{n_real_});
+    errors_ = ws.inout(std::vector<int32_t>{0}, Check::exact());
+    ld_a_ = (layout_ == Layout::kIndexK ? kIndexHeadDim : kKvLoraRank) + 3;
+    ld_b_ = kRopeDim + 1;
+    a_ = ws.input(make_values(rng, rows_, ld_a_, int(ld_a_ - 3)));
+    b_ = ws.input(make_values(rng, rows_, ld_b_, kRopeDim));
+    digests_ = ws.output<uint64_t>(size_t(rows_), Check::exact());
+    audit_digests_ = ws.output<uint64_t>(size_t(n_real_), Check::exact());
+    flags_ = ws.output<uint8_t>(size_t(n_real_), Check::exact());
+    mismatches_ = ws.inout(std::vector<int32_t>{0}, Check::exact(), RowLayout::kWhole);
+  }
+  void run(Workspace& ws, Side side) override {
+    Backend& be = ws.backend(side);
+    const PoolView pool{ws.ptr(pool_, side), dtype_, rounding_, kPages};
+    const SlotBatch batch{ws.ptr(slots_, side), ws.ptr(n_real_buf_, side), rows_,
+                          ws.ptr(errors_, side)};
+    const PoolKind kind = layout_ == Layout::kIndexK ? PoolKind::kIndexK : PoolKind::kLatent;
+    if (kind == PoolKind::kIndexK) {
+      be.store_index_k({batch, ws.ptr(a_, side), ld_a_, pool, StoreGuard::kEnforced});
+    } else {
+      be.store_latent_kv({batch, ws.ptr(a_, side), ws.ptr(b_, side), ld_a_, ld_b_, pool});
+    }
+    DigestRowsParams d;
+    d.kind = kind;
+    d.values = ws.ptr(a_, side);
+    d.k_rope = ws.ptr(b_, side);
+    d.ld_values = ld_a_;
+    d.ld_rope = ld_b_;
+    d.n_real = ws.ptr(n_real_buf_, side);
+    d.rows = rows_;
+    d.dtype = dtype_;
+    d.rounding = rounding_;
+    d.digests = ws.ptr(digests_, side);
+    be.digest_rows(d);
+    AuditSlotsParams a;
+    a.slots = ws.ptr(slots_, side);
+    a.digests = ws.ptr(audit_digests_, side);
+    a.expected = ws.ptr(digests_, side);
+    a.flags = ws.ptr(flags_, side);
+    a.mismatches = ws.ptr(mismatches_, side);
+    a.pool = pool;
+    a.kind = kind;
+    a.n = n_real_;
+    be.audit_slots(a);
+  }
+
+ private:
+  Layout layout_;
+  KvDtype dtype_;
+  ScaleRounding rounding_;
+  int rows_, n_real_ = 0;
+  int64_t ld_a_ = 0, ld_b_ = 0;
+  Buf<uint8_t> pool_, flags_;
+  Buf<int64_t> slots_;
+  Buf<int32_t> n_real_buf_, errors_, mismatches_;
+  Buf<float> a_, b_;
+  Buf<uint64_t> digests_, audit_digests_;
+};
+
 constexpr SlotMix kMixes[] = {SlotMix::kValid,    SlotMix::kPadded,   SlotMix::kStaleTail,
                               SlotMix::kReserved, SlotMix::kBadSlots, SlotMix::kEverything};
 constexpr int kRows[] = {1, 7, 64, 256};
@@ -213,10 +305,22 @@ TEST_F(ParityStore, IncidentScatterMatchesCpu) {
   for (const auto& d : kDtypes) {
     for (int rows : kRows) {
       for (SlotMix mix : kMixes) {
-        StoreCase c({Layout::kIndexK, d.dtype, d.rounding, rows, mix, false,
-                     StoreGuard::kIncidentScatter});
+        StoreCase c(
+            {Layout::kIndexK, d.dtype, d.rounding, rows, mix, false, StoreGuard::kIncidentScatter});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), 5000 + cases));
         ++cases;
+      }
+    }
+  }
+}
+
+TEST_F(ParityStore, DigestRowsAreTheDigestsOfTheStoredBytes) {
+  int cases = 0;
+  for (Layout layout : {Layout::kIndexK, Layout::kLatent}) {
+    for (const auto& d : kDtypes) {
+      for (int rows : {1, 7, 64, 256}) {
+        DigestRowsCase c(layout, d.dtype, d.rounding, rows);
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 7000 + cases++));
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/cache.h"
@@ -20,20 +21,7 @@ namespace {
 using ::dsa::testing::kPoisonByte;
 using ::dsa::testing::Rng;
 
-// Runs `fn`, expects a dsa::Error with `code` whose message contains every one of `needles`.
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsa::Error was thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-          << "message '" << e.what() << "' does not name '" << needle << "'";
-    }
-  }
-}
+using ::dsa::testing::expect_error;
 
 void expect_accounting(const PageAllocator& a, int64_t expected_used) {
   ASSERT_EQ(a.free_pages() + a.used_pages(), a.total_pages() - 1);
@@ -260,6 +248,7 @@ class PoisoningBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override { cpu_->sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu_->audit_slots(p); }
   void sample(const SampleParams& p) override { cpu_->sample(p); }
+  void digest_rows(const DigestRowsParams& p) override { cpu_->digest_rows(p); }
 
   std::vector<size_t> allocation_bytes;  // in allocation order
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/expect_error.h"
 #include "common/test_util.h"
 #include "dsa/checkpoint.h"
 #include "dsa/error.h"
@@ -39,7 +40,11 @@ class CheckpointTest : public ::testing::Test {
   std::string write(const std::string& preset, int shards, bool fp8 = false) {
     const ModelConfig config = preset_config(preset);
     const Weights w = Weights::synthetic(*backend_, config, kSeed);
-    write_checkpoint(*backend_, config, w, dir_.string(), {shards, fp8});
+    CheckpointWriteOptions options;
+    options.shards = shards;
+    options.fp8 = fp8;
+    options.existing = ExistingCheckpoint::kReplace;  // the tests rewrite one directory
+    write_checkpoint(*backend_, config, w, dir_.string(), options);
     return dir_.string();
   }
   std::vector<Bf16> host(const Weights& w, const std::string& name) {
@@ -101,20 +106,7 @@ class CheckpointTest : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
 };
 
-// Runs fn, which must throw a dsa::Error of `code` whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& fn, ErrorCode code,
-                  const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown; expected one mentioning " << parts.front();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-    }
-  }
-}
+using ::dsa::testing::expect_error;
 
 // ---- round trips ----
 
@@ -380,16 +372,12 @@ TEST_F(CheckpointTest, MissingConfigOrWeightsFileIsAnError) {
 TEST_F(CheckpointTest, WriterRejectsBadShardCounts) {
   const ModelConfig config = preset_config("tiny");
   const Weights w = Weights::synthetic(*backend_, config, kSeed);
-  expect_error(
-      [&] {
-        write_checkpoint(*backend_, config, w, dir_.string(), {0, false});
-      },
-      ErrorCode::kInvalidArgument, {"--shards = 0"});
-  expect_error(
-      [&] {
-        write_checkpoint(*backend_, config, w, dir_.string(), {1000, false});
-      },
-      ErrorCode::kInvalidArgument, {"--shards = 1000"});
+  for (int shards : {0, 1000}) {
+    CheckpointWriteOptions o;
+    o.shards = shards;
+    expect_error([&] { write_checkpoint(*backend_, config, w, dir_.string(), o); },
+                 ErrorCode::kInvalidArgument, {fmt::format("--shards = {}", shards)});
+  }
 }
 
 }  // namespace

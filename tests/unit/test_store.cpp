@@ -24,16 +24,16 @@ namespace {
 
 using ::dsa::testing::Rng;
 
-enum class Layout { kIndexK, kLatent };
+using Layout = PoolKind;  // the library's: latent or index-K
 
-struct PoolKind {
+struct PoolVariant {
   Layout layout;
   KvDtype dtype;
   ScaleRounding rounding = ScaleRounding::kExact;
   StoreGuard guard = StoreGuard::kEnforced;  // index-K only
 };
 
-std::string pool_kind_name(const PoolKind& k) {
+std::string pool_variant_name(const PoolVariant& k) {
   std::string name = k.layout == Layout::kIndexK ? "IndexK" : "Latent";
   name += k.dtype == KvDtype::kBf16 ? "Bf16" : "Fp8";
   if (k.dtype == KvDtype::kFp8) name += k.rounding == ScaleRounding::kUe8m0 ? "Ue8m0" : "Exact";
@@ -56,7 +56,7 @@ struct StoreCase {
 // A pool in the CPU backend's memory, poisoned before each case, plus random input rows.
 class StoreHarness {
  public:
-  StoreHarness(const PoolKind& kind, uint64_t seed)
+  StoreHarness(const PoolVariant& kind, uint64_t seed)
       : kind_(kind), backend_(make_cpu_backend()), rng_(seed) {
     const int64_t page_bytes = kind.layout == Layout::kIndexK ? index_k_page_bytes(kind.dtype)
                                                               : latent_page_bytes(kind.dtype);
@@ -167,7 +167,7 @@ class StoreHarness {
     return page * kPageSize + (within < values ? within / kIndexHeadDim : (within - values) / 4);
   }
 
-  PoolKind kind_;
+  PoolVariant kind_;
   std::unique_ptr<Backend> backend_;
   Rng rng_;
   DeviceArray<uint8_t> memory_;
@@ -186,7 +186,7 @@ std::vector<std::pair<int, int64_t>> writes_of(const std::vector<int64_t>& slots
   return w;
 }
 
-class StoreContract : public ::testing::TestWithParam<PoolKind> {
+class StoreContract : public ::testing::TestWithParam<PoolVariant> {
  protected:
   StoreHarness h_{GetParam(), 20251202};
 };
@@ -277,16 +277,16 @@ TEST_P(StoreContract, ErrorCountAccumulatesAcrossCalls) {
 
 INSTANTIATE_TEST_SUITE_P(
     , StoreContract,
-    ::testing::Values(PoolKind{Layout::kIndexK, KvDtype::kBf16},
-                      PoolKind{Layout::kIndexK, KvDtype::kFp8},
-                      PoolKind{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0},
+    ::testing::Values(PoolVariant{Layout::kIndexK, KvDtype::kBf16},
+                      PoolVariant{Layout::kIndexK, KvDtype::kFp8},
+                      PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0},
                       // The fault reaches the bf16 layout only: fp8 enforces every rule under it.
-                      PoolKind{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
+                      PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
                                StoreGuard::kIncidentScatter},
-                      PoolKind{Layout::kLatent, KvDtype::kBf16},
-                      PoolKind{Layout::kLatent, KvDtype::kFp8},
-                      PoolKind{Layout::kLatent, KvDtype::kFp8, ScaleRounding::kUe8m0}),
-    [](const ::testing::TestParamInfo<PoolKind>& p) { return pool_kind_name(p.param); });
+                      PoolVariant{Layout::kLatent, KvDtype::kBf16},
+                      PoolVariant{Layout::kLatent, KvDtype::kFp8},
+                      PoolVariant{Layout::kLatent, KvDtype::kFp8, ScaleRounding::kUe8m0}),
+    [](const ::testing::TestParamInfo<PoolVariant>& p) { return pool_variant_name(p.param); });
 
 // ---- the fp8 bytes, checked against DESIGN §3 independently of dtype.h and token_codec.h -------
 
@@ -466,12 +466,12 @@ TEST(StoreIncident, UnguardedBf16IndexKClobbersWhatTheIncidentClobbered) {
 
 TEST(StoreIncident, TheSameBatchIsHarmlessUnderTheGuard) {
   // The guarded bf16 writer, and the fp8 writer even with the fault on, write rows 0 and 4 only.
-  for (const auto& kind : {PoolKind{Layout::kIndexK, KvDtype::kBf16},
-                           PoolKind{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
+  for (const auto& kind : {PoolVariant{Layout::kIndexK, KvDtype::kBf16},
+                           PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
                                     StoreGuard::kIncidentScatter},
-                           PoolKind{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0,
+                           PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0,
                                     StoreGuard::kIncidentScatter}}) {
-    SCOPED_TRACE(pool_kind_name(kind));
+    SCOPED_TRACE(pool_variant_name(kind));
     StoreHarness h(kind, 12);
     const IncidentBatch b = incident_batch(h);
     h.run({b.slots, b.n_real, {{0, b.slots[0]}, {4, b.slots[4]}}, /*errors=*/1});  // the -2

@@ -81,7 +81,28 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
   const std::string table = stress_table(report);
   EXPECT_NE(table.find("| condition | corrupted sessions (k/N, %) | auditor flagged | diverged |"),
             std::string::npos);
-  EXPECT_NE(table.find("| bf16 index-K + eager + guarded | 0/8 (0%) | 0 | 0 |"), std::string::npos);
+  EXPECT_NE(table.find("| bf16 index-K + eager + guarded | 0/8 (0%) | 0 | 0 | 0 | 0 | - | 0 |"),
+            std::string::npos);
+  // The detectors agree in every cell: the auditor reported every change the oracle saw (run in
+  // the faulted cells), every divergence had a finding, some findings changed tokens, and no
+  // turn failed.
+  for (const CellResult& c : report.cells) {
+    SCOPED_TRACE(c.cell.condition());
+    EXPECT_EQ(c.oracle, c.cell.faults);
+    EXPECT_EQ(c.auditor_found, c.oracle_clobbers);
+    EXPECT_EQ(c.auditor_unconfirmed, 0);
+    EXPECT_EQ(c.diverged_not_flagged, 0);
+    EXPECT_EQ(c.failed_turns, 0);
+  }
+  const CellResult& incident = find(report, incident_cell());
+  EXPECT_GT(incident.oracle_clobbers, 0);
+  EXPECT_GT(incident.flagged_and_diverged, 0);
+  EXPECT_GT(report.config["sessions_longer_than_index_topk"].get<int>(), 0);
+  const StressVerdict v = stress_verdict(report);
+  EXPECT_EQ(v.line, "fingerprint: reproduced");
+  EXPECT_EQ(v.exit_code, kStressExitClean);
+  EXPECT_TRUE(v.problems.empty());
+  EXPECT_EQ(j["verdict"], "fingerprint: reproduced");
   const std::string svg = stress_svg(report);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
@@ -112,6 +133,77 @@ TEST(Stress, CountsComeFromTheDetectorsAlone) {
   EXPECT_EQ(compared.corrupted, compared.diverged);
   // The same run, so the same tokens, whichever detectors watch it.
   EXPECT_EQ(blind.tokens, audited.tokens);
+}
+
+// The verdict, on hand-made reports: each way the fingerprint can be wrong names its cell and
+// exits 1; lost work exits 3.
+TEST(Stress, VerdictFollowsTheFingerprint) {
+  auto report = [](std::vector<std::pair<StressCell, int>> corrupted) {
+    StressReport r;
+    for (auto [cell, k] : corrupted) {
+      CellResult c;
+      c.cell = cell;
+      c.sessions = 10;
+      c.corrupted = c.auditor_flagged = k;
+      r.cells.push_back(c);
+    }
+    return r;
+  };
+  const StressCell guarded{KvDtype::kBf16, RunMode::kGraph, false};
+  const StressCell fp8_faults{KvDtype::kFp8, RunMode::kGraph, true};
+  const StressCell eager_faults{KvDtype::kBf16, RunMode::kEager, true};
+
+  StressVerdict v = stress_verdict(report({{incident_cell(), 3}, {guarded, 0}, {fp8_faults, 0}}));
+  EXPECT_EQ(v.line, "fingerprint: reproduced");
+  EXPECT_EQ(v.exit_code, kStressExitClean);
+
+  v = stress_verdict(report({{incident_cell(), 0}, {guarded, 0}}));  // the incident cell is clean
+  EXPECT_EQ(v.exit_code, kStressExitCorruption);
+  EXPECT_NE(v.line.find("NOT reproduced: bf16 index-K + graph + incident faults"),
+            std::string::npos)
+      << v.line;
+
+  v = stress_verdict(report({{incident_cell(), 2}, {guarded, 1}}));  // a guarded cell corrupts
+  EXPECT_EQ(v.exit_code, kStressExitCorruption);
+  EXPECT_NE(v.line.find("NOT reproduced: bf16 index-K + graph + guarded"), std::string::npos);
+
+  v = stress_verdict(report({{incident_cell(), 2}, {eager_faults, 1}}));  // another faulted cell
+  EXPECT_EQ(v.exit_code, kStressExitCorruption);
+  EXPECT_NE(v.line.find("bf16 index-K + eager + incident faults"), std::string::npos);
+
+  v = stress_verdict(report({{guarded, 0}}));  // no incident cell: nothing contradicts
+  EXPECT_EQ(v.exit_code, kStressExitClean);
+  EXPECT_NE(v.line.find("not run"), std::string::npos);
+
+  StressReport missed = report({{incident_cell(), 2}});
+  missed.cells[0].oracle = true;
+  missed.cells[0].oracle_clobbers = 14;
+  missed.cells[0].auditor_found = 13;
+  v = stress_verdict(missed);  // the auditor missed one of the oracle's clobbers
+  EXPECT_EQ(v.exit_code, kStressExitCorruption);
+  ASSERT_EQ(v.problems.size(), 1u);
+  EXPECT_NE(v.problems[0].find("13 of the oracle's 14"), std::string::npos);
+
+  StressReport lost = report({{incident_cell(), 2}});
+  lost.cells[0].failed_turns = 5;
+  lost.cells[0].failed_sessions = 3;
+  v = stress_verdict(lost);
+  EXPECT_EQ(v.exit_code, kStressExitLostWork);
+  EXPECT_NE(stress_table(lost).find("| 5 |"), std::string::npos);
+}
+
+// A pool that cannot hold the longest session alone is a usage error before anything runs; the
+// engine would fail every turn of it and the table would look clean.
+TEST(Stress, PoolTooSmallForOneSessionIsRefusedUpFront) {
+  StressConfig c = small_config();
+  c.pages = 2;
+  try {
+    run_stress(c);
+    ADD_FAILURE() << "a 2-page pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("--pages 2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Stress, BadShapesAreRejected) {

@@ -58,6 +58,9 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() = 0;  // wait for all queued work; surfaces asynchronous errors
+  // The memory this backend allocates from, for estimates made before allocating: the host's
+  // physical memory by default, the device's total on a GPU.
+  virtual uint64_t memory_capacity_bytes() const;
 
   // CUDA events on the backend's stream; host clock readings on the CPU (ops are synchronous).
   virtual std::unique_ptr<Stopwatch> stopwatch();
@@ -92,6 +95,7 @@ class Backend {
   virtual void sparse_mla(const SparseMlaParams& p) = 0;
 
   virtual void audit_slots(const AuditSlotsParams& p) = 0;
+  virtual void digest_rows(const DigestRowsParams& p) = 0;
 
   virtual void sample(const SampleParams& p) = 0;
   // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none).

@@ -15,12 +15,22 @@ enum class ErrorCode {
   kInvalidArgument,    // bad config, flag, shape or request
   kOutOfRange,         // a value past its limit: prompt over context, slot past capacity
   kResourceExhausted,  // a pool or allocator ran out; the caller may preempt and retry
-  kIo,                 // file missing, truncated or malformed
+  kIo,                 // an input file missing, not a regular file, truncated or malformed
+  kWriteFailed,        // an output file could not be written completely (ENOSPC, EIO, ...)
   kBackend,            // a device call failed
   kInternal,           // a broken invariant: a bug in dsa.cpp
 };
 
 std::string_view error_code_name(ErrorCode code);
+
+// The dsa program's exit statuses. 0 and kExitCorruption are verdicts; the others say why a run
+// could not finish. `dsa --help` and the README's Commands section print this table.
+inline constexpr int kExitCorruption = 1;  // a check ran and found corruption
+inline constexpr int kExitBadInput = 2;    // a flag, file, config or checkpoint was refused
+inline constexpr int kExitRuntime = 3;     // the device failed, or memory ran out mid-run
+inline constexpr int kExitWrite = 4;       // an output (file or stdout) could not be written
+inline constexpr int kExitInternal = 5;    // a broken invariant: a bug in dsa.cpp
+int exit_status(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:

@@ -15,6 +15,11 @@
 
 namespace dsa {
 
+// Upper bounds of the workload's shape, so every sum of turns and tokens stays far from int
+// overflow; a session still ends at the context.
+inline constexpr int kMaxStressTurns = 1000;
+inline constexpr int kMaxStressTokens = 1 << 20;  // per turn's prompt or reply; also step gaps
+
 // The workload's shape. Every session draws its turn count, per-turn message and reply lengths,
 // arrival and think times from its own seeded stream, so a seed names the workload exactly.
 struct StressShape {
@@ -58,6 +63,14 @@ struct CellResult {
   int corrupted = 0;  // flagged or diverged
   int auditor_flagged = 0;
   int diverged = 0;
+  int flagged_and_diverged = 0;  // auditor findings that also changed a session's tokens
+  int diverged_not_flagged = 0;  // divergence the auditor did not explain
+  int failed_turns = 0;          // turns that ended with an error: lost work, never clean
+  int failed_sessions = 0;       // sessions with a failed turn
+  // The shadow oracle (on in fault-injection cells): slot changes it saw, how many of them the
+  // auditor reported too, and findings with no change behind them.
+  bool oracle = false;
+  int64_t oracle_clobbers = 0, auditor_found = 0, auditor_unconfirmed = 0;
   std::vector<int> first_divergent_turns;  // per diverged session, 0-based
   int64_t tokens = 0;                      // generated
   double seconds = 0;
@@ -82,7 +95,26 @@ struct StressReport {
   bool guarded_clean() const;  // no corruption in any cell without faults
 };
 
+// Throws kInvalidArgument before anything runs when the shape is bad or the pool cannot hold the
+// longest session alone (every turn of it would fail).
 StressReport run_stress(const StressConfig& config, const StressProgressFn& progress = {});
+
+// dsa stress's exit codes.
+inline constexpr int kStressExitClean = 0;
+inline constexpr int kStressExitCorruption = 1;  // the fingerprint is wrong, or a detector missed
+inline constexpr int kStressExitUsage = 2;       // bad flags (said before the run)
+inline constexpr int kStressExitLostWork = 3;    // failed turns or store errors: not a clean run
+
+// The judgement of a run against the incident's fingerprint (DESIGN §5): only the incident cell
+// (bf16 index-K + graph + incident faults) corrupts, and it does when it is in the matrix; the
+// detectors agree (the auditor reported every change the oracle saw, and every divergence); no
+// turn failed and no step raised its error flag.
+struct StressVerdict {
+  std::string line;  // "fingerprint: reproduced" / "fingerprint: NOT reproduced: .."
+  std::vector<std::string> problems;  // one line each, naming the cell
+  int exit_code = kStressExitClean;
+};
+StressVerdict stress_verdict(const StressReport& report);
 
 // The incident's table: condition | corrupted sessions (k/N, %) | auditor flagged | diverged.
 std::string stress_table(const StressReport& report);

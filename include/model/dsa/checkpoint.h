@@ -2,7 +2,8 @@
 //   config.json                       the model config (Hugging Face field names)
 //   model.safetensors                 one file, or
 //   model-0000k-of-0000n.safetensors  shards, with
-//   model.safetensors.index.json      {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+//   model.safetensors.index.json      {"metadata": {"total_size": bytes}, "weight_map": {name:
+//   file}}
 //
 // Tensor names and shapes are those of weight_manifest(config). A tensor loads from
 //   BF16: as is;
@@ -14,6 +15,8 @@
 // and what was expected and found.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "dsa/backend.h"
@@ -36,14 +39,45 @@ ModelConfig load_checkpoint_config(const std::string& dir);
 Weights load_checkpoint(Backend& backend, const std::string& dir, ModelConfig* config_out = nullptr,
                         const CheckpointLoadOptions& options = {});
 
+// What write_checkpoint does with a directory that already holds files.
+enum class ExistingCheckpoint : uint8_t {
+  kRefuse,   // kInvalidArgument: a new checkpoint never mixes with another one's files
+  kReplace,  // the directory as a whole is replaced: no file of the old one survives
+};
+
+// What a checkpoint holds, read from its config and safetensors headers without loading tensor
+// data: the resolved config (what the model uses), the files, and the tensors by dtype.
+struct CheckpointSummary {
+  ModelConfig config;
+  std::vector<std::string> files;  // the safetensors files the weights come from
+  int64_t tensors = 0;             // in those files
+  uint64_t tensor_bytes = 0;
+  struct DtypeCount {
+    int64_t tensors = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, DtypeCount> dtypes;  // "BF16", "F8_E4M3", ...
+  int64_t manifest_tensors = 0;              // the config's tensors, every one found and checked
+  std::vector<std::string> unused;           // tensors the config does not use
+};
+// Throws as load_checkpoint does when a manifest tensor is missing or mismatched.
+CheckpointSummary inspect_checkpoint(const std::string& dir);
+
 struct CheckpointWriteOptions {
   int shards = 1;    // 1: model.safetensors; more: model-0000k-of-0000n + the index
   bool fp8 = false;  // 2-D projections as F8_E4M3 with 128x128 block weight_scale_inv
+  ExistingCheckpoint existing = ExistingCheckpoint::kRefuse;
+  // Further files the checkpoint owns (e.g. a tokenizer), by plain file name: written into the
+  // same fresh directory with the same checks, so they appear and are replaced with the weights.
+  std::map<std::string, std::string> extra_files;
 };
 
-// Writes config.json and the safetensors file(s) of `weights` (read back from `backend`) into DIR,
-// creating it. With fp8, embeddings, lm_head, the router and the indexer's weights_proj stay
-// bf16, as in DeepSeek's release; 1-D tensors are bf16, the router bias f32.
+// Writes config.json and the safetensors file(s) of `weights` (read back from `backend`) as DIR:
+// everything goes into a fresh directory beside it, which then replaces DIR in one rename, so a
+// reader never sees a half-written checkpoint or a mix of an old one's files with the new. A
+// failed write (ENOSPC) is kWriteFailed naming the file, and leaves DIR as it was. With fp8,
+// embeddings, lm_head, the router and the indexer's weights_proj stay bf16, as in DeepSeek's
+// release; 1-D tensors are bf16, the router bias f32.
 void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights& weights,
                       const std::string& dir, const CheckpointWriteOptions& options = {});
 

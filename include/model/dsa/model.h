@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsa/backend.h"
@@ -61,8 +62,14 @@ struct StepView {
   const int32_t* page_table = nullptr;  // [rows, ld_page_table]
   int64_t ld_page_table = 0;
   const int32_t* n_real = nullptr;  // [1] real rows; the stores ignore rows >= n_real
-  int32_t* error_count = nullptr;   // [1] the step's store error flag
+  int32_t* error_count = nullptr;   // [1] the step's error flag (stores, indexer page ids)
   float* logits = nullptr;          // [rows, vocab] output
+  // Optional records of what each store was given, per layer l and pool k (0 latent, 1 index-K):
+  //   write_digests [layers, 2, rows]: digest_rows of the store's inputs (the auditor's truth);
+  //   store_values  [layers, rows, kStoreValuesDim]: the inputs themselves, c ‖ k_rope ‖ index
+  //                 key (for an independent host-side check of the pools).
+  uint64_t* write_digests = nullptr;
+  float* store_values = nullptr;
 };
 
 // Per-step options that only fault injection changes.
@@ -93,6 +100,9 @@ class Model {
   void attention(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
   void indexer(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
   void mlp(int layer, int rows);
+  // The optional write_digests / store_values records of one store's inputs (see StepView).
+  void record_store_inputs(int layer, PoolKind kind, const StepView& step, const PoolView& pool,
+                           const float* values, int64_t ld);
   LayerPtrs layer_ptrs(int layer) const;
 
   Backend* backend_;
@@ -109,6 +119,24 @@ class Model {
   DeviceArray<int32_t> topk_positions_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE layers' weights and scratch; null without MoE layers
 };
+
+// The memory a configuration needs, estimated from its sizes alone (nothing is allocated), in
+// saturating 64-bit arithmetic: a configuration too large to count needs "more than 2^64 bytes".
+struct MemoryEstimate {
+  uint64_t weights = 0;  // the manifest's tensors, bf16
+  uint64_t scratch = 0;  // per-step activations for max_rows rows, the rope table, top-k
+  uint64_t cache = 0;    // the latent and index-K pools of every layer, and the page allocator
+  uint64_t total() const;
+};
+MemoryEstimate estimate_memory(const ModelConfig& config, int64_t max_rows, int64_t max_context,
+                               const CacheConfig& cache);
+
+// Refuses (kOutOfRange) an estimate above limit_bytes, before anything is allocated:
+// "<what> needs 8.6 GB (weights 0.0 GB, KV cache 8.6 GB for 1048576 pages x 2 layers, scratch
+// 0.0 GB); the <device> has 16.0 GB".
+void require_memory_fits(const MemoryEstimate& estimate, const ModelConfig& config,
+                         const CacheConfig& cache, uint64_t limit_bytes, std::string_view what,
+                         std::string_view device);
 
 // The host-side rope table: cos/sin of position * inv_freq for positions [0, max_position),
 // with DeepSeek's yarn frequency correction when config.rope_scaling asks for it.

@@ -33,6 +33,7 @@
 #include "dsa/model.h"
 #include "dsa/runner.h"
 #include "dsa/sampler.h"
+#include "dsa/shadow_oracle.h"
 
 namespace dsa {
 
@@ -47,6 +48,9 @@ struct EngineOptions {
   int max_prefill_rows = 0;  // rows per prefill step; 0: the model's max_rows
   int max_running = 0;       // requests admitted at once; 0 (and at most): the model's max_rows
   bool audit = false;        // run the slot-integrity auditor
+  // Run the shadow oracle too (fault-injection runs): an independent count of clobbered slots,
+  // matched against the auditor's findings in EngineStats.
+  bool oracle = false;
   AuditScope audit_scope = AuditScope::kListed;  // kListed: the slots read in the step
   int audit_sample = 256;                        // kSample: slots per verification
   uint64_t audit_seed = 0;                       // kSample: the sample's seed
@@ -97,10 +101,17 @@ struct EngineStats {
   int64_t padded_rows = 0;  // graph replays: bucket - real rows, summed
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
-  int64_t evicted_sessions = 0;  // idle sessions whose kept cache was released for room
-  int64_t store_errors = 0;      // the runner's store error flags, summed
+  int64_t evicted_sessions = 0;        // idle sessions whose kept cache was released for room
+  int64_t store_errors = 0;            // the runner's error flags (stores, page ids), summed
+  int64_t failed_by_store_errors = 0;  // requests failed because a step raised the flag
   int64_t audit_findings = 0;
   std::map<int, int64_t> graph_replays;  // decode steps replayed per bucket size
+  // With the oracle on: slot changes it saw, how many of them the auditor also reported (in the
+  // same step, or later while the slot was still watched: by its scope, or when released), and
+  // auditor findings the oracle never saw.
+  int64_t oracle_clobbers = 0;
+  int64_t auditor_found = 0;
+  int64_t auditor_unconfirmed = 0;
   // Wall time of engine steps, split: waiting for the device at the end of runner steps, and
   // everything else the host did; runner_host_seconds is the runner's part of that (staging,
   // launching, reading back), the rest is scheduling, auditing and bookkeeping.
@@ -176,7 +187,10 @@ class Engine {
   RowSampling sampling_of(const Request& r) const;  // r's next draw
   void after_runner_step(const std::vector<Request*>& row_owners, const std::vector<RowInput>& rows,
                          const StepResult& result);
-  void audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written);
+  void audit(const std::vector<Request*>& readers);
+  void report_findings(const std::vector<AuditFinding>& findings);
+  void fail_for_store_errors(const std::vector<Request*>& row_owners,
+                             const std::vector<RowInput>& rows, const StepResult& result);
   void mark_corrupted(const AuditFinding& finding);
   void sample_next(Request& r, int32_t token);  // appends the step's token to r
 
@@ -188,6 +202,8 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Runner> runner_;
   std::unique_ptr<SlotAuditor> auditor_;
+  std::unique_ptr<ShadowOracle> oracle_;
+  RecallTally recall_;  // the oracle's clobbers against the auditor's findings
   int64_t next_id_ = 1;
   int64_t next_admit_ = 0;
   std::deque<int64_t> waiting_;

@@ -27,6 +27,7 @@ void topk(const TopkParams& p);                     // topk.cpp
 void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
 
 void audit_slots(const AuditSlotsParams& p);  // audit.cpp
+void digest_rows(const DigestRowsParams& p);  // audit.cpp
 
 void sample(const SampleParams& p);  // sample.cpp
 

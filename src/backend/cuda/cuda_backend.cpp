@@ -146,6 +146,11 @@ class CudaBackend final : public Backend {
     return p;
   }
   void deallocate_host(void* p) override { check(cudaFreeHost(p), "cudaFreeHost(p)"); }
+  uint64_t memory_capacity_bytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo(&free_bytes, &total_bytes)");
+    return total_bytes;
+  }
   void copy_to_device(void* dst, const void* src, size_t n) override {
     if (n)
       check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
@@ -255,6 +260,9 @@ class CudaBackend final : public Backend {
   void sample(const SampleParams& p) override { launched(cuda::sample(p, stream_), "sample"); }
   size_t sample_workspace_bytes(int rows, int vocab) const override {
     return cuda::sample_workspace_bytes(rows, vocab);
+  }
+  void digest_rows(const DigestRowsParams& p) override {
+    launched(cuda::digest_rows(p, stream_), "digest_rows");
   }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;

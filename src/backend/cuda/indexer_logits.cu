@@ -33,10 +33,10 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kGroupTokens = 32;                 // tokens per warp iteration: 4 n-tiles of 8
+constexpr int kGroupTokens = 32;  // tokens per warp iteration: 4 n-tiles of 8
 constexpr int kNTiles = kGroupTokens / 8;
-constexpr int kBlockTokens = 2048;               // tokens per block (32 pages)
-constexpr int kMaxHeads = 64;                    // heads padded to 16; up to 4 m-tiles
+constexpr int kBlockTokens = 2048;  // tokens per block (32 pages)
+constexpr int kMaxHeads = 64;       // heads padded to 16; up to 4 m-tiles
 constexpr int kMaxMTiles = kMaxHeads / 16;
 
 // Key bytes per token and 32-bit words each lane holds per token, by cache dtype.
@@ -64,9 +64,9 @@ __device__ __forceinline__ int word_byte(int c, int w) {
 }
 
 struct SharedQuery {
-  uint4 frag[kMaxMTiles * 8 * 32];    // A fragments [m-tile][k-step][lane], 4 regs each
-  uint8_t natural[kMaxHeads * 256];   // q per head as bf16 or e4m3 bytes, [head][row bytes]
-  float weight[kMaxHeads];            // w, or w * s_q for fp8; 0 for padded heads
+  uint4 frag[kMaxMTiles * 8 * 32];   // A fragments [m-tile][k-step][lane], 4 regs each
+  uint8_t natural[kMaxHeads * 256];  // q per head as bf16 or e4m3 bytes, [head][row bytes]
+  float weight[kMaxHeads];           // w, or w * s_q for fp8; 0 for padded heads
 };
 
 // Quantizes (or rounds) the row's q into s.natural and the weights, one warp per head. All of
@@ -272,7 +272,12 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsP
   const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
   for (int64_t t0 = block_t0 + warp * kGroupTokens; t0 < block_end; t0 += kWarps * kGroupTokens) {
     const int32_t page = pages[t0 / kPageSize];
-    if (page < 0 || page >= p.pool.num_pages) continue;  // a bad table reads nothing
+    if (page < 0 || page >= p.pool.num_pages) {  // never read; as the CPU: logits 0, one error
+      const int lane = threadIdx.x % 32;
+      if (t0 + lane < seq_len) logits[t0 + lane] = 0.0f;
+      if (lane == 0 && t0 % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
+      continue;
+    }
     group_logits<D>(p, s, m_tiles, page, t0, seq_len, logits);
   }
 }

@@ -14,18 +14,18 @@
 // quotient x / scale is the correctly rounded one of encode_fp8_group; see fp8_quotients.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
-#include "dsa/token_codec.h"
 #include "dsa/slot.h"
+#include "dsa/token_codec.h"
 
 namespace dsa::cuda {
 namespace {
 
 constexpr int kMaxBlock = 256;
-constexpr int kIndexLanes = 16;                              // lanes per index-K token
-constexpr int kIndexPerLane = kIndexHeadDim / kIndexLanes;   // 8 values
-constexpr int kLatentPerLane = kKvLoraRank / 32;             // 16 values of c
-constexpr int kRopePerLane = 8;                              // lanes 0..7 hold the rope
-constexpr int kTileLanes = kLatentTile / kLatentPerLane;     // 8 lanes per fp8 tile
+constexpr int kIndexLanes = 16;                             // lanes per index-K token
+constexpr int kIndexPerLane = kIndexHeadDim / kIndexLanes;  // 8 values
+constexpr int kLatentPerLane = kKvLoraRank / 32;            // 16 values of c
+constexpr int kRopePerLane = 8;                             // lanes 0..7 hold the rope
+constexpr int kTileLanes = kLatentTile / kLatentPerLane;    // 8 lanes per fp8 tile
 
 // INCIDENT REPRODUCTION (DESIGN §5), the twin of judge_incident_scatter in cpu/store.cpp: rules
 // 1-3 are ignored, a negative slot wraps from the end of the pool, and one still outside the pool
@@ -74,16 +74,16 @@ unsigned block_threads(int64_t rows, int lanes) {
 
 template <KvDtype kDtype>
 __global__ void __launch_bounds__(kMaxBlock)
-    store_index_k_kernel(StoreIndexKParams p, bool incident_scatter, bool aligned) {
+    store_index_k_kernel(StoreIndexKParams p, StoreGuard guard, bool aligned) {
+  const bool incident_scatter = guard == StoreGuard::kIncidentScatter;
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = thread / kIndexLanes;
   const int sub = int(thread % kIndexLanes);  // lane within the token's group
   if (row >= p.batch.rows) return;            // the whole group leaves together
   int64_t slot = p.batch.slots[row];
   const int64_t capacity = p.pool.capacity();
-  const SlotVerdict verdict = incident_scatter
-                                  ? judge_incident_scatter(slot, capacity)
-                                  : judge_slot(row, *p.batch.n_real, slot, capacity);
+  const SlotVerdict verdict = incident_scatter ? judge_incident_scatter(slot, capacity)
+                                               : judge_slot(row, *p.batch.n_real, slot, capacity);
   if (verdict != SlotVerdict::kWrite) {
     if (sub == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
     return;
@@ -160,14 +160,14 @@ cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream) {
   if (!batch_ok(p.batch) || p.ld_k < kIndexHeadDim) return cudaErrorInvalidValue;
   if (p.batch.rows == 0) return cudaSuccess;
   if (!p.k || !p.pool.data || !aligned16(p.pool.data)) return cudaErrorInvalidValue;
-  const bool incident = p.guard == StoreGuard::kIncidentScatter && p.pool.dtype == KvDtype::kBf16;
   const bool aligned = aligned16(p.k) && p.ld_k % 4 == 0;
   const unsigned threads = block_threads(p.batch.rows, kIndexLanes);
   const unsigned blocks = ceil_div(int64_t(p.batch.rows) * kIndexLanes, threads);
   if (p.pool.dtype == KvDtype::kBf16) {
-    store_index_k_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, incident, aligned);
-  } else {
-    store_index_k_kernel<KvDtype::kFp8><<<blocks, threads, 0, stream>>>(p, false, aligned);
+    store_index_k_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, p.guard, aligned);
+  } else {  // the fault applies to bf16 only: fp8 is always guarded
+    store_index_k_kernel<KvDtype::kFp8>
+        <<<blocks, threads, 0, stream>>>(p, StoreGuard::kEnforced, aligned);
   }
   return cudaGetLastError();
 }
@@ -180,8 +180,8 @@ cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream) {
   if (!p.latent || !p.k_rope || !p.pool.data || !aligned16(p.pool.data)) {
     return cudaErrorInvalidValue;
   }
-  const bool aligned = aligned16(p.latent) && aligned16(p.k_rope) && p.ld_latent % 4 == 0 &&
-                       p.ld_rope % 4 == 0;
+  const bool aligned =
+      aligned16(p.latent) && aligned16(p.k_rope) && p.ld_latent % 4 == 0 && p.ld_rope % 4 == 0;
   const unsigned threads = block_threads(p.batch.rows, 32);
   const unsigned blocks = ceil_div(int64_t(p.batch.rows) * 32, threads);
   if (p.pool.dtype == KvDtype::kBf16) {
