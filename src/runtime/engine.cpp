@@ -40,6 +40,7 @@ Engine::Engine(Model& model, KvCache& cache, EngineOptions options)
   if (options_.runner.mode == RunMode::kGraph && buckets.empty()) buckets = {max_rows};
   runner_ = std::make_unique<Runner>(model_, cache_, options_.runner);
   if (options_.audit) auditor_ = std::make_unique<SlotAuditor>(model_.backend(), cache_);
+  if (options_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(cache_.allocator());
 }
 
 Engine::~Engine() = default;
@@ -83,21 +84,30 @@ int64_t Engine::enqueue(std::unique_ptr<Request> r) {
 
 // ---- pages -------------------------------------------------------------------------------------
 
+// Owned pages go back to the allocator (and out of the auditor's watch); shared pages lose a
+// reference and stay in the prefix cache, watched as the cache's.
 void Engine::release_pages(PageTable& pages) {
   if (auditor_) {
     std::vector<int64_t> slots;
     slots.reserve(pages.pages().size() * kPageSize);
-    for (int32_t page : pages.pages()) {
-      for (int i = 0; i < kPageSize; ++i) slots.push_back(int64_t(page) * kPageSize + i);
+    for (size_t j = size_t(pages.shared_pages()); j < pages.pages().size(); ++j) {
+      for (int i = 0; i < kPageSize; ++i)
+        slots.push_back(int64_t(pages.pages()[j]) * kPageSize + i);
     }
     auditor_->forget(slots);
   }
-  pages.release_all(cache_.allocator());
+  if (prefix_) {
+    prefix_->release(pages);
+  } else {
+    pages.release_all(cache_.allocator());
+  }
 }
 
 bool Engine::reserve(Request& r, int64_t n_tokens) {
   while (!r.pages.reserve(n_tokens, cache_.allocator())) {
-    if (!evict_idle_session()) return false;
+    const int64_t missing = (n_tokens + kPageSize - 1) / kPageSize -
+                            int64_t(r.pages.pages().size()) - cache_.allocator().free_pages();
+    if (!evict_cached_pages(missing) && !evict_idle_session()) return false;
   }
   return true;
 }
@@ -165,6 +175,8 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
     r.n_cached = s->n_cached;
     s->n_cached = 0;
   }
+  const bool looked_up = prefix_ && r.pages.empty();
+  if (looked_up) share_cached_prefix(r);
   *chunk_rows = std::min<int64_t>(budget, r.prefill_end - r.n_cached);
   if (!reserve(r, r.n_cached + *chunk_rows)) {
     if (s && r.n_cached > 0) {  // give the cache back untouched; it stays evictable
@@ -173,8 +185,17 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
       s->n_cached = r.n_cached;
       r.n_cached = 0;
     }
+    if (looked_up) {  // give the cached pages back; the next attempt looks them up again
+      release_pages(r.pages);
+      r.n_cached = 0;
+    }
     return Admission::kWait;
   }
+  if (looked_up) {
+    stats_.prefix_cache_queries += r.prefill_end;
+    stats_.prefix_cache_hits += r.n_cached;
+  }
+  if (r.preemptions == 0) r.cached_tokens = int(r.n_cached);
   waiting_.pop_front();
   r.admit_order = next_admit_++;
   running_.push_back(r.id);
@@ -196,6 +217,7 @@ void Engine::finish(Request& r, FinishReason reason) {
   out.session = r.session;
   out.tokens.assign(r.seq.begin() + r.prompt_len, r.seq.end());
   out.prompt_tokens = r.prompt_len;
+  out.cached_tokens = r.cached_tokens;
   out.reason = reason;
   out.error = r.error;
   out.message = r.message;
@@ -235,6 +257,7 @@ bool Engine::step() {
   progress_ = false;
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
+  stats_.cached_pages = cache_.allocator().cached_pages();
   return prefilled || decoded || progress_;
 }
 
@@ -288,11 +311,13 @@ bool Engine::prefill_step() {
       owners.push_back(c.r);
     }
   }
+  check_store_targets(rows, owners);
   const StepResult result = runner_->step_eager(rows);  // prefill is never captured
   ++stats_.prefill_steps;
   stats_.prefill_rows += int64_t(rows.size());
   for (const Chunk& c : plan) c.r->n_cached += c.count;
   after_runner_step(owners, rows, result);
+  share_written_pages(owners);
 
   const size_t vocab = size_t(model_.config().vocab_size);
   size_t row = 0;
@@ -317,12 +342,14 @@ bool Engine::decode_step() {
   std::vector<RowInput> rows;
   rows.reserve(batch.size());
   for (Request* r : batch) rows.push_back(row_of(*r, r->n_cached));
+  check_store_targets(rows, batch);
   const StepResult result = runner_->step(rows);
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
   if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
   for (Request* r : batch) ++r->n_cached;
   after_runner_step(batch, rows, result);
+  share_written_pages(batch);
 
   const size_t vocab = size_t(model_.config().vocab_size);
   const std::span<const float> all(result.logits);
@@ -385,8 +412,13 @@ void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64
   std::erase_if(findings, [&](const AuditFinding& f) {
     return std::find(written.begin(), written.end(), f.slot) != written.end();
   });
+  report(findings);
+}
+
+void Engine::report(std::vector<AuditFinding>& findings) {
   std::vector<int64_t> bad_slots, bad_owners;
-  for (const AuditFinding& f : findings) {
+  for (AuditFinding& f : findings) {
+    if (f.owner == kPrefixCacheOwner) f.sharers = sharers_of(int32_t(f.slot / kPageSize));
     mark_corrupted(f);
     bad_slots.push_back(f.slot);
     bad_owners.push_back(f.owner);
@@ -398,7 +430,14 @@ void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64
 void Engine::mark_corrupted(const AuditFinding& f) {
   ++stats_.audit_findings;
   spdlog::debug("engine: auditor: {}", f.describe());
-  auto s = sessions_.find(f.owner);
+  if (f.owner != kPrefixCacheOwner) return mark_owner(f.owner, f);
+  // A clobbered cached page: everyone sharing it read it, and no one may find it again.
+  for (int64_t owner : f.sharers) mark_owner(owner, f);
+  prefix_->poison(int32_t(f.slot / kPageSize));
+}
+
+void Engine::mark_owner(int64_t owner, const AuditFinding& f) {
+  auto s = sessions_.find(owner);
   Request* r = nullptr;
   if (s != sessions_.end()) {
     SessionState& st = s->second->state;
@@ -407,7 +446,7 @@ void Engine::mark_corrupted(const AuditFinding& f) {
     st.findings.push_back(f);
     r = st.active_request >= 0 ? find(st.active_request) : nullptr;
   } else {
-    r = find(f.owner);
+    r = find(owner);
   }
   if (r) {
     r->corrupted = true;
