@@ -41,6 +41,13 @@ bool Engine::evict_cached_pages(int64_t n) {
   return true;
 }
 
+int64_t Engine::drop_cached_pages() {
+  const int64_t before = cache_.allocator().cached_pages();
+  while (evict_cached_pages(before)) {
+  }
+  return before - cache_.allocator().cached_pages();
+}
+
 // At admission, for a request with no pages: shares the cached pages of its longest cached prefix
 // of whole pages, leaving at least its last token to prefill (its logits are needed). Every page
 // reused is verified by the auditor first; a changed page is reported (naming everyone sharing

@@ -156,6 +156,8 @@ class Engine {
   // to the tables sharing it, and the prefix cache's own invariants. Throws kInternal naming the
   // first mismatch. O(pages): for tests and diagnostics.
   void check_page_accounting() const;
+  // Frees every cached page no request or session references; returns how many.
+  int64_t drop_cached_pages();
 
  private:
   struct Request;
