@@ -4,9 +4,10 @@
 set(DSA_ROOMS core layout backend cache model runtime diagnostics text server python)
 
 # Refuses an include of another room's private header ("other/...h" from src/). Public headers are
-# enforced by the include directories themselves.
-function(dsa_check_room_includes room)
-  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${room}/*)
+# enforced by the include directories themselves. Runs at every build (target dsa_check_rooms,
+# cmake/check_rooms.cmake), before any room compiles.
+function(dsa_check_room_includes src_root room)
+  file(GLOB_RECURSE sources ${src_root}/${room}/*)
   foreach(source IN LISTS sources)
     file(STRINGS ${source} includes REGEX "^#include \"[a-z_]+/")
     foreach(line IN LISTS includes)
@@ -31,5 +32,12 @@ function(dsa_room room)
   endif()
   set_target_properties(dsa_${room} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   dsa_warnings(dsa_${room})
-  dsa_check_room_includes(${room})
+  add_dependencies(dsa_${room} dsa_check_rooms)
 endfunction()
+
+# In script mode (cmake -P) this file only defines the check.
+if(NOT CMAKE_SCRIPT_MODE_FILE)
+  add_custom_target(dsa_check_rooms
+    COMMAND ${CMAKE_COMMAND} -DSRC=${PROJECT_SOURCE_DIR}/src -P ${PROJECT_SOURCE_DIR}/cmake/check_rooms.cmake
+    COMMENT "Checking that no room includes another room's private headers")
+endif()

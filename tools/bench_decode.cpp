@@ -54,7 +54,8 @@ void register_bench_decode(CLI::App& app, Runner& run) {
     run = [o] {
       ModelConfig config = preset_config(o->model.preset);
       if (o->layers > 0) config.num_hidden_layers = std::min(o->layers, config.num_hidden_layers);
-      config.first_k_dense_replace = std::min(config.first_k_dense_replace, config.num_hidden_layers);
+      config.first_k_dense_replace =
+          std::min(config.first_k_dense_replace, config.num_hidden_layers);
       const int max_b = *std::max_element(o->batches.begin(), o->batches.end());
       require(o->context >= 2 && o->context <= config.max_position_embeddings,
               ErrorCode::kInvalidArgument, "--context {} must be in [2, {}]", o->context,
@@ -94,7 +95,9 @@ void register_bench_decode(CLI::App& app, Runner& run) {
         for (int i = 0; i < o->iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           graph ? runner.step(rows) : runner.step_eager(rows);
-          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
         }
         return median_ms(ms);
       };
@@ -112,15 +115,23 @@ void register_bench_decode(CLI::App& app, Runner& run) {
         }
         fmt::print("{:>5} {:>12.3f} {:>12.3f} {:>8.2f}x {:>16.3f} {:>11.2f}x\n", b, eager, graph,
                    eager / graph, padded, b > 1 ? padded / graph : 1.0);
-        results.push_back({{"batch", b}, {"eager_ms", eager}, {"graph_ms", graph},
-                           {"speedup", eager / graph}, {"padded_rows", b - 1},
-                           {"padded_graph_ms", padded}, {"eager_small_ms", eager_small}});
+        results.push_back({{"batch", b},
+                           {"eager_ms", eager},
+                           {"graph_ms", graph},
+                           {"speedup", eager / graph},
+                           {"padded_rows", b - 1},
+                           {"padded_graph_ms", padded},
+                           {"eager_small_ms", eager_small}});
       }
       if (!o->json.empty()) {
-        nlohmann::json j = {{"preset", config.name}, {"layers", config.num_hidden_layers},
-                            {"context", o->context}, {"backend", backend->describe()},
-                            {"index_k", o->model.index_k}, {"latent", o->model.latent},
-                            {"gemm", o->gemm}, {"results", results}};
+        nlohmann::json j = {{"preset", config.name},
+                            {"layers", config.num_hidden_layers},
+                            {"context", o->context},
+                            {"backend", backend->describe()},
+                            {"index_k", o->model.index_k},
+                            {"latent", o->model.latent},
+                            {"gemm", o->gemm},
+                            {"results", results}};
         std::ofstream(o->json) << j.dump(2) << "\n";
       }
       return 0;

@@ -19,10 +19,13 @@ void print_report(const ReplayCheckReport& r, double seconds) {
     fmt::print(" {}:{}", bucket == 0 ? std::string("eager") : std::to_string(bucket), n);
   }
   fmt::print("\n  parity       {} mismatching steps", r.parity_mismatches);
-  if (r.first_parity_mismatch_step >= 0) fmt::print(" (first at step {})", r.first_parity_mismatch_step);
+  if (r.first_parity_mismatch_step >= 0)
+    fmt::print(" (first at step {})", r.first_parity_mismatch_step);
   fmt::print("\n  store errors {}\n", r.store_errors);
-  fmt::print("  auditor      {} findings over {} audited slots; victims: {}\n", r.findings.size(),
-             r.audited_slots, r.victims.empty() ? std::string("none") : fmt::format("{}", fmt::join(r.victims, ", ")));
+  fmt::print(
+      "  auditor      {} findings over {} audited slots; victims: {}\n", r.findings.size(),
+      r.audited_slots,
+      r.victims.empty() ? std::string("none") : fmt::format("{}", fmt::join(r.victims, ", ")));
   const size_t shown = std::min<size_t>(r.findings.size(), 10);
   for (size_t i = 0; i < shown; ++i) fmt::print("    {}\n", r.findings[i].describe());
   if (r.findings.size() > shown) fmt::print("    ... and {} more\n", r.findings.size() - shown);
@@ -44,13 +47,16 @@ void register_check_replay(CLI::App& app, Runner& run) {
   CLI::App* cmd = app.add_subcommand(
       "check-replay", "randomized padded graph replays with graph-vs-eager parity and the auditor");
   add_model_options(cmd, o->model);
-  cmd->add_option("--steps", o->check.steps, "decode steps")->capture_default_str()->check(CLI::Range(1, 10000000));
+  cmd->add_option("--steps", o->check.steps, "decode steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000000));
   cmd->add_option("--seed", o->check.seed, "seed of the batch sequence")->capture_default_str();
   cmd->add_option("--inject", o->inject, "faults: stale-padding,unguarded-store (or incident)");
   cmd->add_option("--mode", o->mode, "graph | eager (the checked runner)")->capture_default_str();
   cmd->add_option("--buckets", o->buckets, "graph batch buckets (default 1 2 4 8 12 16)");
   cmd->add_option("--max-live", o->check.max_live_requests, "concurrent sequences")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-request-tokens", o->check.max_request_tokens, "longest sequence")
       ->capture_default_str();
   cmd->add_option("--audit-sample", o->check.audit_sample, "slots audited per step")
@@ -71,15 +77,16 @@ void register_check_replay(CLI::App& app, Runner& run) {
       CacheConfig cc = stack.cache->config();
       stack.cache.reset();  // the check makes its own pair of caches of this shape
       fmt::print("check-replay: preset {}, backend {}, index-K {}, latent {}, faults {}, seed {}\n",
-                 mo.preset, stack.backend->describe(), mo.index_k, mo.latent,
-                 ro.faults.describe(), ro.seed);
+                 mo.preset, stack.backend->describe(), mo.index_k, mo.latent, ro.faults.describe(),
+                 ro.seed);
       ro.progress = [](int step, int steps) {
         fmt::print(stderr, "\r  step {}/{} ", step, steps);
         if (step == steps) fmt::print(stderr, "\n");
       };
       const auto t0 = std::chrono::steady_clock::now();
       const ReplayCheckReport report = run_replay_check(*stack.model, cc, ro);
-      print_report(report, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      print_report(report,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       return report.clean() ? 0 : 1;
     };
   });

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   dsa::tools::register_stress(app, run);
   dsa::tools::register_check_replay(app, run);
   dsa::tools::register_bench_decode(app, run);
+  dsa::tools::register_tokenize(app, run);
+  dsa::tools::register_detokenize(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -186,7 +186,7 @@ ModelConfig preset_config(std::string_view name) {
     c.q_lora_rank = 128;
     c.index_n_heads = 4;
     c.index_topk = 32;
-    c.vocab_size = 256;  // byte-level
+    c.vocab_size = 1024;  // the tiny tokenizer (data/tokenizers/tiny): byte-level BPE, 1024 ids
     c.intermediate_size = 512;
     c.max_position_embeddings = 1024;
   } else if (name == "v32") {

@@ -218,7 +218,7 @@ TEST_F(EngineTest, BadRequestsAreRejectedAtSubmit) {
   Engine e(*tiny().model, *cache, eager());
   RequestParams p;
   EXPECT_THROW(e.submit({}, p), Error);
-  EXPECT_THROW(e.submit({1, 256}, p), Error);
+  EXPECT_THROW(e.submit({1, tiny().model->config().vocab_size}, p), Error);  // one past the vocab
   p.max_new_tokens = 0;
   EXPECT_THROW(e.submit({1, 2}, p), Error);
   p.max_new_tokens = 4;
