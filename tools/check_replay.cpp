@@ -29,6 +29,18 @@ void print_report(const ReplayCheckReport& r, double seconds) {
   const size_t shown = std::min<size_t>(r.findings.size(), 10);
   for (size_t i = 0; i < shown; ++i) fmt::print("    {}\n", r.findings[i].describe());
   if (r.findings.size() > shown) fmt::print("    ... and {} more\n", r.findings.size() - shown);
+  fmt::print("  sequences    {} lived past index_topk; {} diverged from eager\n", r.long_sequences,
+             r.diverged.size());
+  fmt::print("  detection    {} of {} victims also diverged (their findings changed logits); "
+             "diverged_not_flagged {}\n",
+             r.flagged_and_diverged(), r.victims.size(), r.diverged_not_flagged());
+  if (r.oracle) {
+    fmt::print("  oracle       oracle_clobbers {}, auditor_found {}, auditor_unconfirmed {}\n",
+               r.oracle_clobbers, r.auditor_found, r.auditor_unconfirmed);
+  }
+  if (!r.detectors_agree()) {
+    fmt::print("  detectors    DISAGREE: the auditor missed or invented changes\n");
+  }
   fmt::print("  verdict      {}\n", r.clean() ? "CLEAN" : "CORRUPTION FOUND");
 }
 
@@ -87,7 +99,7 @@ void register_check_replay(CLI::App& app, Runner& run) {
       const ReplayCheckReport report = run_replay_check(*stack.model, cc, ro);
       print_report(report,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      return report.clean() ? 0 : 1;
+      return report.clean() && report.detectors_agree() ? 0 : 1;
     };
   });
 }

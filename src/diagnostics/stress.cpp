@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <random>
+#include <set>
 
 #include "dsa/config.h"
 #include "dsa/error.h"
@@ -27,10 +28,14 @@ struct SessionRun {
   std::vector<bool> failed;
   bool flagged = false;
   int first_flagged_turn = -1;
+  std::vector<AuditFinding> findings;
 };
 
 std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int max_context) {
   std::vector<SessionPlan> plans(size_t(shape.sessions));
+  std::vector<int32_t> system(size_t(shape.system_prompt), 0);  // the same for every session
+  std::mt19937_64 system_rng(shape.seed);
+  for (auto& tok : system) tok = std::uniform_int_distribution<int>(0, vocab - 1)(system_rng);
   int64_t clock = 0;
   for (int i = 0; i < shape.sessions; ++i) {
     std::mt19937_64 rng(shape.seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
@@ -41,12 +46,14 @@ std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int 
     const int turns = draw(shape.min_turns, shape.max_turns);
     int context = 0;
     for (int t = 0; t < turns; ++t) {
-      const int prompt = draw(shape.min_prompt, shape.max_prompt);
+      const int prompt =
+          draw(shape.min_prompt, shape.max_prompt) + (t == 0 ? int(system.size()) : 0);
       const int reply = draw(shape.min_reply, shape.max_reply);
       if (context + prompt + reply > max_context) break;  // the session ends at the context
       context += prompt + reply;
       std::vector<int32_t> tokens(static_cast<size_t>(prompt), 0);
       for (auto& tok : tokens) tok = draw(0, vocab - 1);
+      if (t == 0) std::copy(system.begin(), system.end(), tokens.begin());
       p.turns.push_back(std::move(tokens));
       p.replies.push_back(reply);
       p.think.push_back(draw(0, shape.max_think));
@@ -121,6 +128,7 @@ std::vector<SessionRun> drive(Engine& engine, const std::vector<SessionPlan>& pl
       const SessionState& st = engine.session(l.session);
       run.flagged = st.corrupted;
       run.first_flagged_turn = st.first_corrupted_turn;
+      run.findings = st.findings;
       engine.close_session(l.session);
       l.session = -1;
       --active;
@@ -155,7 +163,9 @@ EngineOptions engine_options(const StressConfig& c, const StressCell& cell, bool
   if (!c.buckets.empty()) o.runner.buckets = c.buckets;
   o.runner.faults.stale_padding = o.runner.faults.unguarded_store = cell.faults;
   o.audit = audit;
+  o.oracle = audit && cell.faults;  // fault-injection cells: the auditor's recall is measured
   o.audit_scope = c.audit_scope;
+  o.prefix_cache = cell.prefix_cache;
   o.max_running = std::min(c.max_rows, c.shape.concurrency);
   return o;
 }
@@ -194,12 +204,14 @@ void StressShape::validate() const {
   range(min_reply, max_reply, "reply tokens per turn");
   require(max_arrival_gap >= 0 && max_think >= 0, ErrorCode::kInvalidArgument,
           "arrival gap {} and think time {} must be >= 0", max_arrival_gap, max_think);
+  require(system_prompt >= 0, ErrorCode::kInvalidArgument,
+          "system prompt of {} tokens must be >= 0", system_prompt);
 }
 
 std::string StressCell::condition() const {
-  return fmt::format("{} index-K + {} + {}", kv_dtype_name(index_k),
+  return fmt::format("{} index-K + {} + {}{}", kv_dtype_name(index_k),
                      runner == RunMode::kGraph ? "graph" : "eager",
-                     faults ? "incident faults" : "guarded");
+                     faults ? "incident faults" : "guarded", prefix_cache ? " + prefix cache" : "");
 }
 
 std::vector<StressCell> stress_matrix() {
@@ -207,10 +219,79 @@ std::vector<StressCell> stress_matrix() {
   for (bool faults : {false, true}) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
       for (RunMode mode : {RunMode::kEager, RunMode::kGraph})
-        cells.push_back({dtype, mode, faults});
+        cells.push_back({dtype, mode, faults, false});
     }
   }
+  for (bool faults : {false, true})
+    cells.push_back({KvDtype::kBf16, RunMode::kGraph, faults, true});
   return cells;
+}
+
+namespace {
+bool is_incident_cell(const StressCell& c) {
+  return c.index_k == KvDtype::kBf16 && c.runner == RunMode::kGraph && c.faults && !c.prefix_cache;
+}
+// The incident's faults with the prefix cache on: its corruption rate and blast radius are a
+// finding to report, not part of the fingerprint (detection is still judged below).
+bool is_finding_cell(const StressCell& c) { return c.faults && c.prefix_cache; }
+}  // namespace
+
+StressVerdict stress_verdict(const StressReport& report) {
+  StressVerdict v;
+  std::string wrong_cell;  // the first cell that contradicts the fingerprint
+  bool incident_run = false;
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (is_finding_cell(c.cell)) continue;
+    if (is_incident_cell(c.cell)) {
+      incident_run = true;
+      if (c.corrupted == 0) {
+        v.problems.push_back(
+            fmt::format("{}: no session corrupted; the incident's cell must", name));
+        if (wrong_cell.empty()) wrong_cell = name + " shows no corruption";
+      }
+    } else if (c.corrupted > 0) {
+      v.problems.push_back(fmt::format("{}: {} of {} sessions corrupted; this cell must stay clean",
+                                       name, c.corrupted, c.sessions));
+      if (wrong_cell.empty()) wrong_cell = fmt::format("{} corrupted {}", name, c.corrupted);
+    }
+  }
+  v.line = !wrong_cell.empty() ? "fingerprint: NOT reproduced: " + wrong_cell
+           : incident_run      ? "fingerprint: reproduced"
+                               : "fingerprint: not run (the matrix has no bf16 index-K + graph + "
+                                 "incident faults cell; the cells that ran are clean)";
+  if (!wrong_cell.empty()) v.exit_code = kStressExitCorruption;
+
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (c.oracle && (c.auditor_found != c.oracle_clobbers || c.auditor_unconfirmed > 0)) {
+      v.problems.push_back(
+          fmt::format("{}: the auditor reported {} of the oracle's {} clobbered slots ({} findings "
+                      "unconfirmed)",
+                      name, c.auditor_found, c.oracle_clobbers, c.auditor_unconfirmed));
+      v.exit_code = kStressExitCorruption;
+    }
+    if (c.diverged_not_flagged > 0) {
+      v.problems.push_back(fmt::format("{}: {} sessions diverged without an auditor finding", name,
+                                       c.diverged_not_flagged));
+      v.exit_code = kStressExitCorruption;
+    }
+  }
+  for (const CellResult& c : report.cells) {
+    const std::string name = c.cell.condition();
+    if (c.failed_turns > 0) {
+      v.problems.push_back(fmt::format("{}: {} turns of {} sessions failed (lost work)", name,
+                                       c.failed_turns, c.failed_sessions));
+    }
+    if (c.stats.store_errors > 0) {
+      v.problems.push_back(
+          fmt::format("{}: steps raised the error flag {} times", name, c.stats.store_errors));
+    }
+    if ((c.failed_turns > 0 || c.stats.store_errors > 0) && v.exit_code == kStressExitClean) {
+      v.exit_code = kStressExitLostWork;
+    }
+  }
+  return v;
 }
 
 bool StressReport::guarded_clean() const {
@@ -237,6 +318,17 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
   }
   s.cache.num_layers = config.num_hidden_layers;
   s.cache.num_pages = c.pages > 0 ? c.pages : default_pool_pages(c.shape.concurrency, longest);
+  const int64_t longest_pages = (longest + kPageSize - 1) / kPageSize;
+  require(longest_pages <= s.cache.num_pages - 1, ErrorCode::kInvalidArgument,
+          "--pages {} gives {} usable pages, but the longest session of this workload needs {} "
+          "pages for {} tokens: its turns would fail; use --pages {} or more",
+          s.cache.num_pages, s.cache.num_pages - 1, longest_pages, longest, longest_pages + 1);
+  int longer_than_topk = 0;
+  for (const SessionPlan& p : plans) {
+    int64_t total = 0;
+    for (size_t t = 0; t < p.turns.size(); ++t) total += int64_t(p.turns[t].size()) + p.replies[t];
+    longer_than_topk += total > config.index_topk;
+  }
 
   StressReport report;
   report.config = {{"preset", c.preset},
@@ -251,11 +343,13 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
                    {"reply_tokens", {c.shape.min_reply, c.shape.max_reply}},
                    {"max_arrival_gap", c.shape.max_arrival_gap},
                    {"max_think", c.shape.max_think},
+                   {"system_prompt", c.shape.system_prompt},
                    {"policy", c.shape.policy == SessionPolicy::kKeepCache ? "keep" : "recompute"},
                    {"max_rows", c.max_rows},
                    {"pages", s.cache.num_pages},
                    {"longest_session_tokens", longest},
                    {"index_topk", config.index_topk},
+                   {"sessions_longer_than_index_topk", longer_than_topk},
                    {"audit", c.audit},
                    {"compare_reference", c.compare_reference}};
   const int n = c.shape.sessions;
@@ -311,16 +405,43 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
     r.stats = engine.stats();
     r.tokens = r.stats.generated_tokens;
     r.audit_findings = r.stats.audit_findings;
+    r.oracle = engine.options().oracle;
+    r.oracle_clobbers = r.stats.oracle_clobbers;
+    r.auditor_found = r.stats.auditor_found;
+    r.auditor_unconfirmed = r.stats.auditor_unconfirmed;
     for (int i = 0; i < n; ++i) {
-      const int turn = diverges(size_t(i), runs[size_t(i)]);
+      const SessionRun& run = runs[size_t(i)];
+      const int turn = diverges(size_t(i), run);
       if (turn >= 0) r.first_divergent_turns.push_back(turn);
       r.diverged += turn >= 0;
-      r.auditor_flagged += runs[size_t(i)].flagged;
-      r.corrupted += turn >= 0 || runs[size_t(i)].flagged;
+      r.auditor_flagged += run.flagged;
+      r.corrupted += turn >= 0 || run.flagged;
+      r.flagged_and_diverged += turn >= 0 && run.flagged;
+      r.diverged_not_flagged += turn >= 0 && !run.flagged && c.audit;
+      const int failed = int(std::count(run.failed.begin(), run.failed.end(), true));
+      r.failed_turns += failed;
+      r.failed_sessions += failed > 0;
     }
+    std::map<std::pair<int64_t, int64_t>, std::set<int>> named;  // (slot, step) -> sessions
+    for (int i = 0; i < n; ++i) {
+      for (const AuditFinding& f : runs[size_t(i)].findings) {
+        named[{f.slot, f.detected_step}].insert(i);
+      }
+    }
+    r.clobbered_slots = int64_t(named.size());
+    int64_t sessions_named = 0;
+    for (const auto& [slot, sessions] : named) sessions_named += int64_t(sessions.size());
+    r.sessions_per_clobbered_slot =
+        named.empty() ? 0.0 : double(sessions_named) / double(named.size());
+    engine.check_page_accounting();
     require(cache.allocator().used_pages() == 0, ErrorCode::kInternal,
             "stress: {} pages still in use after every session closed",
             cache.allocator().used_pages());
+    engine.drop_cached_pages();
+    require(cache.allocator().free_pages() == cache.allocator().total_pages() - 1,
+            ErrorCode::kInternal,
+            "stress: {} cached pages still referenced after every session closed",
+            cache.allocator().cached_pages());
     report.cells.push_back(std::move(r));
   }
   return report;

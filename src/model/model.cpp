@@ -155,6 +155,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   store.ld_latent = store.ld_rope = kLatentDim;
   store.pool = cache.latent(l);
   be.store_latent_kv(store);
+  record_store_inputs(l, PoolKind::kLatent, step, store.pool, kv_.data(), kLatentDim);
 
   // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
   indexer(l, step, cache, options);
@@ -244,6 +245,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   store.pool = cache.index_k(l);
   store.guard = options.index_k_guard;
   be.store_index_k(store);
+  record_store_inputs(l, PoolKind::kIndexK, step, store.pool, ki_.data(), kIndexHeadDim);
 
   IndexerLogitsParams lp;
   lp.q = qi_.data();
@@ -258,6 +260,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   lp.ld_w = IH;
   lp.ld_page_table = step.ld_page_table;
   lp.ld_logits = max_context_;
+  lp.error_count = step.error_count;
   be.indexer_logits(lp);
 
   TopkParams tp;
@@ -271,6 +274,30 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   tp.ld_logits = max_context_;
   tp.ld_page_table = step.ld_page_table;
   be.topk(tp);
+}
+
+void Model::record_store_inputs(int l, PoolKind kind, const StepView& step, const PoolView& pool,
+                                const float* values, int64_t ld) {
+  Backend& be = *backend_;
+  const int R = step.rows;
+  const bool latent = kind == PoolKind::kLatent;
+  if (step.write_digests) {
+    DigestRowsParams d;
+    d.kind = kind;
+    d.values = values;
+    d.k_rope = latent ? values + kKvLoraRank : nullptr;
+    d.ld_values = d.ld_rope = ld;
+    d.n_real = step.n_real;
+    d.rows = R;
+    d.dtype = pool.dtype;
+    d.rounding = pool.rounding;
+    d.digests = step.write_digests + (int64_t(l) * 2 + (latent ? 0 : 1)) * R;
+    be.digest_rows(d);
+  }
+  if (step.store_values) {
+    float* dst = step.store_values + int64_t(l) * R * kStoreValuesDim + (latent ? 0 : kLatentDim);
+    be.copy_rows({values, dst, R, latent ? kLatentDim : kIndexHeadDim, ld, kStoreValuesDim});
+  }
 }
 
 void Model::mlp(int l, int rows) {

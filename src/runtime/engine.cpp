@@ -38,9 +38,14 @@ Engine::Engine(Model& model, KvCache& cache, EngineOptions options)
   auto& buckets = options_.runner.buckets;  // buckets above max_rows could never be captured
   std::erase_if(buckets, [max_rows](int b) { return b > max_rows; });
   if (options_.runner.mode == RunMode::kGraph && buckets.empty()) buckets = {max_rows};
+  // The auditor's truth is what each real row meant to write, digested by the backend in the
+  // step; the oracle's is the store inputs themselves.
+  options_.runner.write_digests = options_.audit ? WriteDigests::kOn : WriteDigests::kOff;
+  options_.runner.write_values = options_.oracle ? WriteValues::kOn : WriteValues::kOff;
   runner_ = std::make_unique<Runner>(model_, cache_, options_.runner);
   if (options_.audit) auditor_ = std::make_unique<SlotAuditor>(model_.backend(), cache_);
   if (options_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(cache_.allocator());
+  if (options_.oracle) oracle_ = std::make_unique<ShadowOracle>(model_.backend(), cache_);
 }
 
 Engine::~Engine() = default;
@@ -87,19 +92,35 @@ int64_t Engine::enqueue(std::unique_ptr<Request> r) {
 // Owned pages go back to the allocator (and out of the auditor's watch); shared pages lose a
 // reference and stay in the prefix cache, watched as the cache's.
 void Engine::release_pages(PageTable& pages) {
-  if (auditor_) {
-    std::vector<int64_t> slots;
-    slots.reserve(pages.pages().size() * kPageSize);
-    for (size_t j = size_t(pages.shared_pages()); j < pages.pages().size(); ++j) {
-      for (int i = 0; i < kPageSize; ++i)
-        slots.push_back(int64_t(pages.pages()[j]) * kPageSize + i);
-    }
-    auditor_->forget(slots);
-  }
+  const std::span<const int32_t> owned(pages.pages().begin() + pages.shared_pages(),
+                                       pages.pages().end());
+  unwatch(owned);
   if (prefix_) {
     prefix_->release(pages);
   } else {
     pages.release_all(cache_.allocator());
+  }
+}
+
+// The pages are leaving their owner (released, evicted from the prefix cache, or swapped for a
+// cached copy): the auditor and the oracle stop watching their slots.
+void Engine::unwatch(std::span<const int32_t> pages) {
+  if (auditor_ || oracle_) {
+    std::vector<int64_t> slots;
+    slots.reserve(pages.size() * kPageSize);
+    for (int32_t page : pages) {
+      for (int i = 0; i < kPageSize; ++i) slots.push_back(int64_t(page) * kPageSize + i);
+    }
+    if (auditor_) {
+      // A last look before the slots leave the auditor's watch, whatever its scope: a change that
+      // no verification has seen yet is still reported, to its owner.
+      report_findings(auditor_->verify(slots, runner_steps_));
+      auditor_->forget(slots);
+    }
+    if (oracle_) {
+      oracle_->forget(slots);
+      recall_.released(slots);
+    }
   }
 }
 
@@ -212,6 +233,12 @@ void Engine::fail(Request& r, ErrorCode code, std::string message) {
 }
 
 void Engine::finish(Request& r, FinishReason reason) {
+  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
+  if (r.session >= 0) {
+    end_turn(r, completed);  // keeps or releases the pages, per the session's policy
+  } else {
+    release_pages(r.pages);  // its last audit may still mark r corrupted
+  }
   RequestOutput out;
   out.id = r.id;
   out.session = r.session;
@@ -224,12 +251,6 @@ void Engine::finish(Request& r, FinishReason reason) {
   out.preemptions = r.preemptions;
   out.corrupted = r.corrupted;
   out.findings = r.findings;
-  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
-  if (r.session >= 0) {
-    end_turn(r, completed);  // keeps or releases the pages, per the session's policy
-  } else {
-    release_pages(r.pages);
-  }
   std::erase(running_, r.id);
   std::erase(waiting_, r.id);
   finished_.push_back(std::move(out));
@@ -276,8 +297,8 @@ RowInput Engine::row_of(const Request& r, int64_t position) const {
 
 bool Engine::prefill_step() {
   struct Chunk {
-    Request* r;
-    int64_t start, count;
+    Request* r;  // valid until after_runner_step, which may fail requests
+    int64_t id, start, count;
   };
   std::vector<Chunk> plan;
   int budget = options_.max_prefill_rows;
@@ -289,7 +310,7 @@ bool Engine::prefill_step() {
     if (!r || r->admit_order < 0 || !r->prefilling()) continue;
     const int64_t n = std::min<int64_t>(budget, r->prefill_end - r->n_cached);
     if (!grow(*r, r->n_cached + n)) continue;
-    plan.push_back({r, r->n_cached, n});
+    plan.push_back({r, r->id, r->n_cached, n});
     budget -= int(n);
   }
   while (budget > 0 && !waiting_.empty()) {
@@ -298,7 +319,7 @@ bool Engine::prefill_step() {
     const Admission a = admit(*r, budget, &n);
     if (a == Admission::kFailed) continue;  // it is finished with an error; try the next one
     if (a == Admission::kWait) break;       // no room now: keep the queue's order
-    plan.push_back({r, r->n_cached, n});
+    plan.push_back({r, r->id, r->n_cached, n});
     budget -= int(n);
   }
   if (plan.empty()) return false;
@@ -317,15 +338,18 @@ bool Engine::prefill_step() {
   stats_.prefill_rows += int64_t(rows.size());
   for (const Chunk& c : plan) c.r->n_cached += c.count;
   after_runner_step(owners, rows, result);
-  share_written_pages(owners);
+  std::vector<int64_t> ids;
+  for (const Chunk& c : plan) ids.push_back(c.id);
+  share_written_pages(ids);
 
   const size_t vocab = size_t(model_.config().vocab_size);
   size_t row = 0;
   for (const Chunk& c : plan) {
     row += size_t(c.count);
-    if (c.r->prefilling()) continue;
+    Request* r = find(c.id);
+    if (!r || r->prefilling()) continue;  // failed by the step, or more prompt to go
     const std::span<const float> all(result.logits);
-    sample_next(*c.r, all.subspan((row - 1) * vocab, vocab));  // the chunk's last row
+    sample_next(*r, all.subspan((row - 1) * vocab, vocab));  // the chunk's last row
   }
   return true;
 }
@@ -347,13 +371,19 @@ bool Engine::decode_step() {
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
   if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
-  for (Request* r : batch) ++r->n_cached;
-  after_runner_step(batch, rows, result);
-  share_written_pages(batch);
+  std::vector<int64_t> ids;
+  for (Request* r : batch) {
+    ++r->n_cached;
+    ids.push_back(r->id);
+  }
+  after_runner_step(batch, rows, result);  // may fail requests: batch's pointers go stale
+  share_written_pages(ids);
 
   const size_t vocab = size_t(model_.config().vocab_size);
   const std::span<const float> all(result.logits);
-  for (size_t i = 0; i < batch.size(); ++i) sample_next(*batch[i], all.subspan(i * vocab, vocab));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (Request* r = find(ids[i])) sample_next(*r, all.subspan(i * vocab, vocab));
+  }
   return true;
 }
 
@@ -374,7 +404,6 @@ void Engine::after_runner_step(const std::vector<Request*>& row_owners,
                                const std::vector<RowInput>& rows, const StepResult& result) {
   stats_.store_errors += result.store_errors;
   ++runner_steps_;
-  if (!auditor_) return;
   std::vector<int64_t> slots, owners;
   slots.reserve(rows.size());
   owners.reserve(rows.size());
@@ -382,15 +411,54 @@ void Engine::after_runner_step(const std::vector<Request*>& row_owners,
     slots.push_back(rows[i].slot);
     owners.push_back(owner_of(*row_owners[i]));
   }
-  // Verify first, then record: a slot this step rewrote legitimately gets its new truth, and a
-  // slot clobbered behind its owner's back is compared against its old truth.
-  std::vector<Request*> readers(row_owners);
-  readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
-  audit(readers, slots);
-  auditor_->record(slots, owners, runner_steps_);
+  // The slots the real rows wrote get their truth from what the rows meant to write, so a slot
+  // clobbered in this very step (a stale row writing after the real one) is a finding too.
+  if (auditor_) auditor_->record_written(slots, owners, result.write_digests, runner_steps_);
+  if (oracle_) {
+    oracle_->write(slots, owners, result.store_values);
+    recall_.saw_clobbers(oracle_->compare(runner_steps_));
+    stats_.oracle_clobbers = recall_.oracle_clobbers();
+  }
+  if (auditor_) {
+    std::vector<Request*> readers(row_owners);
+    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    audit(readers);
+  }
+  if (result.store_errors > 0) fail_for_store_errors(row_owners, rows, result);
 }
 
-void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written) {
+// The step's error flag (DESIGN §3): never silent. The requests whose rows the store rejected
+// fail with the step and rows named; when no real row's slot explains the flag (a padded row,
+// or a page id the kernels refused), every request of the step does.
+void Engine::fail_for_store_errors(const std::vector<Request*>& row_owners,
+                                   const std::vector<RowInput>& rows, const StepResult& result) {
+  std::vector<int> culprits = result.error_rows;
+  if (culprits.empty()) {
+    for (size_t i = 0; i < rows.size(); ++i) culprits.push_back(int(i));
+  }
+  std::vector<std::string> described;
+  for (int i : culprits) described.push_back(fmt::format("{} (slot {})", i, rows[size_t(i)].slot));
+  const std::string what = fmt::format(
+      "runner step {} raised its error flag {} time(s) (a slot the store contract rejects, or a "
+      "page id outside the pool); {} rows: {}",
+      runner_steps_, result.store_errors,
+      result.error_rows.empty() ? "unexplained, failing all" : "rejected",
+      fmt::join(described, ", "));
+  spdlog::error("engine: {}", what);
+  std::vector<int64_t> ids;
+  for (int i : culprits) ids.push_back(row_owners[size_t(i)]->id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int64_t id : ids) {
+    Request* r = find(id);
+    if (!r) continue;
+    ++stats_.failed_by_store_errors;
+    fail(*r, ErrorCode::kInternal,
+         fmt::format("request {}: its cache is incomplete: {}", id, what));
+  }
+}
+
+void Engine::audit(const std::vector<Request*>& readers) {
   std::vector<AuditFinding> findings;
   switch (options_.audit_scope) {
     case AuditScope::kAll:
@@ -408,23 +476,24 @@ void Engine::audit(const std::vector<Request*>& readers, const std::vector<int64
       findings = auditor_->verify_sample(options_.audit_sample, options_.audit_seed, runner_steps_);
       break;
   }
-  // A slot the step's own rows just wrote is new truth, not a finding.
-  std::erase_if(findings, [&](const AuditFinding& f) {
-    return std::find(written.begin(), written.end(), f.slot) != written.end();
-  });
-  report(findings);
+  report_findings(std::move(findings));
 }
 
-void Engine::report(std::vector<AuditFinding>& findings) {
-  std::vector<int64_t> bad_slots, bad_owners;
+void Engine::report_findings(std::vector<AuditFinding> findings) {
+  if (findings.empty()) return;
+  std::vector<int64_t> slots;
   for (AuditFinding& f : findings) {
     if (f.owner == kPrefixCacheOwner) f.sharers = sharers_of(int32_t(f.slot / kPageSize));
     mark_corrupted(f);
-    bad_slots.push_back(f.slot);
-    bad_owners.push_back(f.owner);
+    slots.push_back(f.slot);
+  }
+  if (oracle_) {
+    recall_.saw_findings(findings);
+    stats_.auditor_found = recall_.auditor_found();
+    stats_.auditor_unconfirmed = recall_.auditor_unconfirmed();
   }
   // Report each change once: the changed contents become the slot's truth.
-  if (!bad_slots.empty()) auditor_->record(bad_slots, bad_owners, runner_steps_);
+  auditor_->accept_current(slots, runner_steps_);
 }
 
 void Engine::mark_corrupted(const AuditFinding& f) {

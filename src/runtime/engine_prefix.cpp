@@ -36,7 +36,7 @@ bool Engine::evict_cached_pages(int64_t n) {
   if (!prefix_) return false;
   std::vector<int32_t> freed;
   if (prefix_->evict(std::max<int64_t>(n, 1), freed) == 0) return false;
-  if (auditor_) auditor_->forget(pages_slots(freed));
+  unwatch(freed);
   stats_.prefix_cache_evictions += int64_t(freed.size());
   return true;
 }
@@ -67,7 +67,7 @@ void Engine::share_cached_prefix(Request& r) {
           "engine: cached page {} changed since it was written; request {} recomputes "
           "from token {}",
           first_bad, r.id, (bad - pages.begin()) * kPageSize);
-      report(findings);
+      report_findings(std::move(findings));
       pages.erase(bad, pages.end());
     }
   }
@@ -78,22 +78,20 @@ void Engine::share_cached_prefix(Request& r) {
 // After a runner step: every page of these requests that is now full (all 64 tokens written)
 // joins the prefix cache. A page identical to one already cached is swapped for it, and the
 // request's copy is freed; the reused page is verified like any hit.
-void Engine::share_written_pages(std::span<Request* const> requests) {
+void Engine::share_written_pages(const std::vector<int64_t>& ids) {
   if (!prefix_) return;
-  const Request* last = nullptr;
-  for (Request* r : requests) {
-    if (r == last) continue;  // prefill rows come grouped by request
-    last = r;
+  for (int64_t id : ids) {
+    Request* r = find(id);  // gone when the step failed it
+    if (!r) continue;
     while (r->pages.shared_pages() < r->n_cached / kPageSize) {
       const PrefixCache::InsertResult ins = prefix_->insert_next(r->seq, r->pages);
       if (ins.outcome == PrefixCache::Insert::kRefused) break;
+      if (ins.outcome == PrefixCache::Insert::kSwapped) unwatch(std::span(&ins.freed, 1));
       if (!auditor_) continue;
       if (ins.outcome == PrefixCache::Insert::kInserted) {
         auditor_->adopt(page_slots(ins.page), kPrefixCacheOwner);
-      } else {
-        auditor_->forget(page_slots(ins.freed));
-        std::vector<AuditFinding> findings = auditor_->verify(page_slots(ins.page), runner_steps_);
-        report(findings);  // the request itself now shares the page, so it is named too
+      } else {  // a reuse, verified like any hit; the request itself now shares it and is named
+        report_findings(auditor_->verify(page_slots(ins.page), runner_steps_));
       }
     }
   }

@@ -22,6 +22,7 @@ std::string FaultSet::describe() const {
   std::string s;
   if (stale_padding) s += "stale-padding";
   if (unguarded_store) s += std::string(s.empty() ? "" : ",") + "unguarded-store";
+  if (wild_slots) s += std::string(s.empty() ? "" : ",") + "wild-slot";
   return s.empty() ? "none" : s;
 }
 
@@ -37,9 +38,12 @@ FaultSet parse_faults(std::string_view list) {
       f.unguarded_store = true;
     } else if (item == "incident") {
       f.stale_padding = f.unguarded_store = true;
+    } else if (item == "wild-slot") {
+      f.wild_slots = true;
     } else if (!item.empty() && item != "none") {
       fail(ErrorCode::kInvalidArgument,
-           "unknown fault '{}' (known: stale-padding, unguarded-store, incident, none)", item);
+           "unknown fault '{}' (known: stale-padding, unguarded-store, incident, wild-slot, none)",
+           item);
     }
     start = end + 1;
   }
@@ -53,7 +57,8 @@ std::vector<int> default_buckets() {
 }
 
 struct Runner::StaticStep {
-  StaticStep(Backend& be, int rows_, int max_pages, int vocab)
+  StaticStep(Backend& be, int rows_, int max_pages, int vocab, int layers,
+             const RunnerOptions& options)
       : rows(rows_),
         tokens(be, rows_),
         positions(be, rows_),
@@ -68,7 +73,14 @@ struct Runner::StaticStep {
         h_seq_lens(rows_, 0),
         h_page_table(size_t(rows_) * max_pages, kReservedPage),
         h_slots(rows_, kPadSlot),
-        ld_page_table(max_pages) {}
+        ld_page_table(max_pages) {
+    if (options.write_digests == WriteDigests::kOn) {
+      write_digests = DeviceArray<uint64_t>(be, size_t(layers) * 2 * rows_);
+    }
+    if (options.write_values == WriteValues::kOn) {
+      store_values = DeviceArray<float>(be, size_t(layers) * rows_ * kStoreValuesDim);
+    }
+  }
 
   StepView view(int active_rows) const {
     StepView v;
@@ -82,6 +94,8 @@ struct Runner::StaticStep {
     v.n_real = n_real.data();
     v.error_count = error_count.data();
     v.logits = logits.data();
+    v.write_digests = write_digests.data();
+    v.store_values = store_values.data();
     return v;
   }
 
@@ -89,6 +103,8 @@ struct Runner::StaticStep {
   DeviceArray<int32_t> tokens, positions, seq_lens, page_table, n_real, error_count;
   DeviceArray<int64_t> slots;
   DeviceArray<float> logits;
+  DeviceArray<uint64_t> write_digests;  // [layers, 2, rows] when WriteDigests::kOn, else empty
+  DeviceArray<float> store_values;      // [layers, rows, kStoreValuesDim] when WriteValues::kOn
   // Host staging. It persists between steps: the stale-padding fault relies on exactly that.
   std::vector<int32_t> h_tokens, h_positions, h_seq_lens, h_page_table;
   std::vector<int64_t> h_slots;
@@ -102,10 +118,13 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   Backend& be = model_.backend();
   const int vocab = model_.config().vocab_size;
   if (options_.faults.any()) {
-    spdlog::warn("!!! FAULT INJECTION ON: {} — this runner reproduces the incident and WILL "
-                 "corrupt caches; never serve with it !!!", options_.faults.describe());
+    spdlog::warn(
+        "!!! FAULT INJECTION ON: {} — this runner reproduces the incident and WILL "
+        "corrupt caches; never serve with it !!!",
+        options_.faults.describe());
   }
-  eager_ = std::make_unique<StaticStep>(be, model_.max_rows(), max_pages_, vocab);
+  const int layers = model_.config().num_hidden_layers;
+  eager_ = std::make_unique<StaticStep>(be, model_.max_rows(), max_pages_, vocab, layers, options_);
   if (options_.mode != RunMode::kGraph) return;
 
   auto& b = options_.buckets;
@@ -119,12 +138,13 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   const StepOptions step_options{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
                                                                  : StoreGuard::kEnforced};
   for (size_t i = b.size(); i-- > 0;) {  // largest first
-    auto s = std::make_unique<StaticStep>(be, b[i], max_pages_, vocab);
-    stage_rows(*s, {}, /*rewrite_padding=*/true);  // every row starts as padding
+    auto s = std::make_unique<StaticStep>(be, b[i], max_pages_, vocab, layers, options_);
+    stage_rows(*s, {}, Padding::kRewrite);  // every row starts as padding
     const StepView view = s->view(s->rows);
     Model* model = &model_;
     KvCache* kv = &cache_;
-    s->graph = be.capture([model, kv, view, step_options] { model->forward(view, *kv, step_options); });
+    s->graph =
+        be.capture([model, kv, view, step_options] { model->forward(view, *kv, step_options); });
     graphs_[i] = std::move(s);
   }
   spdlog::info("runner: captured {} graph buckets ({}..{} rows)", b.size(), b.front(), b.back());
@@ -132,17 +152,10 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
 
 Runner::~Runner() = default;
 
-int Runner::bucket_for(int rows) const {
-  for (const auto& g : graphs_) {
-    if (g->rows >= rows) return g->rows;
-  }
-  return 0;
-}
-
 StepResult Runner::step(std::span<const RowInput> rows) {
   if (options_.mode == RunMode::kGraph) {
     for (auto& g : graphs_) {
-      if (g->rows >= int(rows.size())) return run(*g, rows, /*replay_graph=*/true);
+      if (g->rows >= int(rows.size())) return run(*g, rows, Launch::kReplay);
     }
     if (!logged_oversize_) {
       spdlog::info("runner: a batch of {} rows exceeds the largest bucket ({}); running eagerly",
@@ -154,7 +167,7 @@ StepResult Runner::step(std::span<const RowInput> rows) {
 }
 
 StepResult Runner::step_eager(std::span<const RowInput> rows) {
-  return run(*eager_, rows, /*replay_graph=*/false);
+  return run(*eager_, rows, Launch::kEager);
 }
 
 void Runner::plant_garbage_inputs(uint64_t seed) {
@@ -184,8 +197,9 @@ void Runner::plant_garbage_inputs(uint64_t seed) {
   }
 }
 
-void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding) {
+void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, Padding padding) {
   const ModelConfig& c = model_.config();
+  const int64_t num_pages = cache_.config().num_pages;
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowInput& in = rows[r];
     require(in.token >= 0 && in.token < c.vocab_size, ErrorCode::kInvalidArgument,
@@ -196,18 +210,28 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewr
     require(in.position >= 0 && in.position < model_.max_context(), ErrorCode::kOutOfRange,
             "row {}: position {} exceeds the context of {} tokens", r, in.position,
             model_.max_context());
-    require(int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
-            ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)",
-            r, in.pages.size(), in.seq_len, max_pages_);
+    require(
+        int64_t(in.pages.size()) * kPageSize >= in.seq_len && int(in.pages.size()) <= max_pages_,
+        ErrorCode::kInvalidArgument, "row {}: {} pages cannot hold seq_len {} (max {} pages)", r,
+        in.pages.size(), in.seq_len, max_pages_);
+    // Page ids are checked once, here, for both backends: a real row reads only pages of the
+    // pool, never the reserved page. (The kernels also refuse a bad id, through the error flag.)
+    for (size_t i = 0; i < in.pages.size(); ++i) {
+      require(in.pages[i] > kReservedPage && in.pages[i] < num_pages, ErrorCode::kInvalidArgument,
+              "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r, i,
+              in.pages[i], num_pages);
+    }
     s.h_tokens[r] = in.token;
     s.h_positions[r] = in.position;
     s.h_slots[r] = in.slot;
+    if (options_.faults.wild_slots && in.slot >= 0)
+      s.h_slots[r] = in.slot + cache_.capacity_slots();
     s.h_seq_lens[r] = in.seq_len;
     int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
     std::fill(pt, pt + s.ld_page_table, kReservedPage);
     std::copy(in.pages.begin(), in.pages.end(), pt);
   }
-  if (!rewrite_padding) return;
+  if (padding == Padding::kLeaveStale) return;
   for (int r = int(rows.size()); r < s.rows; ++r) {
     s.h_tokens[r] = 0;
     s.h_positions[r] = 0;
@@ -218,16 +242,17 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewr
   }
 }
 
-StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph) {
+StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch launch) {
   const int B = int(rows.size());
-  require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument,
-          "a step needs 1..{} rows, got {}", s.rows, B);
-  const bool stale = replay_graph && options_.faults.stale_padding;
-  stage_rows(s, rows, /*rewrite_padding=*/!stale);
+  require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument, "a step needs 1..{} rows, got {}",
+          s.rows, B);
+  const bool replay = launch == Launch::kReplay;
+  const bool stale = replay && options_.faults.stale_padding;
+  stage_rows(s, rows, stale ? Padding::kLeaveStale : Padding::kRewrite);
 
   // Upload every row the step will read: G rows for a replay, B rows eagerly.
   Backend& be = model_.backend();
-  const int n = replay_graph ? s.rows : B;
+  const int n = replay ? s.rows : B;
   be.copy_to_device(s.tokens.data(), s.h_tokens.data(), n * sizeof(int32_t));
   be.copy_to_device(s.positions.data(), s.h_positions.data(), n * sizeof(int32_t));
   be.copy_to_device(s.slots.data(), s.h_slots.data(), n * sizeof(int64_t));
@@ -238,7 +263,7 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
   be.copy_to_device(s.n_real.data(), &n_real, sizeof(n_real));
   be.fill(s.error_count.data(), 0, sizeof(int32_t));
 
-  if (replay_graph) {
+  if (replay) {
     s.graph->replay();
   } else {
     const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
@@ -247,12 +272,46 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, bool repla
   }
 
   StepResult result;
-  result.bucket = replay_graph ? s.rows : 0;
+  result.bucket = replay ? s.rows : 0;
   const size_t vocab = size_t(model_.config().vocab_size);
   result.logits.resize(size_t(B) * vocab);
   be.copy_to_host(result.logits.data(), s.logits.data(), result.logits.size() * sizeof(float));
   be.copy_to_host(&result.store_errors, s.error_count.data(), sizeof(int32_t));
+  if (result.store_errors > 0) {
+    const int64_t capacity = cache_.capacity_slots();
+    for (int r = 0; r < B; ++r) {
+      if (verdict_is_error(judge_slot(r, B, s.h_slots[r], capacity)))
+        result.error_rows.push_back(r);
+    }
+  }
+  read_records(s, B, result);
   return result;
+}
+
+// The step's write digests and store values of the B real rows, when the options ask for them.
+// The device buffers are laid out for the step's launched rows (s.rows for a replay, B eagerly).
+void Runner::read_records(StaticStep& s, int real_rows, StepResult& result) {
+  Backend& be = model_.backend();
+  const int layers = model_.config().num_hidden_layers;
+  const size_t B = size_t(real_rows);
+  // The model indexes both records by the step's row count: the bucket, or B when eager.
+  const size_t launched = &s == eager_.get() ? B : size_t(s.rows);
+  if (s.write_digests.data()) {
+    std::vector<uint64_t> all(size_t(layers) * 2 * launched);
+    be.copy_to_host(all.data(), s.write_digests.data(), all.size() * sizeof(uint64_t));
+    result.write_digests.resize(size_t(layers) * 2 * B);
+    for (size_t k = 0; k < size_t(layers) * 2; ++k) {
+      std::copy_n(all.begin() + k * launched, B, result.write_digests.begin() + k * B);
+    }
+  }
+  if (s.store_values.data()) {
+    result.store_values.resize(size_t(layers) * B * kStoreValuesDim);
+    for (int l = 0; l < layers; ++l) {
+      be.copy_to_host(result.store_values.data() + l * B * kStoreValuesDim,
+                      s.store_values.data() + l * launched * kStoreValuesDim,
+                      B * kStoreValuesDim * sizeof(float));
+    }
+  }
 }
 
 }  // namespace dsa

@@ -52,6 +52,7 @@ struct IndexerSpec {
   ScaleRounding rounding;
   int rows, heads, max_len;
   bool padded_stride;
+  bool bad_pages = false;  // some rows' tables hold page ids outside the pool
 };
 
 class IndexerCase final : public OpCase {
@@ -86,7 +87,11 @@ class IndexerCase final : public OpCase {
       int32_t len = r == 0 ? s_.max_len : int32_t(rng.integer(1, s_.max_len));
       if (r % 5 == 1) len = 0;  // a padded row
       seq_lens.push_back(len);
-      const auto pages = random_pages(rng, ld_pt_, kPages);
+      auto pages = random_pages(rng, ld_pt_, kPages);
+      if (s_.bad_pages && r % 3 == 2) {  // never read: logits 0 and one error per bad page
+        pages[0] = r % 2 ? -3 : int32_t(kPages);
+        if (ld_pt_ > 2) pages[size_t(ld_pt_ - 2)] = int32_t(kPages) + 1000;
+      }
       table.insert(table.end(), pages.begin(), pages.end());
       for (int h = 0; h < s_.heads; ++h) {
         const float mag = std::exp(rng.uniform(-3.0f, 2.0f));  // per-head fp8 scales differ
@@ -101,7 +106,8 @@ class IndexerCase final : public OpCase {
     q_ = ws.input(q);
     w_ = ws.input(w);
     const double tol = s_.dtype == KvDtype::kBf16 ? kLogitsBf16Nmse : kLogitsFp8Nmse;
-    logits_ = ws.output<float>(size_t(s_.rows) * ld_logits_, Check::nmse(tol));
+    logits_ = ws.output<float>(size_t(s_.rows) * ld_logits_, Check::nmse(tol).per_row(ld_logits_));
+    errors_ = ws.inout(std::vector<int32_t>{0}, Check::exact());
   }
 
   void run(Workspace& ws, Side side) override {
@@ -115,6 +121,7 @@ class IndexerCase final : public OpCase {
     p.rows = s_.rows;
     p.heads = s_.heads;
     p.ld_q = ld_q_, p.ld_w = ld_w_, p.ld_page_table = ld_pt_, p.ld_logits = ld_logits_;
+    p.error_count = ws.ptr(errors_, side);
     ws.backend(side).indexer_logits(p);
   }
 
@@ -124,6 +131,7 @@ class IndexerCase final : public OpCase {
   Buf<uint8_t> pool_;
   Buf<int32_t> seq_lens_, table_;
   Buf<float> q_, w_, logits_;
+  Buf<int32_t> errors_;
   int64_t ld_pt_ = 0, ld_q_ = 0, ld_w_ = 0, ld_logits_ = 0;
 };
 
@@ -268,8 +276,8 @@ class SparseMlaCase final : public OpCase {
     indices_ = ws.input(indices);
     q_ = ws.input(q);
     const int d = s_.dtype == KvDtype::kBf16 ? 0 : 1;
-    out_ = ws.output<float>(size_t(s_.rows) * ld_out_, Check::nmse(kAttentionOutNmse[d]));
-    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads, Check::nmse(kAttentionLseNmse[d]));
+    out_ = ws.output<float>(size_t(s_.rows) * ld_out_, Check::nmse(kAttentionOutNmse[d]).per_row(ld_out_));
+    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads, Check::nmse(kAttentionLseNmse[d]).per_row(s_.heads));
   }
 
   void run(Workspace& ws, Side side) override {
@@ -321,6 +329,18 @@ TEST_F(ParityAttention, IndexerLogitsMatchCpu) {
   }
   IndexerCase one({KvDtype::kFp8, ScaleRounding::kExact, 1, 64, 33, false});
   EXPECT_TRUE(check_parity(one, cpu(), cuda(), 399));
+}
+
+// A page id outside the pool, on both backends: never read, its tokens' logits are 0, and the
+// error flag counts one per bad page a row reads (compared exactly, like the logits).
+TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
+  int cases = 0;
+  for (const auto& d : kIndexDtypes) {
+    for (int max_len : {100, 2500}) {
+      IndexerCase c({d.dtype, d.rounding, 9, 16, max_len, false, /*bad_pages=*/true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 500 + cases++));
+    }
+  }
 }
 
 TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {

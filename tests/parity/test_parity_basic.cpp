@@ -43,7 +43,7 @@ class NormCase final : public OpCase {
       for (int i = 0; i < ld_; ++i) x[r * ld_ + i] = mean + rng.normal(2.0f);
     }
     x_ = ws.input(x);
-    y_ = ws.output<float>(size_t(rows_) * dim_, Check::nmse(kReductionNmse));
+    y_ = ws.output<float>(size_t(rows_) * dim_, Check::nmse(kReductionNmse).per_row(dim_));
   }
   void run(Workspace& ws, Side side) override {
     if (layer_) {
@@ -210,7 +210,7 @@ class SwigluCase final : public OpCase {
     std::vector<float> in = rng.normals(size_t(rows_) * 2 * inter_, 3.0f);
     in[0] = -120.0f;  // exp overflows: silu must give a signed zero, not NaN
     in_ = ws.input(in);
-    out_ = ws.output<float>(size_t(rows_) * inter_, Check::nmse(kReductionNmse));
+    out_ = ws.output<float>(size_t(rows_) * inter_, Check::nmse(kReductionNmse).per_row(inter_));
   }
   void run(Workspace& ws, Side side) override {
     SwigluParams p{ws.ptr(in_, side), ws.ptr(out_, side), rows_, inter_, 2 * inter_, inter_};
@@ -233,7 +233,7 @@ class SoftmaxCase final : public OpCase {
     if (rows_ > 1) {  // a fully masked row: zeros, never NaN
       for (int i = 0; i < cols_; ++i) x[size_t(cols_) + i] = -std::numeric_limits<float>::infinity();
     }
-    x_ = ws.inout(x, Check::nmse(kReductionNmse), RowLayout::kRowMajor);
+    x_ = ws.inout(x, Check::nmse(kReductionNmse).per_row(cols_), RowLayout::kRowMajor);
   }
   void run(Workspace& ws, Side side) override {
     SoftmaxParams p{ws.ptr(x_, side), rows_, cols_, cols_};

@@ -35,7 +35,7 @@ class MoeRouteCase final : public OpCase {
       for (int e = 0; e < ld_; ++e) logits[r * ld_ + e] = ties ? same : rng.normal(2.0f);
     }
     logits_ = ws.input(logits);
-    weights_ = ws.output<float>(size_t(rows_) * experts_, Check::nmse(kExpNmse));
+    weights_ = ws.output<float>(size_t(rows_) * experts_, Check::nmse(kExpNmse).per_row(experts_));
     ids_ = ws.output<int32_t>(size_t(rows_) * top_k_, Check::exact());
   }
   void run(Workspace& ws, Side side) override {

@@ -171,6 +171,87 @@ class StoreCase final : public OpCase {
   int64_t ld_a_ = 0, ld_b_ = 0;
 };
 
+// digest_rows beside a guarded store on each backend: the digests of what the rows meant to write
+// (poisoned first; 0 past n_real), and audit_slots over the written slots compared with them on
+// the device. Both backends must give the same digests and flags, and the CPU flags none, so the
+// CUDA digest of the staged values is the digest of the bytes the CUDA store wrote.
+class DigestRowsCase final : public OpCase {
+ public:
+  DigestRowsCase(Layout layout, KvDtype dtype, ScaleRounding rounding, int rows)
+      : layout_(layout), dtype_(dtype), rounding_(rounding), rows_(rows) {}
+  std::string name() const override { return "digest_rows"; }
+  std::string vars() const override {
+    return std::string(layout_ == Layout::kIndexK ? "index_k" : "latent") + ",dtype=" +
+           kv_dtype_name(dtype_) + (rounding_ == ScaleRounding::kUe8m0 ? "/ue8m0" : "") +
+           ",rows=" + std::to_string(rows_);
+  }
+  void init(Workspace& ws, testing::Rng& rng) override {
+    const int64_t page_bytes = layout_ == Layout::kIndexK ? index_k_page_bytes(dtype_)
+                                                          : latent_page_bytes(dtype_);
+    pool_ = ws.inout(std::vector<uint8_t>(size_t(kPages * page_bytes), 0), Check::exact());
+    n_real_ = std::max(1, rows_ - rows_ / 4);  // a stale tail of a quarter
+    std::vector<int64_t> slots(size_t(rows_));
+    std::iota(slots.begin(), slots.end(), int64_t(kPageSize) + 3);
+    slots_ = ws.input(slots);
+    n_real_buf_ = ws.input(std::vector<int32_t>{n_real_});
+    errors_ = ws.inout(std::vector<int32_t>{0}, Check::exact());
+    ld_a_ = (layout_ == Layout::kIndexK ? kIndexHeadDim : kKvLoraRank) + 3;
+    ld_b_ = kRopeDim + 1;
+    a_ = ws.input(make_values(rng, rows_, ld_a_, int(ld_a_ - 3)));
+    b_ = ws.input(make_values(rng, rows_, ld_b_, kRopeDim));
+    digests_ = ws.output<uint64_t>(size_t(rows_), Check::exact());
+    audit_digests_ = ws.output<uint64_t>(size_t(n_real_), Check::exact());
+    flags_ = ws.output<uint8_t>(size_t(n_real_), Check::exact());
+    mismatches_ = ws.inout(std::vector<int32_t>{0}, Check::exact(), RowLayout::kWhole);
+  }
+  void run(Workspace& ws, Side side) override {
+    Backend& be = ws.backend(side);
+    const PoolView pool{ws.ptr(pool_, side), dtype_, rounding_, kPages};
+    const SlotBatch batch{ws.ptr(slots_, side), ws.ptr(n_real_buf_, side), rows_,
+                          ws.ptr(errors_, side)};
+    const PoolKind kind = layout_ == Layout::kIndexK ? PoolKind::kIndexK : PoolKind::kLatent;
+    if (kind == PoolKind::kIndexK) {
+      be.store_index_k({batch, ws.ptr(a_, side), ld_a_, pool, StoreGuard::kEnforced});
+    } else {
+      be.store_latent_kv({batch, ws.ptr(a_, side), ws.ptr(b_, side), ld_a_, ld_b_, pool});
+    }
+    DigestRowsParams d;
+    d.kind = kind;
+    d.values = ws.ptr(a_, side);
+    d.k_rope = ws.ptr(b_, side);
+    d.ld_values = ld_a_;
+    d.ld_rope = ld_b_;
+    d.n_real = ws.ptr(n_real_buf_, side);
+    d.rows = rows_;
+    d.dtype = dtype_;
+    d.rounding = rounding_;
+    d.digests = ws.ptr(digests_, side);
+    be.digest_rows(d);
+    AuditSlotsParams a;
+    a.slots = ws.ptr(slots_, side);
+    a.digests = ws.ptr(audit_digests_, side);
+    a.expected = ws.ptr(digests_, side);
+    a.flags = ws.ptr(flags_, side);
+    a.mismatches = ws.ptr(mismatches_, side);
+    a.pool = pool;
+    a.kind = kind;
+    a.n = n_real_;
+    be.audit_slots(a);
+  }
+
+ private:
+  Layout layout_;
+  KvDtype dtype_;
+  ScaleRounding rounding_;
+  int rows_, n_real_ = 0;
+  int64_t ld_a_ = 0, ld_b_ = 0;
+  Buf<uint8_t> pool_, flags_;
+  Buf<int64_t> slots_;
+  Buf<int32_t> n_real_buf_, errors_, mismatches_;
+  Buf<float> a_, b_;
+  Buf<uint64_t> digests_, audit_digests_;
+};
+
 constexpr SlotMix kMixes[] = {SlotMix::kValid,    SlotMix::kPadded,   SlotMix::kStaleTail,
                               SlotMix::kReserved, SlotMix::kBadSlots, SlotMix::kEverything};
 constexpr int kRows[] = {1, 7, 64, 256};
@@ -217,6 +298,18 @@ TEST_F(ParityStore, IncidentScatterMatchesCpu) {
                      StoreGuard::kIncidentScatter});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), 5000 + cases));
         ++cases;
+      }
+    }
+  }
+}
+
+TEST_F(ParityStore, DigestRowsAreTheDigestsOfTheStoredBytes) {
+  int cases = 0;
+  for (Layout layout : {Layout::kIndexK, Layout::kLatent}) {
+    for (const auto& d : kDtypes) {
+      for (int rows : {1, 7, 64, 256}) {
+        DigestRowsCase c(layout, d.dtype, d.rounding, rows);
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 7000 + cases++));
       }
     }
   }

@@ -259,6 +259,7 @@ class PoisoningBackend final : public Backend {
   void topk(const TopkParams& p) override { cpu_->topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu_->sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu_->audit_slots(p); }
+  void digest_rows(const DigestRowsParams& p) override { cpu_->digest_rows(p); }
 
   std::vector<size_t> allocation_bytes;  // in allocation order
 

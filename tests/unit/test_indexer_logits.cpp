@@ -258,10 +258,29 @@ TEST(IndexerLogits, BatchInvariant) {
   }
 }
 
-TEST(IndexerLogits, PageOutsideThePoolIsAnError) {
-  IndexerFixture f(KvDtype::kBf16, ScaleRounding::kExact, 4, {70}, 108);
-  f.page_table[1] = int32_t(f.pool.num_pages);  // the row's second page
-  EXPECT_THROW(f.run(), Error);
+// A page id outside the pool is never read: its tokens' logits are 0 and the row raises the
+// step's error flag once per bad page (the CUDA kernel does the same, tests/parity).
+TEST(IndexerLogits, PageOutsideThePoolRaisesTheErrorFlagAndIsNeverRead) {
+  for (int32_t bad : {-7, 1 << 20}) {
+    IndexerFixture f(KvDtype::kBf16, ScaleRounding::kExact, 4, {70, 140}, 108);
+    const std::vector<float> good = f.run();
+    f.page_table[1] = f.pool.num_pages;  // row 0's second page: tokens 64..69
+    f.page_table[size_t(f.ld_page_table)] = bad;  // row 1's first page: tokens 0..63
+    std::vector<float> logits(size_t(f.rows * f.ld_logits), kPoison);
+    int32_t errors = 0;
+    IndexerLogitsParams p = f.params(logits.data());
+    p.error_count = &errors;
+    cpu::indexer_logits(p);
+    EXPECT_EQ(errors, 2);
+    for (int64_t t = 0; t < 140; ++t) {
+      const size_t i1 = size_t(f.ld_logits + t);
+      if (t < 70) {
+        const float want = t < 64 ? good[size_t(t)] : 0.0f;
+        EXPECT_EQ(logits[size_t(t)], want) << "row 0 token " << t;
+      }
+      EXPECT_EQ(logits[i1], t < 64 ? 0.0f : good[i1]) << "row 1 token " << t;
+    }
+  }
 }
 
 }  // namespace

@@ -74,6 +74,7 @@ class Backend {
   virtual void sparse_mla(const SparseMlaParams& p) = 0;
 
   virtual void audit_slots(const AuditSlotsParams& p) = 0;
+  virtual void digest_rows(const DigestRowsParams& p) = 0;
 
   // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) now, so no step captured
   // later needs to grow it. A no-op where gemm needs no scratch.

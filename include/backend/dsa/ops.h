@@ -153,6 +153,9 @@ struct ScaleRowsParams {
 
 // ---- The store contract (DESIGN §3) -----------------------------------------------------------
 
+// The two pools of a layer.
+enum class PoolKind : uint8_t { kLatent, kIndexK };
+
 // The slot map of one step. A writer processes exactly `rows` rows, never the value tensor's row
 // count, and writes row r only when judge_slot(r, *n_real, slots[r], capacity) == kWrite.
 struct SlotBatch {
@@ -182,10 +185,28 @@ struct StoreLatentKvParams {
   PoolView pool;                  // latent layout, bf16 or fp8
 };
 
+// digests[r] = the slot digest that row r's store inputs encode to in the pool's layout
+// (index_k_values_digest / latent_values_digest of dsa/slot_digest.h: the writers' encoder, then
+// the auditor's digest) for r < *n_real, and 0 for r >= *n_real. Run beside each store, it gives
+// the auditor the truth of every slot a real row wrote from what the row meant to write.
+struct DigestRowsParams {
+  PoolKind kind = PoolKind::kLatent;
+  const float* values = nullptr;  // [rows, 128] index keys, or [rows, 512] latent c; stride ld_values
+  const float* k_rope = nullptr;  // [rows, 64] roped keys (latent only), row stride ld_rope
+  int64_t ld_values = 0, ld_rope = 0;
+  const int32_t* n_real = nullptr;  // [1] real rows, read on the device
+  int rows = 0;
+  KvDtype dtype = KvDtype::kBf16;   // the pool's encoding
+  ScaleRounding rounding = ScaleRounding::kExact;
+  uint64_t* digests = nullptr;      // [rows] out
+};
+
 // ---- Indexer, top-k, sparse attention (DESIGN §1.5-7) ----------------------------------------
 
 // logits[r, t] = sum_h w[r, h] * relu(q[r, h, :] . k[t, :]) for t < seq_lens[r]; t >= seq_len is
 // never written. The token t of row r lives at slot page_table[r, t / 64] * 64 + t % 64.
+// A page id outside [0, pool.num_pages) is never read: its tokens' logits are 0 and the row adds
+// 1 to *error_count per such page (both backends alike).
 //   bf16 cache: q is rounded to bf16; k is bf16; dot products accumulate in f32.
 //   fp8 cache:  q[r, h] is quantized to e4m3 with its own scale s_q = max(amax, 1e-4) / 448
 //               (exact rounding), s_q is folded into w, and the logit is
@@ -199,6 +220,7 @@ struct IndexerLogitsParams {
   PoolView pool;                      // index-K layout
   int rows = 0, heads = 0;
   int64_t ld_q = 0, ld_w = 0, ld_page_table = 0, ld_logits = 0;
+  int32_t* error_count = nullptr;     // [1] the step's error flag: += 1 per bad page id (optional)
 };
 
 // The positions of the k largest logits[r, t], t < seq_lens[r]. Ties go to the lower t; if
@@ -231,8 +253,6 @@ struct SparseMlaParams {
 };
 
 // ---- The slot-integrity auditor (DESIGN §6) ---------------------------------------------------
-
-enum class PoolKind : uint8_t { kLatent, kIndexK };
 
 // digests[i] = slot_digest of slots[i] in `pool` (src/cache/slot_digest.h). When `expected` is
 // set, also flags[i] = (digests[i] != expected[i]) and *mismatches += the number of flagged slots,

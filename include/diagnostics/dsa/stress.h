@@ -24,7 +24,8 @@ struct StressShape {
   int min_prompt = 24, max_prompt = 96;  // new tokens per turn (user message or tool result)
   int min_reply = 8, max_reply = 24;     // tokens generated per turn
   int max_arrival_gap = 3;               // engine steps between arrivals, drawn from [0, gap]
-  int max_think = 4;  // engine steps between a reply and the next turn, [0, think]
+  int max_think = 4;      // engine steps between a reply and the next turn, [0, think]
+  int system_prompt = 0;  // tokens of one system prompt opening every session's first turn
   SessionPolicy policy = SessionPolicy::kKeepCache;
   uint64_t seed = 1;
   void validate() const;  // kInvalidArgument naming the bad field
@@ -34,9 +35,12 @@ struct StressCell {
   KvDtype index_k = KvDtype::kBf16;
   RunMode runner = RunMode::kGraph;
   bool faults = false;            // the incident: stale-padding + unguarded-store
-  std::string condition() const;  // "bf16 index-K + graph + incident faults"
+  bool prefix_cache = false;      // the engine shares full pages across requests and turns
+  std::string condition() const;  // "bf16 index-K + graph + incident faults [+ prefix cache]"
 };
-std::vector<StressCell> stress_matrix();  // all 8 cells, in the table's order
+// The 8 cells of index-K x runner x faults, then bf16 index-K + graph, guarded and with the
+// incident's faults, with the prefix cache on; in the table's order.
+std::vector<StressCell> stress_matrix();
 
 struct StressConfig {
   std::string preset = "tiny";
@@ -58,10 +62,23 @@ struct CellResult {
   int corrupted = 0;  // flagged or diverged
   int auditor_flagged = 0;
   int diverged = 0;
+  int flagged_and_diverged = 0;  // auditor findings that also changed a session's tokens
+  int diverged_not_flagged = 0;  // divergence the auditor did not explain
+  int failed_turns = 0;          // turns that ended with an error: lost work, never clean
+  int failed_sessions = 0;       // sessions with a failed turn
+  // The shadow oracle (on in fault-injection cells): slot changes it saw, how many of them the
+  // auditor reported too, and findings with no change behind them.
+  bool oracle = false;
+  int64_t oracle_clobbers = 0, auditor_found = 0, auditor_unconfirmed = 0;
   std::vector<int> first_divergent_turns;  // per diverged session, 0-based
   int64_t tokens = 0;                      // generated
   double seconds = 0;
   int64_t audit_findings = 0;
+  // Blast radius: distinct slots the auditor found changed (one slot at one step, any layer or
+  // pool), and the sessions each such finding named, on average (a cached page's finding names
+  // every session sharing it).
+  int64_t clobbered_slots = 0;
+  double sessions_per_clobbered_slot = 0;
   EngineStats stats;
 };
 
@@ -82,7 +99,26 @@ struct StressReport {
   bool guarded_clean() const;  // no corruption in any cell without faults
 };
 
+// Throws kInvalidArgument before anything runs when the shape is bad or the pool cannot hold the
+// longest session alone (every turn of it would fail).
 StressReport run_stress(const StressConfig& config, const StressProgressFn& progress = {});
+
+// dsa stress's exit codes.
+inline constexpr int kStressExitClean = 0;
+inline constexpr int kStressExitCorruption = 1;  // the fingerprint is wrong, or a detector missed
+inline constexpr int kStressExitUsage = 2;       // bad flags (said before the run)
+inline constexpr int kStressExitLostWork = 3;    // failed turns or store errors: not a clean run
+
+// The judgement of a run against the incident's fingerprint (DESIGN §5): only the incident cell
+// (bf16 index-K + graph + incident faults) corrupts, and it does when it is in the matrix; the
+// detectors agree (the auditor reported every change the oracle saw, and every divergence); no
+// turn failed and no step raised its error flag.
+struct StressVerdict {
+  std::string line;  // "fingerprint: reproduced" / "fingerprint: NOT reproduced: .."
+  std::vector<std::string> problems;  // one line each, naming the cell
+  int exit_code = kStressExitClean;
+};
+StressVerdict stress_verdict(const StressReport& report);
 
 // The incident's table: condition | corrupted sessions (k/N, %) | auditor flagged | diverged.
 std::string stress_table(const StressReport& report);

@@ -21,6 +21,9 @@ inline constexpr int kKvLoraRank = 512;       // kv_lora_rank: the latent c
 inline constexpr int kRopeDim = 64;           // qk_rope_head_dim
 inline constexpr int kLatentDim = kKvLoraRank + kRopeDim;  // 576: c ‖ k_rope
 inline constexpr int kLatentTile = 128;       // fp8 latent: one scale per 128 values
+// One row's inputs to a layer's two stores, as the runner hands them out for host-side checks:
+// latent c[512] ‖ k_rope[64] ‖ index key[128].
+inline constexpr int kStoreValuesDim = kLatentDim + kIndexHeadDim;  // 704
 
 enum class KvDtype : uint8_t { kBf16, kFp8 };
 

@@ -27,4 +27,23 @@ DSA_HD uint64_t slot_digest(const SlotBytes& b) {
   return h ^ (h >> 31);
 }
 
+// The digest a slot will have once these values are stored in a pool of this layout: the values
+// go through the writers' own encoder into a token-sized buffer, then through slot_digest. This
+// is the auditor's truth for a written slot: what the row meant to write, never a read-back.
+DSA_HD uint64_t index_k_values_digest(KvDtype dtype, ScaleRounding rounding,
+                                      const float* k /*[128]*/) {
+  alignas(16) uint8_t values[kIndexHeadDim * 2];
+  float scale = 0.0f;
+  encode_index_k_bytes(dtype, rounding, k, values, &scale);
+  if (dtype == KvDtype::kBf16) return slot_digest({values, kIndexHeadDim * 2, nullptr, 0});
+  return slot_digest({values, kIndexHeadDim, reinterpret_cast<const uint8_t*>(&scale), 4});
+}
+
+DSA_HD uint64_t latent_values_digest(KvDtype dtype, ScaleRounding rounding,
+                                     const float* c /*[512]*/, const float* k_rope /*[64]*/) {
+  alignas(16) uint8_t bytes[kLatentDim * 2];
+  encode_latent_bytes(dtype, rounding, c, k_rope, bytes);
+  return slot_digest({bytes, latent_token_bytes(dtype), nullptr, 0});
+}
+
 }  // namespace dsa

@@ -66,21 +66,27 @@ DSA_HD float encode_fp8_group(const float* x, int n, Fp8E4M3* out, ScaleRounding
   return scale;
 }
 
-DSA_HD void encode_index_k_token(const PoolView& pool, int64_t slot, const float* k /*[128]*/) {
-  uint8_t* dst = index_k_values(pool, slot);
-  if (pool.dtype == KvDtype::kBf16) {
-    Bf16* v = reinterpret_cast<Bf16*>(dst);
+// A token's index key as bytes: 128 bf16 into values[256], or 128 e4m3 into values[128] and its
+// f32 scale into *scale. The pool writer and the digest of what a row means to write both call it.
+DSA_HD void encode_index_k_bytes(KvDtype dtype, ScaleRounding rounding, const float* k /*[128]*/,
+                                 uint8_t* values, float* scale) {
+  if (dtype == KvDtype::kBf16) {
+    Bf16* v = reinterpret_cast<Bf16*>(values);
     for (int i = 0; i < kIndexHeadDim; ++i) v[i] = float_to_bf16(k[i]);
   } else {
-    *index_k_scale(pool, slot) =
-        encode_fp8_group(k, kIndexHeadDim, reinterpret_cast<Fp8E4M3*>(dst), pool.rounding);
+    *scale = encode_fp8_group(k, kIndexHeadDim, reinterpret_cast<Fp8E4M3*>(values), rounding);
   }
 }
 
-DSA_HD void encode_latent_token(const PoolView& pool, int64_t slot, const float* c /*[512]*/,
-                                const float* k_rope /*[64]*/) {
-  uint8_t* dst = latent_token(pool, slot);
-  if (pool.dtype == KvDtype::kBf16) {
+DSA_HD void encode_index_k_token(const PoolView& pool, int64_t slot, const float* k /*[128]*/) {
+  encode_index_k_bytes(pool.dtype, pool.rounding, k, index_k_values(pool, slot),
+                       pool.dtype == KvDtype::kFp8 ? index_k_scale(pool, slot) : nullptr);
+}
+
+// A token's latent as its latent_token_bytes(dtype) contiguous bytes (layout above).
+DSA_HD void encode_latent_bytes(KvDtype dtype, ScaleRounding rounding, const float* c /*[512]*/,
+                                const float* k_rope /*[64]*/, uint8_t* dst) {
+  if (dtype == KvDtype::kBf16) {
     Bf16* v = reinterpret_cast<Bf16*>(dst);
     for (int i = 0; i < kKvLoraRank; ++i) v[i] = float_to_bf16(c[i]);
     for (int i = 0; i < kRopeDim; ++i) v[kKvLoraRank + i] = float_to_bf16(k_rope[i]);
@@ -88,11 +94,16 @@ DSA_HD void encode_latent_token(const PoolView& pool, int64_t slot, const float*
     float* scales = reinterpret_cast<float*>(dst + kLatentFp8ScaleOffset);
     for (int t = 0; t < kKvLoraRank / kLatentTile; ++t) {
       scales[t] = encode_fp8_group(c + t * kLatentTile, kLatentTile,
-                                   reinterpret_cast<Fp8E4M3*>(dst) + t * kLatentTile, pool.rounding);
+                                   reinterpret_cast<Fp8E4M3*>(dst) + t * kLatentTile, rounding);
     }
     Bf16* rope = reinterpret_cast<Bf16*>(dst + kLatentFp8RopeOffset);
     for (int i = 0; i < kRopeDim; ++i) rope[i] = float_to_bf16(k_rope[i]);
   }
+}
+
+DSA_HD void encode_latent_token(const PoolView& pool, int64_t slot, const float* c /*[512]*/,
+                                const float* k_rope /*[64]*/) {
+  encode_latent_bytes(pool.dtype, pool.rounding, c, k_rope, latent_token(pool, slot));
 }
 
 // ---- decoding (dequantized f32 values) --------------------------------------------------------

@@ -61,8 +61,14 @@ struct StepView {
   const int32_t* page_table = nullptr;  // [rows, ld_page_table]
   int64_t ld_page_table = 0;
   const int32_t* n_real = nullptr;      // [1] real rows; the stores ignore rows >= n_real
-  int32_t* error_count = nullptr;       // [1] the step's store error flag
+  int32_t* error_count = nullptr;       // [1] the step's error flag (stores, indexer page ids)
   float* logits = nullptr;              // [rows, vocab] output
+  // Optional records of what each store was given, per layer l and pool k (0 latent, 1 index-K):
+  //   write_digests [layers, 2, rows]: digest_rows of the store's inputs (the auditor's truth);
+  //   store_values  [layers, rows, kStoreValuesDim]: the inputs themselves, c ‖ k_rope ‖ index
+  //                 key (for an independent host-side check of the pools).
+  uint64_t* write_digests = nullptr;
+  float* store_values = nullptr;
 };
 
 // Per-step options that only fault injection changes.
@@ -93,6 +99,9 @@ class Model {
   void attention(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
   void indexer(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
   void mlp(int layer, int rows);
+  // The optional write_digests / store_values records of one store's inputs (see StepView).
+  void record_store_inputs(int layer, PoolKind kind, const StepView& step, const PoolView& pool,
+                           const float* values, int64_t ld);
   LayerPtrs layer_ptrs(int layer) const;
 
   Backend* backend_;

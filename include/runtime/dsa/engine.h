@@ -43,6 +43,7 @@
 #include "dsa/prefix_cache.h"
 #include "dsa/runner.h"
 #include "dsa/sampler.h"
+#include "dsa/shadow_oracle.h"
 
 namespace dsa {
 
@@ -57,6 +58,9 @@ struct EngineOptions {
   int max_prefill_rows = 0;  // rows per prefill step; 0: the model's max_rows
   int max_running = 0;       // requests admitted at once; 0 (and at most): the model's max_rows
   bool audit = false;        // run the slot-integrity auditor
+  // Run the shadow oracle too (fault-injection runs): an independent count of clobbered slots,
+  // matched against the auditor's findings in EngineStats.
+  bool oracle = false;
   AuditScope audit_scope = AuditScope::kListed;  // kListed: the slots read in the step
   int audit_sample = 256;                        // kSample: slots per verification
   uint64_t audit_seed = 0;                       // kSample: the sample's seed
@@ -103,13 +107,20 @@ struct EngineStats {
   int64_t padded_rows = 0;  // graph replays: bucket - real rows, summed
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
-  int64_t evicted_sessions = 0;  // idle sessions whose kept cache was released for room
-  int64_t store_errors = 0;      // the runner's store error flags, summed
+  int64_t evicted_sessions = 0;        // idle sessions whose kept cache was released for room
+  int64_t store_errors = 0;            // the runner's error flags (stores, page ids), summed
+  int64_t failed_by_store_errors = 0;  // requests failed because a step raised the flag
   int64_t audit_findings = 0;
   int64_t prefix_cache_queries = 0;    // prompt tokens looked up in the prefix cache
   int64_t prefix_cache_hits = 0;       // of those, tokens found (not prefilled)
   int64_t prefix_cache_evictions = 0;  // cached pages freed for room
   int64_t cached_pages = 0;            // pages held by the prefix cache after the last step
+  // With the oracle on: slot changes it saw, how many of them the auditor also reported (in the
+  // same step, or later while the slot was still watched: by its scope, or when released), and
+  // auditor findings the oracle never saw.
+  int64_t oracle_clobbers = 0;
+  int64_t auditor_found = 0;
+  int64_t auditor_unconfirmed = 0;
 };
 
 class Engine {
@@ -173,12 +184,12 @@ class Engine {
   bool evict_idle_session();
   bool evict_cached_pages(int64_t n);
   void share_cached_prefix(Request& r);
-  void share_written_pages(std::span<Request* const> requests);
+  void share_written_pages(const std::vector<int64_t>& ids);
   void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners) const;
-  void report(std::vector<AuditFinding>& findings);
   std::vector<int64_t> sharers_of(int32_t page) const;
   void preempt(Request& r);
   void release_pages(PageTable& pages);
+  void unwatch(std::span<const int32_t> pages);
   void finish(Request& r, FinishReason reason);
   void end_turn(Request& r, bool completed);
   void fail(Request& r, ErrorCode code, std::string message);
@@ -188,7 +199,10 @@ class Engine {
   RowInput row_of(const Request& r, int64_t position) const;
   void after_runner_step(const std::vector<Request*>& row_owners, const std::vector<RowInput>& rows,
                          const StepResult& result);
-  void audit(const std::vector<Request*>& readers, const std::vector<int64_t>& written);
+  void audit(const std::vector<Request*>& readers);
+  void report_findings(std::vector<AuditFinding> findings);
+  void fail_for_store_errors(const std::vector<Request*>& row_owners,
+                             const std::vector<RowInput>& rows, const StepResult& result);
   void mark_corrupted(const AuditFinding& finding);
   void mark_owner(int64_t owner, const AuditFinding& finding);
   void sample_next(Request& r, std::span<const float> logits);
@@ -202,6 +216,8 @@ class Engine {
   std::unique_ptr<Runner> runner_;
   std::unique_ptr<SlotAuditor> auditor_;
   std::unique_ptr<PrefixCache> prefix_;  // null when options_.prefix_cache is off
+  std::unique_ptr<ShadowOracle> oracle_;
+  RecallTally recall_;  // the oracle's clobbers against the auditor's findings
   int64_t next_id_ = 1;
   int64_t next_admit_ = 0;
   std::deque<int64_t> waiting_;

@@ -15,36 +15,60 @@ namespace dsa {
 
 enum class RunMode : uint8_t { kEager, kGraph };
 
-// Faults that reproduce the incident. Off by default; turning one on is logged loudly.
+// Faults that reproduce the incident, and one that exercises the store error path. Off by
+// default; turning one on is logged loudly.
 struct FaultSet {
   bool stale_padding = false;    // padded rows keep what the previous replay left in them
   bool unguarded_store = false;  // the bf16 index-K writer behaves like the incident's scatter
-  bool any() const { return stale_padding || unguarded_store; }
-  std::string describe() const;  // "none" or "stale-padding,unguarded-store"
+  bool wild_slots = false;       // every real row's slot is moved past the pool's capacity, so
+                                 // every store rejects it and raises the step's error flag
+  bool any() const { return stale_padding || unguarded_store || wild_slots; }
+  std::string describe() const;  // "none" or e.g. "stale-padding,unguarded-store"
 };
-FaultSet parse_faults(std::string_view list);  // "", "none", or a comma list; throws on unknown
+// "", "none", or a comma list of stale-padding, unguarded-store, incident (both), wild-slot;
+// throws on anything else.
+FaultSet parse_faults(std::string_view list);
 
 std::vector<int> default_buckets();  // 1, 2, 4, 8, 12, 16, 24, 32, 48, ..., 256
+
+// Whether each step also returns, per layer and pool, the digest of what every real row meant to
+// write (the auditor's truth) ...
+enum class WriteDigests : uint8_t { kOff, kOn };
+// ... and the store inputs themselves (for the shadow oracle's host-side copy).
+enum class WriteValues : uint8_t { kOff, kOn };
 
 struct RunnerOptions {
   RunMode mode = RunMode::kEager;
   std::vector<int> buckets = default_buckets();  // graph mode; every bucket <= model.max_rows()
   FaultSet faults;
+  WriteDigests write_digests = WriteDigests::kOff;
+  WriteValues write_values = WriteValues::kOff;
 };
 
 // One row of a step: one token of one request.
 struct RowInput {
   int32_t token = 0;
   int32_t position = 0;
-  int64_t slot = kPadSlot;           // where the row's token is stored
-  int32_t seq_len = 0;               // tokens it attends to (position + 1 for a real row)
-  std::span<const int32_t> pages;    // the request's page table
+  int64_t slot = kPadSlot;         // where the row's token is stored
+  int32_t seq_len = 0;             // tokens it attends to (position + 1 for a real row)
+  std::span<const int32_t> pages;  // the request's page table
 };
 
 struct StepResult {
   std::vector<float> logits;  // [rows, vocab] for the real rows
   int bucket = 0;             // the replayed bucket, 0 when the step ran eagerly
-  int32_t store_errors = 0;   // the step's error flag (DESIGN §3 rule 4 / bad slots)
+  int32_t store_errors = 0;   // the step's error flag (DESIGN §3 rule 4 / bad slots, bad page ids)
+  // With store_errors > 0: the real rows whose slot the store contract rejects as an error (the
+  // same judge_slot, on the host); empty when no real row's slot explains the flag.
+  std::vector<int> error_rows;
+  // With WriteDigests::kOn: [layers * 2][rows], latent then index-K per layer (whatever the row's
+  // slot; the caller keeps the rows whose slot was written). With WriteValues::kOn:
+  // [layers][rows][kStoreValuesDim].
+  std::vector<uint64_t> write_digests;
+  std::vector<float> store_values;
+  uint64_t write_digest(int layer, PoolKind pool, size_t row, size_t rows) const {
+    return write_digests[(size_t(layer) * 2 + (pool == PoolKind::kLatent ? 0 : 1)) * rows + row];
+  }
 };
 
 class Runner {
@@ -66,13 +90,14 @@ class Runner {
   void plant_garbage_inputs(uint64_t seed);
 
   const RunnerOptions& options() const { return options_; }
-  int bucket_for(int rows) const;  // 0 when no bucket holds `rows`
-  int max_pages_per_row() const { return max_pages_; }
 
  private:
   struct StaticStep;  // one bucket's (or the eager path's) device buffers and host staging
-  StepResult run(StaticStep& s, std::span<const RowInput> rows, bool replay_graph);
-  void stage_rows(StaticStep& s, std::span<const RowInput> rows, bool rewrite_padding);
+  enum class Launch : uint8_t { kEager, kReplay };
+  enum class Padding : uint8_t { kRewrite, kLeaveStale };
+  StepResult run(StaticStep& s, std::span<const RowInput> rows, Launch launch);
+  void stage_rows(StaticStep& s, std::span<const RowInput> rows, Padding padding);
+  void read_records(StaticStep& s, int real_rows, StepResult& result);
 
   Model& model_;
   KvCache& cache_;

@@ -1,4 +1,5 @@
-// The auditor's digest-and-compare, on the CPU.
+// The auditor's digest-and-compare, and the digests of what a step's rows mean to write, on the
+// CPU.
 #include "backend/cpu/cpu_ops.h"
 #include "dsa/slot_digest.h"
 
@@ -16,6 +17,20 @@ void audit_slots(const AuditSlotsParams& p) {
     }
   }
   if (p.expected) *p.mismatches += flagged;
+}
+
+void digest_rows(const DigestRowsParams& p) {
+  const int64_t n_real = p.rows > 0 ? *p.n_real : 0;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    if (r >= n_real) {
+      p.digests[r] = 0;
+      continue;
+    }
+    const float* v = p.values + r * p.ld_values;
+    p.digests[r] = p.kind == PoolKind::kIndexK
+                       ? index_k_values_digest(p.dtype, p.rounding, v)
+                       : latent_values_digest(p.dtype, p.rounding, v, p.k_rope + r * p.ld_rope);
+  }
 }
 
 }  // namespace dsa::cpu

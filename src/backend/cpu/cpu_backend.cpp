@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   void topk(const TopkParams& p) override { cpu::topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu::sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu::audit_slots(p); }
+  void digest_rows(const DigestRowsParams& p) override { cpu::digest_rows(p); }
 
  private:
   static void copy(void* dst, const void* src, size_t n) {

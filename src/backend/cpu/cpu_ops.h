@@ -27,5 +27,6 @@ void topk(const TopkParams& p);                     // topk.cpp
 void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
 
 void audit_slots(const AuditSlotsParams& p);  // audit.cpp
+void digest_rows(const DigestRowsParams& p);  // audit.cpp
 
 }  // namespace dsa::cpu

@@ -64,14 +64,9 @@ void check_params(const IndexerLogitsParams& p) {
           int64_t(p.heads) * kIndexHeadDim, p.ld_w, p.heads);
 }
 
-// The page id holding token t of a row, checked against the pool so a bad table is an error
-// rather than a read outside the pool.
-int64_t checked_page(const IndexerLogitsParams& p, const int32_t* pages, int row, int64_t t) {
-  const int32_t page = pages[t / kPageSize];
-  require(page >= 0 && page < p.pool.num_pages, ErrorCode::kOutOfRange,
-          "indexer_logits: row {} token {} maps to page {}, the pool has {} pages", row, t, page,
-          p.pool.num_pages);
-  return page;
+// A page id the row may read: inside the pool. A bad one is never read (see IndexerLogitsParams).
+bool readable_page(const IndexerLogitsParams& p, int32_t page) {
+  return page >= 0 && page < p.pool.num_pages;
 }
 
 }  // namespace
@@ -91,7 +86,13 @@ void indexer_logits(const IndexerLogitsParams& p) {
     const int32_t* pages = p.page_table + int64_t(r) * p.ld_page_table;
     float* logits = p.logits + int64_t(r) * p.ld_logits;
     for (int64_t t = 0; t < seq_len; ++t) {
-      const int64_t slot = checked_page(p, pages, r, t) * kPageSize + t % kPageSize;
+      const int32_t page = pages[t / kPageSize];
+      if (!readable_page(p, page)) {
+        if (t % kPageSize == 0 && p.error_count) ++*p.error_count;  // once per page
+        logits[t] = 0.0f;
+        continue;
+      }
+      const int64_t slot = int64_t(page) * kPageSize + t % kPageSize;
       const float k_scale = decode_index_k_token(p.pool, slot, key.data());
       const float sum = weighted_relu_sum(query, p.heads, key.data());
       logits[t] = p.pool.dtype == KvDtype::kBf16 ? sum : k_scale * sum;

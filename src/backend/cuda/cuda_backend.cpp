@@ -193,6 +193,9 @@ class CudaBackend final : public Backend {
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");
   }
+  void digest_rows(const DigestRowsParams& p) override {
+    launched(cuda::digest_rows(p, stream_), "digest_rows");
+  }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;
     check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x, size_t(p.ld_x) * sizeof(float),

@@ -272,7 +272,12 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsP
   const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
   for (int64_t t0 = block_t0 + warp * kGroupTokens; t0 < block_end; t0 += kWarps * kGroupTokens) {
     const int32_t page = pages[t0 / kPageSize];
-    if (page < 0 || page >= p.pool.num_pages) continue;  // a bad table reads nothing
+    if (page < 0 || page >= p.pool.num_pages) {  // never read; as the CPU: logits 0, one error
+      const int lane = threadIdx.x % 32;
+      if (t0 + lane < seq_len) logits[t0 + lane] = 0.0f;
+      if (lane == 0 && t0 % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
+      continue;
+    }
     group_logits<D>(p, s, m_tiles, page, t0, seq_len, logits);
   }
 }

@@ -31,5 +31,6 @@ cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);  // audit.cu
+cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);  // audit.cu
 
 }  // namespace dsa::cuda
