@@ -27,6 +27,14 @@ done | sort -u | while read -r lib; do
   echo "bundled $(basename "$lib")"
 done
 
+# The Python module is compiled on the device, for its own interpreter (scripts/gpu-python.sh):
+# it needs the rooms it links, built here, and the fmt headers the device lacks.
+rm -rf build-gpu/py
+mkdir -p build-gpu/py/include
+cp build-gpu/libdsa_backend.a build-gpu/libdsa_core.a build-gpu/py/
+cp -r /usr/include/fmt build-gpu/py/include/
+echo "python module inputs in build-gpu/py"
+
 echo
 echo "binaries and bundled libraries (carry these):"
-du -ch "${bins[@]}" build-gpu/lib | sed 's/^/  /'
+du -ch "${bins[@]}" build-gpu/lib build-gpu/py | sed 's/^/  /'

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config git
           libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
           libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
-          pybind11-dev python3-dev python3-numpy python3-pytest clang-format ccache curl)
+          pybind11-dev python3-dev python3-numpy python3-pytest python3-pip python3-setuptools
+          python3-wheel python3-venv clang-format ccache curl)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -37,6 +37,9 @@ bool cuda_available() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(int) {
   fail(ErrorCode::kBackend, "this build of dsa has no CUDA backend (configure with DSA_CUDA=ON)");
 }
+std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t) {
+  return make_cuda_backend(device);
+}
 #endif
 
 }  // namespace dsa

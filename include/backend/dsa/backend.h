@@ -90,6 +90,12 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 // Throws kBackend when dsa.cpp was built without CUDA or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// A CUDA backend that enqueues every op on a stream the caller owns (a framework's current stream,
+// as its integer cudaStream_t handle; 0 is the legacy default stream), so the ops run in order with
+// the caller's work and are captured with it into the caller's CUDA graph. It creates no stream and
+// synchronizes nothing on destruction; it switches the thread to `device` and switches it back on
+// destruction. Cheap enough to make per call (bindings do). Throws kBackend as make_cuda_backend.
+std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream);
 bool cuda_available();  // built with CUDA and a device is present
 
 std::unique_ptr<Backend> make_backend(BackendKind kind);

@@ -39,8 +39,7 @@ void check_cublas(cublasStatus_t status, const char* statement, int device,
                   std::source_location loc = std::source_location::current()) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw_error(ErrorCode::kBackend,
-              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device,
-                          int(status)),
+              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device, int(status)),
               loc);
 }
 
@@ -52,7 +51,9 @@ class CudaGraph final : public Graph {
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
   }
-  void replay() override { check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_); }
+  void replay() override {
+    check_cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch", device_);
+  }
 
  private:
   cudaGraph_t graph_;
@@ -67,20 +68,27 @@ class CudaBackend final : public Backend {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
-    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
-    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
-          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+    owns_stream_ = true;
+    create_cublas();
+  }
+  // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
+  // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
+  // the thread's current device is given back as it was found.
+  CudaBackend(int device, cudaStream_t caller_stream) : device_(device), stream_(caller_stream) {
+    check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
+    if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }
   ~CudaBackend() override {
-    cudaStreamSynchronize(stream_);
+    if (owns_stream_) cudaStreamSynchronize(stream_);
     if (gemm_scratch_) cudaFree(gemm_scratch_);
-    cudaFree(cublas_workspace_);
-    cublasLtDestroy(cublas_);
-    cudaStreamDestroy(stream_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    if (cublas_) cublasLtDestroy(cublas_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
+    if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
-  std::string describe() const override { return label_; }
+  std::string describe() const override { return label(); }
   cudaStream_t stream() const { return stream_; }
 
   // ---- memory ----
@@ -89,24 +97,27 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
     if (err != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
-      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes,
-           label_, cudaGetErrorString(err));
+      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label(),
+           cudaGetErrorString(err));
     }
     return p;
   }
   void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
   void copy_to_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_)");
   }
   void copy_to_host(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
     synchronize();
   }
   void copy_on_device(void* dst, const void* src, size_t n) override {
-    if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
-                 "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_)");
   }
   void fill(void* dst, uint8_t byte, size_t n) override {
     if (n) check(cudaMemsetAsync(dst, byte, n, stream_), "cudaMemsetAsync(dst, byte, n, stream_)");
@@ -114,7 +125,7 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     const cudaError_t err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess) {
-      fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label_,
+      fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label(),
            cudaGetErrorString(err), cudaGetErrorName(err));
     }
   }
@@ -130,7 +141,8 @@ class CudaBackend final : public Backend {
       cudaStreamEndCapture(stream_, &graph);  // ends the capture; the partial graph is dropped
       if (graph) cudaGraphDestroy(graph);
       cudaGetLastError();
-      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label_, e.what());
+      fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label(),
+           e.what());
     }
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (end != cudaSuccess) {
@@ -139,7 +151,7 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kBackend,
            "graph capture on {} was invalidated: {} ({}); a step must only enqueue work on the "
            "backend's stream and must not synchronize or allocate",
-           label_, cudaGetErrorString(end), cudaGetErrorName(end));
+           label(), cudaGetErrorString(end), cudaGetErrorName(end));
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -198,9 +210,9 @@ class CudaBackend final : public Backend {
   }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;
-    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x, size_t(p.ld_x) * sizeof(float),
-                            size_t(p.dim) * sizeof(float), size_t(p.rows), cudaMemcpyDeviceToDevice,
-                            stream_),
+    check(cudaMemcpy2DAsync(p.y, size_t(p.ld_y) * sizeof(float), p.x,
+                            size_t(p.ld_x) * sizeof(float), size_t(p.dim) * sizeof(float),
+                            size_t(p.rows), cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpy2DAsync(copy_rows)");
   }
 
@@ -216,12 +228,12 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
     if (err == cudaErrorNotSupported) {
       throw_error(ErrorCode::kBackend,
-                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label_), loc);
+                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label()), loc);
     }
     throw_error(ErrorCode::kBackend,
                 fmt::format("dsa::cuda::{} launch failed on {}: {} ({}); invalid value means bad "
                             "params (shape, stride, null or misaligned pointer)",
-                            op, label_, cudaGetErrorString(err), cudaGetErrorName(err)),
+                            op, label(), cudaGetErrorString(err), cudaGetErrorName(err)),
                 loc);
   }
 
@@ -238,7 +250,7 @@ class CudaBackend final : public Backend {
     require(!capturing(), ErrorCode::kInternal,
             "gemm (fast mode) on {} needs a {}-element bf16 scratch during graph capture but has "
             "{}; run the step once eagerly before capturing it",
-            label_, elems, gemm_scratch_elems_);
+            label(), elems, gemm_scratch_elems_);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
     if (gemm_scratch_) check(cudaFree(gemm_scratch_), "cudaFree(gemm_scratch_)");
     gemm_scratch_ = nullptr;
@@ -251,9 +263,22 @@ class CudaBackend final : public Backend {
 
   void gemm_cublaslt(const GemmParams& p);
 
+  void create_cublas() {
+    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
+    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
+          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+  }
+  // The device's name, asked for only when a message or a report needs it.
+  const std::string& label() const {
+    if (label_.empty()) label_ = device_label(device_);
+    return label_;
+  }
+
   int device_;
-  std::string label_;
+  mutable std::string label_;
   cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
   cublasLtHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   Bf16* gemm_scratch_ = nullptr;
@@ -268,6 +293,7 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
           "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
   if (p.m == 0 || p.batch == 0) return;
   const int64_t xk = int64_t(p.m) * p.k;
+  if (!cublas_) create_cublas();
   Bf16* xb = gemm_scratch(size_t(xk) * p.batch);
   launched(cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, xb, stream_),
            "convert_to_bf16");
@@ -288,17 +314,17 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulDescCreate", dev);
     const cublasOperation_t op_w = p.layout == WeightLayout::kNK ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_x = CUBLAS_OP_N;
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w,
-                                                sizeof(op_w)),
-                 "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x,
-                                                sizeof(op_x)),
-                 "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)),
+        "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)),
+        "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
     // w as stored, column-major: kNK is [k, n] (transposed by op_w), kKN is [n, k].
     const bool nk = p.layout == WeightLayout::kNK;
-    check_cublas(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k,
-                                            p.ld_w),
-                 "cublasLtMatrixLayoutCreate(w)", dev);
+    check_cublas(
+        cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k, p.ld_w),
+        "cublasLtMatrixLayoutCreate(w)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, p.k),
                  "cublasLtMatrixLayoutCreate(x)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
@@ -308,8 +334,8 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
       const int64_t strides[3] = {p.batch_stride_w, xk, p.batch_stride_y};
       cublasLtMatrixLayout_t layouts[3] = {a, b, d};
       for (int i = 0; i < 3; ++i) {
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                      &count, sizeof(count)),
+        check_cublas(cublasLtMatrixLayoutSetAttribute(
+                         layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                      "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", dev);
         check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i],
                                                       CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
@@ -324,11 +350,11 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
                  "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", dev);
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic,
-                                                &found),
-                 "cublasLtMatmulAlgoGetHeuristic", dev);
+    check_cublas(
+        cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic, &found),
+        "cublasLtMatmulAlgoGetHeuristic", dev);
     require(found > 0, ErrorCode::kBackend,
-            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label_, p.m, p.n,
+            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label(), p.m, p.n,
             p.k, p.batch);
     const float alpha = p.alpha;
     const float beta = p.output == GemmOutput::kAccumulate ? 1.0f : 0.0f;
@@ -361,7 +387,8 @@ bool cuda_available() {
   return count > 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+namespace {
+void require_device(int device) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -371,7 +398,17 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   }
   require(device >= 0 && device < count, ErrorCode::kBackend,
           "CUDA device {} does not exist: {} device(s) present", device, count);
+}
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  require_device(device);
   return std::make_unique<CudaBackend>(device);
+}
+
+std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream) {
+  require_device(device);
+  return std::make_unique<CudaBackend>(device, reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace dsa

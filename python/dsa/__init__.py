@@ -1,0 +1,432 @@
+"""dsa.cpp for Python engines: the guarded cache writers, the DSA kernels and the slot auditor,
+on arrays the caller owns.
+
+Arrays cross by DLPack, zero-copy: torch tensors (CPU or CUDA) and numpy arrays (CPU). Nothing is
+ever copied or converted behind your back: an array of the wrong dtype, shape, strides or device
+is refused with a TypeError or ValueError that names the argument and what it needs. numpy has no
+bfloat16, so wherever bf16 is expected a uint16 array is accepted and read as bf16 bit patterns.
+
+CUDA work runs on the caller's stream: ``stream=None`` means torch's current stream of the pool's
+device (when torch is imported), else the legacy default stream; pass an integer
+``cudaStream_t`` handle to choose another. dsa inserts no cross-stream synchronization: the arrays
+must be ready on that stream, as for any op issued on it. Every store op enqueues one kernel and
+allocates nothing when ``n_real`` and ``errors`` are given as device arrays, so it can be captured
+in ``torch.cuda.graph``.
+
+Layouts (page 0 of every pool is reserved; all pools use 64-token pages):
+
+- index-K bf16: bfloat16 (or uint16) ``[pages, 64, 128]`` or ``[pages * 64, 128]``
+- index-K fp8:  uint8 ``[pages, 8448]``: 64 x 128 e4m3 bytes, then 64 float32 scales per page
+- latent bf16:  bfloat16 (or uint16) ``[pages, 64, 576]`` or ``[pages * 64, 576]``
+- latent fp8:   uint8 ``[pages, 64, 656]`` or ``[pages * 64, 656]``: 512 e4m3, 4 float32 scales,
+  64 bf16 rope values per token
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+from . import _dsa
+
+__version__: str = _dsa.__version__
+__all__ = [
+    "__version__",
+    "store_index_k",
+    "store_latent_kv",
+    "indexer_logits",
+    "topk",
+    "sparse_mla",
+    "SlotAuditor",
+    "Finding",
+    "PAGE_SIZE",
+    "PAD_SLOT",
+    "cuda_built",
+    "cuda_available",
+]
+
+PAGE_SIZE = 64  #: tokens per page, every pool
+PAD_SLOT = -1  #: the padding sentinel of a slot map
+
+cuda_built = _dsa.cuda_built
+cuda_available = _dsa.cuda_available
+
+_STORE_RULES = """
+    The store contract (the same four rules as every dsa.cpp writer). The op processes
+    ``len(slots)`` rows, never the value tensor's row count, and writes row r only when all hold:
+
+    1. ``r < n_real`` -- a stale tail of a padded batch is never written;
+    2. ``slots[r] >= 0`` -- the padding sentinel -1 is skipped;
+    3. ``slots[r]`` is not in page 0 (``slots[r] >= 64``) -- the reserved page stays zero;
+    4. ``slots[r] < capacity`` (``pages * 64``).
+
+    Rows failing rules 1-3 are skipped silently. A violation of rule 4, or a negative slot other
+    than -1, is skipped and adds 1 to the device error counter ``errors`` (never silent: check it
+    after the step, e.g. ``int(errors)``).
+"""
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _stream(ref: Any, stream: Optional[int]) -> int:
+    """The stream handle for an op on ref's device: the caller's, or torch's current stream."""
+    if stream is not None:
+        return int(stream)
+    _require_array(ref, "pool")
+    kind, index = ref.__dlpack_device__()
+    if kind != 2:  # not CUDA: the CPU backend ignores the stream
+        return 0
+    torch = _sys.modules.get("torch")
+    if torch is not None:
+        return int(torch.cuda.current_stream(index).cuda_stream)
+    return 0
+
+
+def _require_array(x: Any, name: str) -> None:
+    if not (hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")):
+        raise TypeError(
+            f"argument '{name}' must be an array that speaks DLPack (a torch tensor, or a numpy "
+            f"array on the CPU), got {type(x).__name__}"
+        )
+
+
+def _int32_scalar(value: int, like: Any, name: str):
+    """A one-element int32 array holding value, on like's device (torch.full is capturable)."""
+    if _is_torch(like):
+        import torch
+
+        return torch.full((1,), value, dtype=torch.int32, device=like.device)
+    numpy = _sys.modules.get("numpy")
+    if numpy is not None and isinstance(like, numpy.ndarray):
+        return numpy.full(1, value, dtype=numpy.int32)
+    raise TypeError(
+        f"argument '{name}' as a Python int needs 'pool' to be a torch tensor or a numpy array; "
+        f"pass a one-element int32 array on the pool's device instead"
+    )
+
+
+def _n_real(n_real: Any, pool: Any):
+    if isinstance(n_real, bool):
+        raise TypeError("argument 'n_real' must be an int or a one-element int32 array, got bool")
+    if isinstance(n_real, int):
+        if not 0 <= n_real < 2**31:
+            raise ValueError(f"argument 'n_real' must be in [0, 2^31), got {n_real}")
+        return _int32_scalar(n_real, pool, "n_real")
+    return n_real
+
+
+def _errors(errors: Any, pool: Any):
+    return _int32_scalar(0, pool, "errors") if errors is None else errors
+
+
+def store_index_k(
+    pool: Any,
+    slots: Any,
+    k: Any,
+    n_real: Any,
+    *,
+    layout: str = "bf16",
+    ue8m0: bool = False,
+    errors: Any = None,
+    guard: str = "contract",
+    stream: Optional[int] = None,
+) -> Any:
+    """Stores index-K rows into a paged index-K pool through dsa's guarded writer.
+
+    The one-line fix for the incident's ``pool.view(-1, 128)[loc.long()] = k``.
+
+    Args:
+        pool: the layer's index-K pool: bfloat16/uint16 ``[pages, 64, 128]`` or
+            ``[pages * 64, 128]`` for ``layout="bf16"``; uint8 ``[pages, 8448]`` for
+            ``layout="fp8"``. C-contiguous, 16-byte aligned. uint16 is read as bf16 bit patterns.
+        slots: int64 ``[rows]`` contiguous, the slot map (``page * 64 + offset``; -1 = padding).
+        k: float32 ``[>= rows, 128]``, unit inner stride, any row stride >= 128. A bf16 k must be
+            converted by the caller (``k.float()``): dsa never converts silently.
+        n_real: the count of real rows: a Python int (baked into a captured graph), or a
+            one-element int32 array on the pool's device, read by the kernel (what a captured
+            graph needs: rewrite it before each replay).
+        layout: ``"bf16"`` or ``"fp8"`` (e4m3 values, scale = max(amax, 1e-4) / 448 per token,
+            saturated to +-448, round to nearest even -- the layout DeepGEMM's paged MQA logits
+            read).
+        ue8m0: fp8 only: round each scale up to a power of two.
+        errors: a one-element int32 array on the pool's device that the op adds its rule-4 and
+            bad-slot count to; a new zeroed one when None.
+        guard: ``"contract"`` (always, in production). ``"incident"`` reproduces the unguarded
+            framework scatter of the incident for tests (bf16 only): it ignores rules 1-3 and a
+            negative slot wraps from the end of the pool.
+        stream: CUDA stream handle (int); default torch's current stream.
+
+    Returns:
+        ``errors``, the device error counter.
+    """
+    _require_array(pool, "pool")
+    errors = _errors(errors, pool)
+    _dsa.store_index_k(
+        pool, slots, k, _n_real(n_real, pool), errors, layout, bool(ue8m0), guard,
+        _stream(pool, stream),
+    )
+    return errors
+
+
+store_index_k.__doc__ += _STORE_RULES
+
+
+def store_latent_kv(
+    pool: Any,
+    slots: Any,
+    latent: Any,
+    k_rope: Any,
+    n_real: Any,
+    *,
+    layout: str = "bf16",
+    ue8m0: bool = False,
+    errors: Any = None,
+    stream: Optional[int] = None,
+) -> Any:
+    """Stores MLA latent rows (c ‖ k_rope) into a paged latent pool through dsa's guarded writer.
+
+    Args:
+        pool: the layer's latent pool: bfloat16/uint16 ``[pages, 64, 576]`` or
+            ``[pages * 64, 576]`` (``layout="bf16"``); uint8 ``[pages, 64, 656]`` or
+            ``[pages * 64, 656]`` (``layout="fp8"``, FlashMLA's sparse layout: 512 e4m3, 4 float32
+            tile scales, 64 bf16 rope values per token).
+        slots: int64 ``[rows]``, the slot map (-1 = padding).
+        latent: float32 ``[>= rows, 512]`` (the normed c), unit inner stride.
+        k_rope: float32 ``[>= rows, 64]`` (the roped key), unit inner stride.
+        n_real, ue8m0, errors, stream: as for :func:`store_index_k`.
+
+    Returns:
+        ``errors``, the device error counter.
+    """
+    _require_array(pool, "pool")
+    errors = _errors(errors, pool)
+    _dsa.store_latent_kv(
+        pool, slots, latent, k_rope, _n_real(n_real, pool), errors, layout, bool(ue8m0),
+        _stream(pool, stream),
+    )
+    return errors
+
+
+store_latent_kv.__doc__ += _STORE_RULES
+
+
+def indexer_logits(
+    q: Any,
+    w: Any,
+    page_table: Any,
+    seq_lens: Any,
+    pool: Any,
+    logits: Any,
+    *,
+    layout: str = "bf16",
+    stream: Optional[int] = None,
+) -> Any:
+    """The lightning indexer: ``logits[r, t] = sum_h w[r, h] * relu(q[r, h] . k[t])``.
+
+    Only ``t < seq_lens[r]`` is written; token t of row r is the slot
+    ``page_table[r, t // 64] * 64 + t % 64`` of ``pool``. For an fp8 pool q is quantized per
+    (row, head) and the token's scale applied, as dsa.cpp's decode does.
+
+    Args:
+        q: float32 ``[rows, heads, 128]`` (heads <= 64 on CUDA), heads packed.
+        w: float32 ``[rows, heads]`` head weights, scales already applied.
+        page_table: int32 ``[rows, max_pages]`` page ids.
+        seq_lens: int32 ``[rows]``; each <= ``logits.shape[1]`` and <= ``max_pages * 64``
+            (checked on the CPU; the caller's promise on CUDA).
+        pool: the index-K pool (see :func:`store_index_k`).
+        logits: float32 ``[rows, L]`` output.
+
+    Returns:
+        ``logits``.
+    """
+    _dsa.indexer_logits(q, w, page_table, seq_lens, pool, logits, layout, _stream(pool, stream))
+    return logits
+
+
+def topk(
+    logits: Any,
+    seq_lens: Any,
+    k: int,
+    out_positions: Any,
+    *,
+    out_slots: Any = None,
+    page_table: Any = None,
+    stream: Optional[int] = None,
+) -> Any:
+    """The positions of the k largest ``logits[r, t]`` with ``t < seq_lens[r]``.
+
+    Ties go to the lower t; when ``seq_lens[r] <= k`` every t is taken. Output is in ascending
+    position order, -1 filled; a padded row (seq_len 0) is all -1.
+
+    Args:
+        logits: float32 ``[rows, L]``.
+        seq_lens: int32 ``[rows]``.
+        k: how many to select.
+        out_positions: int32 ``[rows, k]`` output.
+        out_slots: optional int64 ``[rows, k]`` output: the positions mapped through
+            ``page_table`` (int32 ``[rows, max_pages]``) to physical slots.
+
+    Returns:
+        ``out_positions``.
+    """
+    _dsa.topk(logits, seq_lens, int(k), out_positions, out_slots, page_table,
+              _stream(logits, stream))
+    return out_positions
+
+
+def sparse_mla(
+    q: Any,
+    indices: Any,
+    pool: Any,
+    out: Any,
+    scale: float,
+    *,
+    lse: Any = None,
+    layout: str = "bf16",
+    stream: Optional[int] = None,
+) -> Any:
+    """Absorbed sparse MLA decode attention over the selected slots.
+
+    For each row r and head h: ``s_j = scale * (q_lat . c_j + q_rope . k_rope_j)`` over the valid
+    slots j of ``indices[r]`` (a slot < 0 or >= capacity is unused), ``p = softmax(s)``,
+    ``out[r, h] = sum_j p_j * c_j``. A row with no valid slot gets exactly 0 (lse = -inf).
+
+    Args:
+        q: float32 ``[rows, heads, 576]``: q_lat (512) ‖ q_rope (64), heads packed.
+        indices: int64 ``[rows, topk]`` physical slots.
+        pool: the latent pool (see :func:`store_latent_kv`).
+        out: float32 ``[rows, heads, 512]`` output.
+        scale: the softmax scale (> 0).
+        lse: optional float32 ``[rows, heads]`` output, the log-sum-exp of the scores.
+
+    Returns:
+        ``out``.
+    """
+    _dsa.sparse_mla(q, indices, pool, out, float(scale), lse, layout, _stream(pool, stream))
+    return out
+
+
+class Finding(NamedTuple):
+    """A watched slot whose bytes changed behind its owner's back."""
+
+    layer: int  #: the layer (index into the auditor's ``pools``)
+    pool: str  #: "index_k" or "latent"
+    slot: int  #: the physical slot (page * 64 + offset)
+    owner: int  #: the owner recorded with the slot (a request id)
+    step: int  #: the step at which the owner wrote it
+    detected_step: int  #: the step of the verify that found it
+
+
+def _host_int64(x: Any, name: str) -> List[int]:
+    if _is_torch(x):
+        x = x.detach().to("cpu")
+        return [int(v) for v in x.reshape(-1).tolist()]
+    if isinstance(x, int):
+        return [x]
+    try:
+        return [int(v) for v in (x.reshape(-1).tolist() if hasattr(x, "reshape") else x)]
+    except TypeError:
+        raise TypeError(f"argument '{name}' must be a sequence of ints or an integer array") from None
+
+
+class SlotAuditor:
+    """The slot-integrity auditor on the caller's pools.
+
+    After the engine's own store of a step, ``record(slots, owners)`` remembers each written slot's
+    owner, the step and the digest of its bytes in every pool. ``verify()`` recomputes the digests
+    of watched slots -- all of them, a seeded sample, or the slots a step reads -- with dsa's
+    ``audit_slots`` op (a GPU kernel on CUDA pools: the pool is never copied to the host) and
+    returns a :class:`Finding` for every slot whose bytes changed. ``release(slots)`` stops
+    watching slots whose owner freed them.
+
+    Args:
+        pools: one entry per layer: a pool array, or a tuple of that layer's pools (e.g.
+            ``(latent, index_k)``). Each pool's layout is told by its dtype and shape (see the
+            module doc); all on one device, all with the same number of pages.
+        page_size: tokens per page; dsa's layouts use 64 and only 64 is accepted.
+    """
+
+    def __init__(self, pools: Sequence[Any], page_size: int = PAGE_SIZE):
+        if page_size != PAGE_SIZE:
+            raise ValueError(
+                f"argument 'page_size' must be {PAGE_SIZE} (dsa's pools use 64-token pages), "
+                f"got {page_size}"
+            )
+        if not isinstance(pools, (list, tuple)):
+            pools = [pools]
+        flat = []
+        for layer, entry in enumerate(pools):
+            for pool in entry if isinstance(entry, (list, tuple)) else (entry,):
+                flat.append((layer, pool))
+        self._pools = flat
+        self._ref = flat[0][1] if flat else None
+        self._impl = _dsa.PoolAuditor(flat)
+        self.step = 0  #: the auditor's step counter: advanced by every record() without a step
+
+    def record(self, slots: Any, owners: Any, *, step: Optional[int] = None,
+               stream: Optional[int] = None) -> None:
+        """Remembers the slots a step's real rows wrote, with their owners (request ids >= 0).
+
+        Padding (-1) and page-0 slots are skipped; a slot past the pools raises ValueError.
+        ``slots`` and ``owners`` are read on the host (a device tensor is copied there: a few
+        bytes per row). Synchronizes the stream once (the new digests come back).
+        """
+        slots_h = _host_int64(slots, "slots")
+        owners_h = _host_int64(owners, "owners")
+        if len(owners_h) == 1 and len(slots_h) > 1:
+            owners_h = owners_h * len(slots_h)
+        if step is None:
+            self.step += 1
+            step = self.step
+        self._impl.record(slots_h, owners_h, int(step), _stream(self._ref, stream))
+
+    def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None:
+        """Stops watching ``slots``, or every slot of ``owner`` (the request freed its pages)."""
+        if owner is not None:
+            self._impl.release_owner(int(owner))
+        if slots is not None:
+            self._impl.release(_host_int64(slots, "slots"))
+
+    def verify(self, what: Any = "all", *, sample: int = 256, seed: int = 0,
+               step: Optional[int] = None, stream: Optional[int] = None) -> List[Finding]:
+        """Recomputes digests of watched slots and returns every mismatch.
+
+        Args:
+            what: ``"all"`` (every watched slot), ``"sample"`` (``sample`` slots drawn with
+                ``seed`` and the step: an always-on audit), or the slots to check (e.g. the slots
+                a step's top-k reads); unwatched slots among them are ignored.
+        """
+        step = self.step if step is None else int(step)
+        s = _stream(self._ref, stream)
+        if isinstance(what, str):
+            if what == "all":
+                raw = self._impl.verify_all(step, s)
+            elif what == "sample":
+                raw = self._impl.verify_sample(int(sample), int(seed) & (2**64 - 1), step, s)
+            else:
+                raise ValueError(f"argument 'what' must be \"all\", \"sample\" or slots, got {what!r}")
+        else:
+            raw = self._impl.verify_slots(_host_int64(what, "what"), step, s)
+        return [Finding(*f) for f in raw]
+
+    @property
+    def watched(self) -> int:
+        """How many slots are watched."""
+        return self._impl.watched
+
+    @property
+    def capacity(self) -> int:
+        """Slots per pool (pages * 64)."""
+        return self._impl.capacity
+
+    @property
+    def audited(self) -> int:
+        """Slot checks run so far (each verified slot counts once per verify)."""
+        return self._impl.audited
+
+    def __repr__(self) -> str:
+        return f"SlotAuditor({'; '.join(self._impl.describe_pools())}; watching {self.watched})"
+
+

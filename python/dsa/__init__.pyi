@@ -1,0 +1,100 @@
+# Type stubs of the dsa package. Arrays are anything that speaks DLPack (torch tensors on CPU or
+# CUDA, numpy arrays on the CPU); uint16 stands for bf16 bit patterns wherever bf16 is expected.
+from typing import Any, List, Literal, NamedTuple, Optional, Sequence, Union
+
+Array = Any  # a DLPack array: torch.Tensor or numpy.ndarray
+Layout = Literal["bf16", "fp8"]
+
+__version__: str
+PAGE_SIZE: int
+PAD_SLOT: int
+
+def cuda_built() -> bool: ...
+def cuda_available() -> bool: ...
+def store_index_k(
+    pool: Array,
+    slots: Array,
+    k: Array,
+    n_real: Union[int, Array],
+    *,
+    layout: Layout = "bf16",
+    ue8m0: bool = False,
+    errors: Optional[Array] = None,
+    guard: Literal["contract", "incident"] = "contract",
+    stream: Optional[int] = None,
+) -> Array: ...
+def store_latent_kv(
+    pool: Array,
+    slots: Array,
+    latent: Array,
+    k_rope: Array,
+    n_real: Union[int, Array],
+    *,
+    layout: Layout = "bf16",
+    ue8m0: bool = False,
+    errors: Optional[Array] = None,
+    stream: Optional[int] = None,
+) -> Array: ...
+def indexer_logits(
+    q: Array,
+    w: Array,
+    page_table: Array,
+    seq_lens: Array,
+    pool: Array,
+    logits: Array,
+    *,
+    layout: Layout = "bf16",
+    stream: Optional[int] = None,
+) -> Array: ...
+def topk(
+    logits: Array,
+    seq_lens: Array,
+    k: int,
+    out_positions: Array,
+    *,
+    out_slots: Optional[Array] = None,
+    page_table: Optional[Array] = None,
+    stream: Optional[int] = None,
+) -> Array: ...
+def sparse_mla(
+    q: Array,
+    indices: Array,
+    pool: Array,
+    out: Array,
+    scale: float,
+    *,
+    lse: Optional[Array] = None,
+    layout: Layout = "bf16",
+    stream: Optional[int] = None,
+) -> Array: ...
+
+class Finding(NamedTuple):
+    layer: int
+    pool: str
+    slot: int
+    owner: int
+    step: int
+    detected_step: int
+
+class SlotAuditor:
+    step: int
+    def __init__(self, pools: Sequence[Union[Array, Sequence[Array]]], page_size: int = 64) -> None: ...
+    def record(
+        self, slots: Any, owners: Any, *, step: Optional[int] = None, stream: Optional[int] = None
+    ) -> None: ...
+    def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None: ...
+    def verify(
+        self,
+        what: Union[Literal["all", "sample"], Any] = "all",
+        *,
+        sample: int = 256,
+        seed: int = 0,
+        step: Optional[int] = None,
+        stream: Optional[int] = None,
+    ) -> List[Finding]: ...
+    @property
+    def watched(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def audited(self) -> int: ...

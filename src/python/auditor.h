@@ -1,0 +1,124 @@
+// The slot-integrity auditor (DESIGN §6) over pools the caller owns. After the caller's own store,
+// record() remembers each written slot's owner, step and digest in every watched pool; verify()
+// later recomputes digests with the backend's audit_slots op (a kernel on the GPU: the pool never
+// leaves the device; only 8-byte digests of newly recorded slots and, on a mismatch, 1-byte flags
+// come back) and reports every slot whose bytes changed behind its owner's back.
+//
+// Host state is indexed by slot; the device keeps a mirror of the watched slots and their expected
+// digests, uploaded incrementally (only positions changed since the last verify), so verifying all
+// of a large pool costs one kernel per pool and one 4-byte read per pool.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dsa/backend.h"
+#include "python/array_arg.h"
+#include "python/pools.h"
+
+namespace dsa::py {
+
+// Device memory kept between calls. Allocated through the backend of the call that needs it, and
+// freed through a backend made for the moment (a caller-stream backend holds the thread's device
+// only while it lives).
+template <typename T>
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  DeviceScratch(DeviceScratch&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        place_(o.place_) {}
+  DeviceScratch& operator=(DeviceScratch&&) = delete;
+  ~DeviceScratch() { release(); }
+  // Grows to at least n elements (contents are not kept).
+  T* reserve(Backend& backend, Place place, size_t n) {
+    if (n <= size_) return data_;
+    release();
+    const size_t grown = n < 2 * size_ ? 2 * size_ : n;
+    data_ = static_cast<T*>(backend.allocate(grown * sizeof(T)));
+    size_ = grown;
+    place_ = place;
+    return data_;
+  }
+  T* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void release() {
+    if (data_) backend_for(place_, 0)->deallocate(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  size_t size_ = 0;
+  Place place_;
+};
+
+// layer, pool ("index_k" | "latent"), slot, owner, step written, step detected
+using Finding = std::tuple<int, std::string, int64_t, int64_t, int64_t, int64_t>;
+
+class PoolAuditor {
+ public:
+  // pools: (layer, array) pairs; every array is a dsa pool (pools.h) on one device, all of the
+  // same capacity in slots.
+  explicit PoolAuditor(const pybind11::list& pools);
+
+  void record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners, int64_t step,
+              uintptr_t stream);
+  void release(const std::vector<int64_t>& slots);
+  void release_owner(int64_t owner);
+
+  std::vector<Finding> verify_all(int64_t step, uintptr_t stream);
+  std::vector<Finding> verify_slots(const std::vector<int64_t>& slots, int64_t step,
+                                    uintptr_t stream);
+  std::vector<Finding> verify_sample(int64_t count, uint64_t seed, int64_t step, uintptr_t stream);
+
+  int64_t watched() const { return int64_t(live_.size()); }
+  int64_t capacity() const { return capacity_; }
+  int64_t audited() const { return audited_; }
+  std::vector<std::string> describe_pools() const;
+
+ private:
+  struct Pool {
+    int layer;
+    PoolLayout layout;
+    PoolView view;
+    std::vector<uint64_t> expected;  // [live_.size()] digest recorded for live_[i]
+    DeviceScratch<uint64_t> d_expected;
+  };
+  void forget_at(int64_t slot);
+  void mark_dirty(int64_t pos);
+  // Runs the compare of slots[0, n) (device) against expected[p] (device) for every pool.
+  std::vector<Finding> compare(Backend& backend, const int64_t* d_slots,
+                               const std::vector<const uint64_t*>& d_expected,
+                               const std::vector<int64_t>& host_slots, int64_t step);
+  std::vector<Finding> verify_positions(const std::vector<int64_t>& positions, int64_t step,
+                                        uintptr_t stream);
+
+  std::vector<ArrayArg> arrays_;  // keeps the caller's pools alive
+  std::vector<Pool> pools_;
+  Place place_;
+  int64_t capacity_ = 0;
+
+  // Indexed by slot; owner_ < 0 means not watched.
+  std::vector<int64_t> owner_, written_, pos_;
+  std::vector<int64_t> live_;            // watched slots, in no order
+  int64_t dirty_lo_ = 0, dirty_hi_ = 0;  // live_ positions not yet mirrored on the device
+  int64_t audited_ = 0;
+
+  DeviceScratch<int64_t> d_live_, d_slots_;
+  DeviceScratch<uint64_t> d_digests_, d_listed_expected_;
+  DeviceScratch<uint8_t> d_flags_;
+  DeviceScratch<int32_t> d_mismatches_;
+};
+
+}  // namespace dsa::py
