@@ -63,6 +63,9 @@ void register_write_checkpoint(CLI::App& app, Runner& run);
 void register_stress(CLI::App& app, Runner& run);
 void register_check_replay(CLI::App& app, Runner& run);
 void register_bench_decode(CLI::App& app, Runner& run);
+void register_serve(CLI::App& app, Runner& run);
+void register_bench_serve(CLI::App& app, Runner& run);
+void register_bench_engine(CLI::App& app, Runner& run);
 void register_tokenize(CLI::App& app, Runner& run);
 void register_detokenize(CLI::App& app, Runner& run);
 

@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   dsa::tools::register_stress(app, run);
   dsa::tools::register_check_replay(app, run);
   dsa::tools::register_bench_decode(app, run);
+  dsa::tools::register_serve(app, run);
+  dsa::tools::register_bench_serve(app, run);
+  dsa::tools::register_bench_engine(app, run);
   dsa::tools::register_tokenize(app, run);
   dsa::tools::register_detokenize(app, run);
   try {

@@ -276,6 +276,7 @@ std::vector<RequestOutput> Engine::take_finished() {
 bool Engine::step() {
   ++stats_.steps;
   progress_ = false;
+  new_tokens_.clear();
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
   stats_.cached_pages = cache_.allocator().cached_pages();
@@ -370,7 +371,10 @@ bool Engine::decode_step() {
   const StepResult result = runner_->step(rows);
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
-  if (result.bucket > 0) stats_.padded_rows += result.bucket - int64_t(rows.size());
+  if (result.bucket > 0) {
+    stats_.padded_rows += result.bucket - int64_t(rows.size());
+    ++stats_.graph_replays[result.bucket];
+  }
   std::vector<int64_t> ids;
   for (Request* r : batch) {
     ++r->n_cached;
@@ -390,6 +394,7 @@ bool Engine::decode_step() {
 void Engine::sample_next(Request& r, std::span<const float> logits) {
   const int32_t token = sample_token(logits, r.params.sampling, uint64_t(r.generated()));
   r.seq.push_back(token);
+  new_tokens_.push_back({r.id, token});
   ++stats_.generated_tokens;
   if (r.params.stop_token >= 0 && token == r.params.stop_token) {
     finish(r, FinishReason::kStop);

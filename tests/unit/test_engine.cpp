@@ -101,6 +101,44 @@ TEST_F(EngineTest, PreemptionUnderATightPoolGivesTheUnlimitedOutputs) {
   EXPECT_GT(preempted, 0);
 }
 
+TEST_F(EngineTest, NewTokensStreamEachRequestsOutputInOrderThroughPreemption) {
+  // The per-step token list, concatenated per request, is exactly each finished output: nothing
+  // repeated by a preemption's recompute, nothing missing, the final token included.
+  const Workload w = make_workload(31, 6, 50, 62, 25, 30);
+  auto cache = tiny().cache(5);  // tight: requests are preempted and recomputed
+  Engine e(*tiny().model, *cache, graph());
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    RequestParams p;
+    p.max_new_tokens = w.max_new[i];
+    if (i % 2) {
+      p.sampling.temperature = 0.9f;
+      p.sampling.seed = 7 + i;
+    }
+    e.submit(w.prompts[i], p);
+  }
+  std::map<int64_t, std::vector<int32_t>> streamed;
+  std::map<int64_t, RequestOutput> finished;
+  while (!e.idle()) {
+    e.step();
+    for (const NewToken& t : e.new_tokens()) {
+      EXPECT_EQ(finished.count(t.request), 0u) << "a token after the request finished";
+      streamed[t.request].push_back(t.token);
+    }
+    for (RequestOutput& o : e.take_finished()) finished[o.id] = std::move(o);
+  }
+  EXPECT_GT(e.stats().preemptions, 0);
+  ASSERT_EQ(finished.size(), w.prompts.size());
+  for (const auto& [id, o] : finished) EXPECT_EQ(streamed[id], o.tokens) << "request " << id;
+  e.step();  // a step with no work clears the list
+  EXPECT_TRUE(e.new_tokens().empty());
+  int64_t replays = 0;
+  for (const auto& [bucket, n] : e.stats().graph_replays) {
+    EXPECT_TRUE(bucket == 1 || bucket == 2 || bucket == 4 || bucket == 8 || bucket == 16);
+    replays += n;
+  }
+  EXPECT_EQ(replays, e.stats().decode_steps);
+}
+
 TEST_F(EngineTest, OutputsDoNotDependOnBatchComposition) {
   // One session alone in eager mode, then the same session inside a busy graph-mode engine with
   // other sessions and plain requests coming and going: the same tokens, turn by turn.

@@ -100,6 +100,12 @@ struct SessionState {
   std::vector<AuditFinding> findings;
 };
 
+// One token sampled for a request during a step (see Engine::new_tokens()).
+struct NewToken {
+  int64_t request = -1;
+  int32_t token = 0;
+};
+
 struct EngineStats {
   int64_t steps = 0;  // engine steps
   int64_t prefill_steps = 0, decode_steps = 0;
@@ -121,6 +127,7 @@ struct EngineStats {
   int64_t oracle_clobbers = 0;
   int64_t auditor_found = 0;
   int64_t auditor_unconfirmed = 0;
+  std::map<int, int64_t> graph_replays;  // decode steps replayed per bucket size
 };
 
 class Engine {
@@ -155,6 +162,10 @@ class Engine {
 
   // Outputs of requests finished since the last call, in finishing order.
   std::vector<RequestOutput> take_finished();
+  // The tokens sampled during the last step(), in sampling order (a request's in output order),
+  // cleared when the next step starts: a streaming caller forwards them after every step. A
+  // request's final token appears here as well as in its RequestOutput.
+  const std::vector<NewToken>& new_tokens() const { return new_tokens_; }
 
   const EngineStats& stats() const { return stats_; }
   const EngineOptions& options() const { return options_; }
@@ -225,6 +236,7 @@ class Engine {
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // waiting and running
   std::map<int64_t, std::unique_ptr<Session>> sessions_;
   std::vector<RequestOutput> finished_;
+  std::vector<NewToken> new_tokens_;  // sampled during the current (or last) step
   EngineStats stats_;
   int64_t runner_steps_ = 0;  // the auditor's clock
   bool progress_ = false;     // a request finished during the current step

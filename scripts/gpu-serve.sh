@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The serving runs. Runs ON the device, from the repository root, with the build of
+# scripts/gpu-build.sh carried (build-gpu/{lib,dsa}). Writes to $OUT:
+#   serve-summary.md   the client-side incident table (8 cells) and the overhead/RSS figures
+#   serve-results.json every bench-serve --json and the overhead/RSS numbers
+#   serve.log          every server's and client's log
+# 1. The matrix: index-K {bf16, fp8} x mode {eager, graph} x {guarded, --inject incident}, each a
+#    `dsa serve --backend cuda --preset tiny` under `dsa bench-serve --sessions 60 --concurrency 60
+#    --check`, every session replayed alone against a guarded eager server of the same index-K.
+# 2. Server overhead: output tok/s at concurrency 60 over HTTP (bench-serve --prompt-ids) against
+#    the engine driven directly (bench-engine) on the same workload; TTFT p50 at concurrency 1.
+# 3. RSS of the server over 10,000 requests.
+# Environment: OUT (default ./gpu-out), SESSIONS (60), CONCURRENCY (60), SKIP_MATRIX=1,
+# SKIP_PERF=1, SKIP_PREFIX=1, PAGES (200: the pool runs full, as in a serving deployment).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+TMP="$(mktemp -d)"
+export LD_LIBRARY_PATH="$PWD/build-gpu/lib:${LD_LIBRARY_PATH:-}"
+DSA="$PWD/build-gpu/dsa"
+LOG="$OUT/serve.log"
+SUMMARY="$OUT/serve-summary.md"
+SESSIONS="${SESSIONS:-60}"
+CONCURRENCY="${CONCURRENCY:-60}"
+PAGES="${PAGES:-200}"
+: > "$LOG"
+: > "$SUMMARY"
+MODEL=(--backend cuda --preset tiny --max-rows 64 --pages "$PAGES")
+
+# serve PORT ARGS...: starts a server in the background; sets SERVER_PID.
+serve() {
+  local port="$1"
+  shift
+  echo "=== serve :$port $*" >> "$LOG"
+  "$DSA" --log info serve "${MODEL[@]}" --port "$port" "$@" >> "$LOG" 2>&1 &
+  SERVER_PID=$!
+}
+stop() {
+  kill -TERM "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
+}
+bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve, its table to the log and the summary
+  local name="$1" limit="$2"
+  shift 2
+  echo "=== bench $name: $*" >> "$LOG"
+  timeout --kill-after=5 "$limit" "$DSA" bench-serve --quiet --wait-ready 120 \
+    --json "$TMP/$name.json" "$@" > "$TMP/$name.txt" 2>> "$LOG"
+  local rc=$?
+  cat "$TMP/$name.txt" >> "$LOG"
+  echo "=== bench $name: rc=$rc" >> "$LOG"
+  return $rc
+}
+
+if [[ -z ${SKIP_MATRIX:-} ]]; then
+  echo "## Client-side incident table (dsa serve + dsa bench-serve --check)" >> "$SUMMARY"
+  echo >> "$SUMMARY"
+  echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) |" >> "$SUMMARY"
+  echo "|---|---|---|---|---|" >> "$SUMMARY"
+  WORKLOAD=(--sessions "$SESSIONS" --concurrency "$CONCURRENCY" --turns 2..4 --input-len 48
+            --output-len 24 --range-ratio 0.5 --check)
+  for kdt in bf16 fp8; do
+    serve 8100 --index-k "$kdt" --mode eager  # the reference: guarded, eager, replays alone
+    REF_PID=$SERVER_PID
+    for mode in eager graph; do
+      for faults in guarded incident; do
+        extra=()
+        [[ $faults == incident ]] && extra=(--inject incident --allow-fault-injection)
+        serve 8000 --index-k "$kdt" --mode "$mode" "${extra[@]}"
+        name="matrix-$kdt-$mode-$faults"
+        bench "$name" 540 --url http://127.0.0.1:8000 --check-url http://127.0.0.1:8100 \
+          "${WORKLOAD[@]}"
+        stop "$SERVER_PID"
+        python3 - "$TMP/$name.json" "$kdt" "$mode" "$faults" >> "$SUMMARY" <<'PY'
+import json, sys
+path, kdt, mode, faults = sys.argv[1:5]
+try:
+    j = json.load(open(path))
+except Exception as e:
+    print(f"| {kdt} index-K + {mode} + {faults} | no result ({e}) | | | |"); sys.exit()
+c = j["check"]
+pct = 100.0 * c["corrupted"] / max(c["total"], 1)
+cond = f"{kdt} index-K + {mode} + {'incident faults' if faults == 'incident' else 'guarded'}"
+if faults == "incident" and mode == "graph" and kdt == "bf16":
+    cond = f"**{cond}**"
+print(f"| {cond} | {c['corrupted']}/{c['total']} ({pct:.0f}%) | {c['replayed_requests']} | "
+      f"{j['output_throughput']:.0f} | {j['ttft_ms']['median']:.2f} |")
+PY
+      done
+    done
+    stop "$REF_PID"
+  done
+  echo >> "$SUMMARY"
+fi
+
+if [[ -z ${SKIP_PERF:-} ]]; then
+  echo "## Server overhead (tiny, H200, graph mode, guarded)" >> "$SUMMARY"
+  echo '```' >> "$SUMMARY"
+  PERF=(--input-len 64 --output-len 128)
+  for c in 60 1; do
+    n=$((c == 60 ? 600 : 50))
+    echo "=== bench-engine c=$c" >> "$LOG"
+    timeout 300 "$DSA" bench-engine "${MODEL[@]}" --mode graph --num-prompts "$n" \
+      --concurrency "$c" "${PERF[@]}" 2>> "$LOG" | tee -a "$LOG" | sed "s/^/engine direct: /" >> "$SUMMARY"
+    serve 8000 --mode graph
+    bench "http-c$c" 300 --url http://127.0.0.1:8000 --prompt-ids --num-prompts "$n" \
+      --concurrency "$c" "${PERF[@]}"
+    stop "$SERVER_PID"
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(f\"over HTTP: $n requests at concurrency $c: {j['output_throughput']:.1f} output tok/s, TTFT median {j['ttft_ms']['median']:.3f} ms\")" \
+      "$TMP/http-c$c.json" >> "$SUMMARY"
+  done
+  # RSS over 10,000 requests, sampled after every 1,000.
+  serve 8000 --mode graph
+  rss() { awk '/VmRSS/ {print $2}' "/proc/$SERVER_PID/status"; }
+  line="RSS (KiB) after 0"
+  bench "rss-warm" 120 --url http://127.0.0.1:8000 --num-prompts 64 --concurrency 64 \
+    --input-len 16 --output-len 8
+  line="$line: $(rss)"
+  for k in 1 2 3 4 5 6 7 8 9 10; do
+    bench "rss-$k" 120 --url http://127.0.0.1:8000 --num-prompts 1000 --concurrency 64 \
+      --input-len 16 --output-len 8 --seed "$k"
+    line="$line, ${k}k: $(rss)"
+  done
+  stop "$SERVER_PID"
+  echo "$line" >> "$SUMMARY"
+  echo '```' >> "$SUMMARY"
+fi
+
+# 4. The prefix cache: agent sessions resending their history, with the cache and without it
+#    (TTFT p50 at turns >= 3 should fall by >= 3x; prefill tokens per turn ~ the new tokens).
+#    Runs once `dsa serve` has --no-prefix-cache (the engine's EngineOptions::prefix_cache).
+if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --no-prefix-cache; then
+  echo "## Prefix cache: 60 agent sessions, 4..8 turns (graph, guarded)" >> "$SUMMARY"
+  echo '```' >> "$SUMMARY"
+  for variant in on off; do
+    flags=(--mode graph)
+    [[ $variant == off ]] && flags+=(--no-prefix-cache)
+    serve 8000 "${flags[@]}"
+    bench "prefix-$variant" 600 --url http://127.0.0.1:8000 --sessions "$SESSIONS" \
+      --concurrency "$CONCURRENCY" --turns 4..8
+    curl -s http://127.0.0.1:8000/metrics | grep -E '^prefix_cache_(queries|hits)_total' \
+      | sed "s/^/prefix cache $variant: /" >> "$SUMMARY"
+    stop "$SERVER_PID"
+    sed "s/^/prefix cache $variant: /" "$TMP/prefix-$variant.txt" >> "$SUMMARY"
+  done
+  echo '```' >> "$SUMMARY"
+fi
+
+python3 - "$TMP" "$OUT/serve-results.json" <<'PY'
+import glob, json, os, sys
+tmp, out = sys.argv[1:3]
+results = {}
+for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
+    try:
+        results[os.path.basename(path)[:-5]] = json.load(open(path))
+    except Exception as e:
+        results[os.path.basename(path)[:-5]] = {"error": str(e)}
+json.dump(results, open(out, "w"), indent=1)
+PY
+cat "$SUMMARY"

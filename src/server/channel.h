@@ -1,0 +1,64 @@
+// One request's stream from the engine thread to the HTTP thread that serves it. The engine thread
+// appends tokens after every step and finally closes the channel with the outcome; the HTTP thread
+// blocks until something new arrives. The lock is held only to move a few integers.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsa/engine.h"
+#include "server/api_error.h"
+
+namespace dsa::server {
+
+struct ChannelFinal {
+  FinishReason reason = FinishReason::kLength;
+  int prompt_tokens = 0;
+  int generated_tokens = 0;       // all the engine generated (may exceed what was streamed)
+  std::optional<ApiError> error;  // set when the request failed
+};
+
+class RequestChannel {
+ public:
+  // Engine thread.
+  void push(int32_t token) {
+    {
+      std::lock_guard lock(mu_);
+      tokens_.push_back(token);
+    }
+    cv_.notify_one();
+  }
+  void close(ChannelFinal final) {
+    {
+      std::lock_guard lock(mu_);
+      final_ = std::move(final);
+    }
+    cv_.notify_one();
+  }
+
+  // HTTP thread: waits until a token or the outcome is there (or the timeout passes), then moves
+  // the new tokens into `tokens` (appending) and returns the outcome once it is known.
+  std::optional<ChannelFinal> wait(std::vector<int32_t>& tokens,
+                                   std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return !tokens_.empty() || final_.has_value(); });
+    tokens.insert(tokens.end(), tokens_.begin(), tokens_.end());
+    tokens_.clear();
+    return final_;
+  }
+
+  int64_t engine_id = -1;  // engine thread only
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  std::optional<ChannelFinal> final_;
+};
+
+}  // namespace dsa::server
