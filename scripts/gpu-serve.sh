@@ -11,7 +11,7 @@
 #    the engine driven directly (bench-engine) on the same workload; TTFT p50 at concurrency 1.
 # 3. RSS of the server over 10,000 requests.
 # Environment: OUT (default ./gpu-out), SESSIONS (60), CONCURRENCY (60), SKIP_MATRIX=1,
-# SKIP_PERF=1, PAGES (200: the pool runs full, as in a serving deployment).
+# SKIP_PERF=1, SKIP_PREFIX=1, PAGES (200: the pool runs full, as in a serving deployment).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -124,6 +124,26 @@ if [[ -z ${SKIP_PERF:-} ]]; then
   done
   stop "$SERVER_PID"
   echo "$line" >> "$SUMMARY"
+  echo '```' >> "$SUMMARY"
+fi
+
+# 4. The prefix cache: agent sessions resending their history, with the cache and without it
+#    (TTFT p50 at turns >= 3 should fall by >= 3x; prefill tokens per turn ~ the new tokens).
+#    Runs once `dsa serve` has --no-prefix-cache (the engine's EngineOptions::prefix_cache).
+if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --no-prefix-cache; then
+  echo "## Prefix cache: 60 agent sessions, 4..8 turns (graph, guarded)" >> "$SUMMARY"
+  echo '```' >> "$SUMMARY"
+  for variant in on off; do
+    flags=(--mode graph)
+    [[ $variant == off ]] && flags+=(--no-prefix-cache)
+    serve 8000 "${flags[@]}"
+    bench "prefix-$variant" 600 --url http://127.0.0.1:8000 --sessions "$SESSIONS" \
+      --concurrency "$CONCURRENCY" --turns 4..8
+    curl -s http://127.0.0.1:8000/metrics | grep -E '^prefix_cache_(queries|hits)_total' \
+      | sed "s/^/prefix cache $variant: /" >> "$SUMMARY"
+    stop "$SERVER_PID"
+    sed "s/^/prefix cache $variant: /" "$TMP/prefix-$variant.txt" >> "$SUMMARY"
+  done
   echo '```' >> "$SUMMARY"
 fi
 

@@ -18,7 +18,7 @@ namespace {
 
 struct StressOpts {
   std::string preset = "tiny", backend = "cpu", index_k = "all", mode = "all", faults = "all";
-  std::string policy = "keep", audit_scope = "all", json, plot;
+  std::string policy = "keep", audit_scope = "all", prefix_cache = "all", json, plot;
   uint64_t weight_seed = 0;
   int max_rows = 64;
   int64_t pages = 0;
@@ -42,8 +42,10 @@ std::vector<StressCell> select_cells(const StressOpts& o) {
             faults);
     faults = "incident";
   }
+  const std::string prefix = pick(o.prefix_cache, "--prefix-cache", "on", "off");
   std::vector<StressCell> cells;
   for (const StressCell& c : stress_matrix()) {
+    if (prefix != "all" && (prefix == "on") != c.prefix_cache) continue;
     if (index_k != "all" && index_k != kv_dtype_name(c.index_k)) continue;
     if (mode != "all" && mode != (c.runner == RunMode::kGraph ? "graph" : "eager")) continue;
     if (faults != "all" && (faults == "incident") != c.faults) continue;
@@ -190,6 +192,15 @@ void register_stress(CLI::App& app, SubcommandAction& run) {
                  "most engine steps between arrivals");
   add_int_option(cmd, "--think", o->shape.max_think, 0, kMaxStressTokens,
                  "most engine steps between a reply and the next turn");
+  cmd->add_option("--system-prompt", o->shape.system_prompt,
+                  "tokens of one system prompt opening every session (shared pages for the "
+                  "prefix cache)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--prefix-cache", o->prefix_cache,
+                  "cells with the prefix cache: on | off | all (the two prefix-cache cells are "
+                  "bf16 index-K + graph, guarded and incident)")
+      ->capture_default_str();
   cmd->add_option("--policy", o->policy, "session cache between turns: keep | recompute")
       ->capture_default_str();
   add_int_option(cmd, "--max-rows", o->max_rows, 1, kMaxRowsLimit,

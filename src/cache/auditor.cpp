@@ -4,10 +4,13 @@
 // fails, cross to the host.
 #include "dsa/auditor.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <random>
 
 #include "dsa/error.h"
+#include "dsa/prefix_cache.h"
 #include "dsa/slot_digest.h"
 
 namespace dsa {
@@ -19,11 +22,15 @@ std::string AuditFinding::describe() const {
         "found at step {}",
         layer, pool == PoolKind::kLatent ? "latent" : "index-K", slot, detected_step);
   }
+  const std::string who = owner == kPrefixCacheOwner
+                              ? fmt::format("cached (shared by {} requests: {})", sharers.size(),
+                                            fmt::join(sharers, ", "))
+                              : fmt::format("owned by request {}", owner);
   return fmt::format(
-      "layer {} {} slot {} (page {}, offset {}) owned by request {} since step {} "
-      "changed; found at step {}",
+      "layer {} {} slot {} (page {}, offset {}) {} since step {} changed; found at "
+      "step {}",
       layer, pool == PoolKind::kLatent ? "latent" : "index-K", slot, slot / kPageSize,
-      slot % kPageSize, owner, written_step, detected_step);
+      slot % kPageSize, who, written_step, detected_step);
 }
 
 SlotAuditor::SlotAuditor(Backend& backend, KvCache& cache) : backend_(backend), cache_(cache) {
@@ -99,6 +106,13 @@ void SlotAuditor::forget(std::span<const int64_t> slots) {
   for (int64_t s : slots) entries_.erase(s);
 }
 
+void SlotAuditor::adopt(std::span<const int64_t> slots, int64_t owner) {
+  for (int64_t s : slots) {
+    auto it = entries_.find(s);
+    if (it != entries_.end()) it->second.owner = owner;
+  }
+}
+
 void SlotAuditor::forget_owner(int64_t owner) {
   std::erase_if(entries_, [owner](const auto& kv) { return kv.second.owner == owner; });
 }
@@ -142,10 +156,10 @@ std::vector<AuditFinding> SlotAuditor::check(std::vector<int64_t> slots, int64_t
       for (size_t i = 0; i < n; ++i) {
         if (!flags[i]) continue;
         if (slots[i] < kPageSize) {
-          findings.push_back({l, p.kind, slots[i], kReservedPageOwner, -1, step});
+          findings.push_back({l, p.kind, slots[i], kReservedPageOwner, -1, step, {}});
         } else {
           const Entry& e = entries_.at(slots[i]);
-          findings.push_back({l, p.kind, slots[i], e.owner, e.step, step});
+          findings.push_back({l, p.kind, slots[i], e.owner, e.step, step, {}});
         }
       }
     }

@@ -1,4 +1,5 @@
-// Per-request page tables: token t of a request lives at slot pages[t / 64] * 64 + t % 64.
+// Per-request page tables: token t of a request lives at slot pages[t / 64] * 64 + t % 64. A
+// table's first shared_pages() pages are prefix-cache pages it only reads.
 #include <cstdint>
 #include <vector>
 
@@ -21,8 +22,39 @@ bool PageTable::reserve(int64_t n_tokens, PageAllocator& allocator) {
 }
 
 void PageTable::release_all(PageAllocator& allocator) {
-  for (const int32_t page : pages_) allocator.release(page);
-  pages_.clear();
+  require(shared_ == 0, ErrorCode::kInvalidArgument,
+          "page table with {} shared prefix-cache pages released without the prefix cache",
+          shared_);
+  release_owned(allocator);
+}
+
+void PageTable::release_owned(PageAllocator& allocator) {
+  for (size_t i = size_t(shared_); i < pages_.size(); ++i) allocator.release(pages_[i]);
+  pages_.resize(size_t(shared_));
+}
+
+void PageTable::append_shared(int32_t page) {
+  require(shared_ == int64_t(pages_.size()), ErrorCode::kInvalidArgument,
+          "a shared page appended after {} owned pages", int64_t(pages_.size()) - shared_);
+  pages_.push_back(page);
+  ++shared_;
+}
+
+int32_t PageTable::share_next(int32_t page) {
+  require(shared_ < int64_t(pages_.size()), ErrorCode::kInvalidArgument,
+          "share_next: the table's {} pages are all shared already", pages_.size());
+  const int32_t old = pages_[size_t(shared_)];
+  pages_[size_t(shared_++)] = page;
+  return old;
+}
+
+std::vector<int32_t> PageTable::take_shared() {
+  require(shared_ == int64_t(pages_.size()), ErrorCode::kInvalidArgument,
+          "take_shared with {} owned pages still in the table", int64_t(pages_.size()) - shared_);
+  std::vector<int32_t> out;
+  out.swap(pages_);
+  shared_ = 0;
+  return out;
 }
 
 int64_t PageTable::slot(int64_t position) const {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <random>
+#include <set>
 
 #include "dsa/config.h"
 #include "dsa/error.h"
@@ -27,10 +28,14 @@ struct SessionRun {
   std::vector<bool> failed;
   bool flagged = false;
   int first_flagged_turn = -1;
+  std::vector<AuditFinding> findings;
 };
 
 std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int max_context) {
   std::vector<SessionPlan> plans(size_t(shape.sessions));
+  std::vector<int32_t> system(size_t(shape.system_prompt), 0);  // the same for every session
+  std::mt19937_64 system_rng(shape.seed);
+  for (auto& tok : system) tok = std::uniform_int_distribution<int>(0, vocab - 1)(system_rng);
   int64_t clock = 0;
   for (int i = 0; i < shape.sessions; ++i) {
     std::mt19937_64 rng(shape.seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
@@ -41,12 +46,14 @@ std::vector<SessionPlan> make_workload(const StressShape& shape, int vocab, int 
     const int turns = draw(shape.min_turns, shape.max_turns);
     int context = 0;
     for (int t = 0; t < turns; ++t) {
-      const int prompt = draw(shape.min_prompt, shape.max_prompt);
+      const int prompt =
+          draw(shape.min_prompt, shape.max_prompt) + (t == 0 ? int(system.size()) : 0);
       const int reply = draw(shape.min_reply, shape.max_reply);
       if (context + prompt + reply > max_context) break;  // the session ends at the context
       context += prompt + reply;
       std::vector<int32_t> tokens(static_cast<size_t>(prompt), 0);
       for (auto& tok : tokens) tok = draw(0, vocab - 1);
+      if (t == 0) std::copy(system.begin(), system.end(), tokens.begin());
       p.turns.push_back(std::move(tokens));
       p.replies.push_back(reply);
       p.think.push_back(draw(0, shape.max_think));
@@ -121,6 +128,7 @@ std::vector<SessionRun> drive(Engine& engine, const std::vector<SessionPlan>& pl
       const SessionState& st = engine.session(l.session);
       run.flagged = st.corrupted;
       run.first_flagged_turn = st.first_corrupted_turn;
+      run.findings = st.findings;
       engine.close_session(l.session);
       l.session = -1;
       --active;
@@ -160,6 +168,7 @@ EngineOptions engine_options(const StressConfig& c, const StressCell& cell, Dete
   o.audit = audit;
   o.oracle = audit && cell.faults;  // fault-injection cells: the auditor's recall is measured
   o.audit_scope = c.audit_scope;
+  o.prefix_cache = cell.prefix_cache;
   o.max_running = std::min(c.max_rows, c.shape.concurrency);
   return o;
 }
@@ -200,12 +209,14 @@ void StressShape::validate() const {
               max_think <= kMaxStressTokens,
           ErrorCode::kInvalidArgument, "arrival gap {} and think time {} must be in [0, {}]",
           max_arrival_gap, max_think, kMaxStressTokens);
+  require(system_prompt >= 0, ErrorCode::kInvalidArgument,
+          "system prompt of {} tokens must be >= 0", system_prompt);
 }
 
 std::string StressCell::condition() const {
-  return fmt::format("{} index-K + {} + {}", kv_dtype_name(index_k),
+  return fmt::format("{} index-K + {} + {}{}", kv_dtype_name(index_k),
                      runner == RunMode::kGraph ? "graph" : "eager",
-                     faults ? "incident faults" : "guarded");
+                     faults ? "incident faults" : "guarded", prefix_cache ? " + prefix cache" : "");
 }
 
 std::vector<StressCell> stress_matrix() {
@@ -213,16 +224,21 @@ std::vector<StressCell> stress_matrix() {
   for (bool faults : {false, true}) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
       for (RunMode mode : {RunMode::kEager, RunMode::kGraph})
-        cells.push_back({dtype, mode, faults});
+        cells.push_back({dtype, mode, faults, false});
     }
   }
+  for (bool faults : {false, true})
+    cells.push_back({KvDtype::kBf16, RunMode::kGraph, faults, true});
   return cells;
 }
 
 namespace {
 bool is_incident_cell(const StressCell& c) {
-  return c.index_k == KvDtype::kBf16 && c.runner == RunMode::kGraph && c.faults;
+  return c.index_k == KvDtype::kBf16 && c.runner == RunMode::kGraph && c.faults && !c.prefix_cache;
 }
+// The incident's faults with the prefix cache on: its corruption rate and blast radius are a
+// finding to report, not part of the fingerprint (detection is still judged below).
+bool is_finding_cell(const StressCell& c) { return c.faults && c.prefix_cache; }
 }  // namespace
 
 StressVerdict stress_verdict(const StressReport& report) {
@@ -231,6 +247,7 @@ StressVerdict stress_verdict(const StressReport& report) {
   bool incident_run = false;
   for (const CellResult& c : report.cells) {
     const std::string name = c.cell.condition();
+    if (is_finding_cell(c.cell)) continue;
     if (is_incident_cell(c.cell)) {
       incident_run = true;
       if (c.corrupted == 0) {
@@ -334,6 +351,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
                    {"reply_tokens", {c.shape.min_reply, c.shape.max_reply}},
                    {"max_arrival_gap", c.shape.max_arrival_gap},
                    {"max_think", c.shape.max_think},
+                   {"system_prompt", c.shape.system_prompt},
                    {"policy", c.shape.policy == SessionPolicy::kKeepCache ? "keep" : "recompute"},
                    {"max_rows", c.max_rows},
                    {"pages", s.cache.num_pages},
@@ -412,9 +430,26 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
       r.failed_turns += failed;
       r.failed_sessions += failed > 0;
     }
+    std::map<std::pair<int64_t, int64_t>, std::set<int>> named;  // (slot, step) -> sessions
+    for (int i = 0; i < n; ++i) {
+      for (const AuditFinding& f : runs[size_t(i)].findings) {
+        named[{f.slot, f.detected_step}].insert(i);
+      }
+    }
+    r.clobbered_slots = int64_t(named.size());
+    int64_t sessions_named = 0;
+    for (const auto& [slot, sessions] : named) sessions_named += int64_t(sessions.size());
+    r.sessions_per_clobbered_slot =
+        named.empty() ? 0.0 : double(sessions_named) / double(named.size());
+    engine.check_page_accounting();
     require(cache.allocator().used_pages() == 0, ErrorCode::kInternal,
             "stress: {} pages still in use after every session closed",
             cache.allocator().used_pages());
+    engine.drop_cached_pages();
+    require(cache.allocator().free_pages() == cache.allocator().total_pages() - 1,
+            ErrorCode::kInternal,
+            "stress: {} cached pages still referenced after every session closed",
+            cache.allocator().cached_pages());
     report.cells.push_back(std::move(r));
   }
   return report;

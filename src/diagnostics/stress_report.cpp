@@ -41,6 +41,13 @@ std::string stress_table(const StressReport& report) {
                        percent(c.corrupted, c.sessions), c.auditor_flagged, c.diverged,
                        c.flagged_and_diverged, c.diverged_not_flagged, oracle, c.failed_turns);
   }
+  std::string radius;
+  for (const CellResult& c : report.cells) {
+    if (c.clobbered_slots == 0) continue;
+    radius += fmt::format("  {}: {} clobbered slots, {:.2f} sessions named per slot\n",
+                          c.cell.condition(), c.clobbered_slots, c.sessions_per_clobbered_slot);
+  }
+  if (!radius.empty()) out += "\nblast radius (auditor findings):\n" + radius;
   return out;
 }
 
@@ -52,6 +59,12 @@ nlohmann::json stress_json(const StressReport& report) {
         {{"index_k", kv_dtype_name(c.cell.index_k)},
          {"runner", c.cell.runner == RunMode::kGraph ? "graph" : "eager"},
          {"faults", c.cell.faults},
+         {"prefix_cache", c.cell.prefix_cache},
+         {"clobbered_slots", c.clobbered_slots},
+         {"sessions_per_clobbered_slot", c.sessions_per_clobbered_slot},
+         {"prefix_cache_queries", s.prefix_cache_queries},
+         {"prefix_cache_hits", s.prefix_cache_hits},
+         {"prefix_cache_evictions", s.prefix_cache_evictions},
          {"condition", c.cell.condition()},
          {"sessions", c.sessions},
          {"corrupted", c.corrupted},

@@ -45,6 +45,7 @@ Engine::Engine(Model& model, KvCache& cache, EngineOptions options)
   options_.runner.write_values = options_.oracle ? WriteValues::kOn : WriteValues::kOff;
   runner_ = std::make_unique<Runner>(model_, cache_, options_.runner);
   if (options_.audit) auditor_ = std::make_unique<SlotAuditor>(model_.backend(), cache_);
+  if (options_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(cache_.allocator());
   if (options_.oracle) oracle_ = std::make_unique<ShadowOracle>(model_.backend(), cache_);
 }
 
@@ -89,11 +90,26 @@ int64_t Engine::enqueue(std::unique_ptr<Request> r) {
 
 // ---- pages -------------------------------------------------------------------------------------
 
+// Owned pages go back to the allocator (and out of the auditor's watch); shared pages lose a
+// reference and stay in the prefix cache, watched as the cache's.
 void Engine::release_pages(PageTable& pages) {
+  const std::span<const int32_t> owned(pages.pages().begin() + pages.shared_pages(),
+                                       pages.pages().end());
+  unwatch(owned);
+  if (prefix_) {
+    prefix_->release(pages);
+  } else {
+    pages.release_all(cache_.allocator());
+  }
+}
+
+// The pages are leaving their owner (released, evicted from the prefix cache, or swapped for a
+// cached copy): the auditor and the oracle stop watching their slots.
+void Engine::unwatch(std::span<const int32_t> pages) {
   if (auditor_ || oracle_) {
     std::vector<int64_t> slots;
-    slots.reserve(pages.pages().size() * kPageSize);
-    for (int32_t page : pages.pages()) {
+    slots.reserve(pages.size() * kPageSize);
+    for (int32_t page : pages) {
       for (int i = 0; i < kPageSize; ++i) slots.push_back(int64_t(page) * kPageSize + i);
     }
     if (auditor_) {
@@ -107,12 +123,13 @@ void Engine::release_pages(PageTable& pages) {
       recall_.released(slots);
     }
   }
-  pages.release_all(cache_.allocator());
 }
 
 bool Engine::reserve(Request& r, int64_t n_tokens) {
   while (!r.pages.reserve(n_tokens, cache_.allocator())) {
-    if (!evict_idle_session()) return false;
+    const int64_t missing = (n_tokens + kPageSize - 1) / kPageSize -
+                            int64_t(r.pages.pages().size()) - cache_.allocator().free_pages();
+    if (!evict_cached_pages(missing) && !evict_idle_session()) return false;
   }
   return true;
 }
@@ -180,6 +197,8 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
     r.n_cached = s->n_cached;
     s->n_cached = 0;
   }
+  const bool looked_up = prefix_ && r.pages.empty();
+  if (looked_up) share_cached_prefix(r);
   *chunk_rows = std::min<int64_t>(budget, r.prefill_end - r.n_cached);
   if (!reserve(r, r.n_cached + *chunk_rows)) {
     if (s && r.n_cached > 0) {  // give the cache back untouched; it stays evictable
@@ -188,8 +207,17 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
       s->n_cached = r.n_cached;
       r.n_cached = 0;
     }
+    if (looked_up) {  // give the cached pages back; the next attempt looks them up again
+      release_pages(r.pages);
+      r.n_cached = 0;
+    }
     return Admission::kWait;
   }
+  if (looked_up) {
+    stats_.prefix_cache_queries += r.prefill_end;
+    stats_.prefix_cache_hits += r.n_cached;
+  }
+  if (r.preemptions == 0) r.cached_tokens = int(r.n_cached);
   waiting_.pop_front();
   r.admit_order = next_admit_++;
   running_.push_back(r.id);
@@ -217,6 +245,7 @@ void Engine::finish(Request& r, FinishReason reason) {
   out.session = r.session;
   out.tokens.assign(r.seq.begin() + r.prompt_len, r.seq.end());
   out.prompt_tokens = r.prompt_len;
+  out.cached_tokens = r.cached_tokens;
   out.reason = reason;
   out.error = r.error;
   out.message = r.message;
@@ -253,6 +282,7 @@ bool Engine::step() {
   new_tokens_.clear();
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
+  stats_.cached_pages = cache_.allocator().cached_pages();
   const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
   stats_.host_seconds += wall.count() - (stats_.device_wait_seconds - waited);
   return prefilled || decoded || progress_;
@@ -312,12 +342,16 @@ bool Engine::prefill_step() {
     // The last prompt row draws the first token; the other rows' (greedy) tokens go unused.
     if (c.start + c.count == c.r->prefill_end) sampling.back() = sampling_of(*c.r);
   }
+  check_store_targets(rows, owners);
   // Prefill is never captured.
   const StepResult result = runner_->step_eager(rows, StepOutputs().with_sampling(sampling));
   ++stats_.prefill_steps;
   stats_.prefill_rows += int64_t(rows.size());
   for (const Chunk& c : plan) c.r->n_cached += c.count;
   after_runner_step(owners, rows, result);
+  std::vector<int64_t> ids;
+  for (const Chunk& c : plan) ids.push_back(c.id);
+  share_written_pages(ids);
 
   size_t row = 0;
   for (const Chunk& c : plan) {
@@ -346,6 +380,7 @@ bool Engine::decode_step() {
     rows.push_back(row_of(*r, r->n_cached));
     sampling.push_back(sampling_of(*r));
   }
+  check_store_targets(rows, batch);
   const StepResult result = runner_->step(rows, StepOutputs().with_sampling(sampling));
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
@@ -359,6 +394,7 @@ bool Engine::decode_step() {
     ids.push_back(r->id);
   }
   after_runner_step(batch, rows, result);  // may fail requests: batch's pointers go stale
+  share_written_pages(ids);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (Request* r = find(ids[i])) sample_next(*r, result.tokens[i]);
   }
@@ -460,13 +496,14 @@ void Engine::audit(const std::vector<Request*>& readers) {
       findings = auditor_->verify_sample(options_.audit_sample, options_.audit_seed, runner_steps_);
       break;
   }
-  report_findings(findings);
+  report_findings(std::move(findings));
 }
 
-void Engine::report_findings(const std::vector<AuditFinding>& findings) {
+void Engine::report_findings(std::vector<AuditFinding> findings) {
   if (findings.empty()) return;
   std::vector<int64_t> slots;
-  for (const AuditFinding& f : findings) {
+  for (AuditFinding& f : findings) {
+    if (f.owner == kPrefixCacheOwner) f.sharers = sharers_of(int32_t(f.slot / kPageSize));
     mark_corrupted(f);
     slots.push_back(f.slot);
   }
@@ -482,7 +519,14 @@ void Engine::report_findings(const std::vector<AuditFinding>& findings) {
 void Engine::mark_corrupted(const AuditFinding& f) {
   ++stats_.audit_findings;
   spdlog::debug("engine: auditor: {}", f.describe());
-  auto s = sessions_.find(f.owner);
+  if (f.owner != kPrefixCacheOwner) return mark_owner(f.owner, f);
+  // A clobbered cached page: everyone sharing it read it, and no one may find it again.
+  for (int64_t owner : f.sharers) mark_owner(owner, f);
+  prefix_->poison(int32_t(f.slot / kPageSize));
+}
+
+void Engine::mark_owner(int64_t owner, const AuditFinding& f) {
+  auto s = sessions_.find(owner);
   Request* r = nullptr;
   if (s != sessions_.end()) {
     SessionState& st = s->second->state;
@@ -491,7 +535,7 @@ void Engine::mark_corrupted(const AuditFinding& f) {
     st.findings.push_back(f);
     r = st.active_request >= 0 ? find(st.active_request) : nullptr;
   } else {
-    r = find(f.owner);
+    r = find(owner);
   }
   if (r) {
     r->corrupted = true;

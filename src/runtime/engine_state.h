@@ -21,6 +21,7 @@ struct Engine::Request {
   int64_t prefill_end = 0;   // seq.size() at (re)admission: positions below it are prefill rows
   int64_t admit_order = -1;  // -1 while waiting
   int preemptions = 0;
+  int cached_tokens = 0;  // n_cached at first admission
   bool corrupted = false;
   std::vector<AuditFinding> findings;
   std::optional<ErrorCode> error;

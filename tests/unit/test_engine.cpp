@@ -8,38 +8,17 @@
 #include "dsa/engine.h"
 #include "dsa/error.h"
 #include "dsa/generate.h"
+#include "engine_test_helpers.h"
 
 namespace dsa {
 namespace {
 
 using testing::Rng;
 
-constexpr int kMaxRows = 16;
-constexpr int kContext = 512;
-
-// The tiny preset with synthetic weights on the CPU, and caches of any size for it.
-struct Tiny {
-  Tiny() : backend(make_backend(BackendKind::kCpu)) {
-    const ModelConfig config = preset_config("tiny");
-    model = std::make_unique<Model>(*backend, config, Weights::synthetic(*backend, config, 5),
-                                    kMaxRows, kContext);
-  }
-  std::unique_ptr<KvCache> cache(int64_t pages, KvDtype index_k = KvDtype::kBf16) const {
-    CacheConfig c;
-    c.num_layers = model->config().num_hidden_layers;
-    c.num_pages = pages;
-    c.index_k_dtype = index_k;
-    return std::make_unique<KvCache>(*backend, c);
-  }
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-};
-
-std::vector<int32_t> random_tokens(Rng& rng, int n) {
-  std::vector<int32_t> t(size_t(n), 0);
-  for (auto& x : t) x = int32_t(rng.integer(0, 255));
-  return t;
-}
+using testing::finish_all;
+using testing::kContext;
+using testing::random_tokens;
+using testing::Tiny;
 
 struct Workload {
   std::vector<std::vector<int32_t>> prompts;
@@ -70,14 +49,6 @@ EngineOptions graph(std::vector<int> buckets = {1, 2, 4, 8, 16}) {
   o.runner.mode = RunMode::kGraph;
   o.runner.buckets = std::move(buckets);
   return o;
-}
-
-// Outputs by submission index (ids are handed out in submission order, from 1).
-std::map<int64_t, RequestOutput> finish_all(Engine& e) {
-  e.run_until_idle();
-  std::map<int64_t, RequestOutput> out;
-  for (RequestOutput& o : e.take_finished()) out[o.id] = std::move(o);
-  return out;
 }
 
 std::map<int64_t, RequestOutput> EngineTest::run_workload(const Workload& w, int64_t pages,

@@ -31,7 +31,7 @@ StressCell incident_cell() { return {KvDtype::kBf16, RunMode::kGraph, true}; }
 const CellResult& find(const StressReport& r, const StressCell& cell) {
   for (const CellResult& c : r.cells) {
     if (c.cell.index_k == cell.index_k && c.cell.runner == cell.runner &&
-        c.cell.faults == cell.faults) {
+        c.cell.faults == cell.faults && c.cell.prefix_cache == cell.prefix_cache) {
       return c;
     }
   }
@@ -42,15 +42,19 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
   int progress_calls = 0;
   const StressReport report =
       run_stress(small_config(), [&](const StressProgress&) { ++progress_calls; });
-  ASSERT_EQ(report.cells.size(), 8u);
+  ASSERT_EQ(report.cells.size(), 10u);
   EXPECT_GT(progress_calls, 0);
   for (const CellResult& c : report.cells) {
     SCOPED_TRACE(c.cell.condition());
     EXPECT_EQ(c.sessions, 8);
     EXPECT_GT(c.tokens, 0);
-    const bool incident =
-        c.cell.index_k == KvDtype::kBf16 && c.cell.runner == RunMode::kGraph && c.cell.faults;
-    if (incident) {
+    const bool incident = c.cell.index_k == KvDtype::kBf16 && c.cell.runner == RunMode::kGraph &&
+                          c.cell.faults && !c.cell.prefix_cache;
+    if (c.cell.prefix_cache) EXPECT_GT(c.stats.prefix_cache_queries, 0);
+    if (c.cell.prefix_cache && c.cell.faults) {
+      // A finding, not a verdict: whatever it corrupts, the detectors must agree on it.
+      EXPECT_EQ(c.auditor_found, c.oracle_clobbers);
+    } else if (incident) {
       EXPECT_GT(c.corrupted, 0);
       EXPECT_GT(c.auditor_flagged, 0);
       EXPECT_GT(c.diverged, 0);
@@ -71,7 +75,7 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
   EXPECT_TRUE(report.guarded_clean());
 
   const nlohmann::json j = stress_json(report);
-  ASSERT_EQ(j["cells"].size(), 8u);
+  ASSERT_EQ(j["cells"].size(), 10u);
   for (const char* key : {"index_k", "runner", "faults", "sessions", "corrupted", "auditor_flagged",
                           "diverged", "first_divergent_turns", "tokens", "seconds"}) {
     EXPECT_TRUE(j["cells"][0].contains(key)) << key;
@@ -204,6 +208,20 @@ TEST(Stress, PoolTooSmallForOneSessionIsRefusedUpFront) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("--pages 2"), std::string::npos) << e.what();
   }
+}
+
+// Sessions opening with the same system prompt share its pages through the prefix cache, in graph
+// mode, with the same replies as each session run alone without it.
+TEST(Stress, PrefixCacheSharesASystemPromptWithTheReferenceReplies) {
+  StressConfig c = small_config();
+  c.shape.system_prompt = 80;
+  c.cells = {{KvDtype::kBf16, RunMode::kGraph, false, true}};
+  const CellResult r = run_stress(c).cells.at(0);
+  EXPECT_EQ(r.corrupted, 0);
+  EXPECT_EQ(r.diverged, 0);
+  EXPECT_EQ(r.audit_findings, 0);
+  EXPECT_GE(r.stats.prefix_cache_hits, int64_t(kPageSize) * 4);  // most sessions found page 0
+  EXPECT_EQ(r.clobbered_slots, 0);
 }
 
 TEST(Stress, BadShapesAreRejected) {

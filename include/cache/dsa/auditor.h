@@ -18,9 +18,12 @@ struct AuditFinding {
   int layer = 0;
   PoolKind pool = PoolKind::kLatent;
   int64_t slot = 0;
-  int64_t owner = -1;          // the request that wrote the slot
+  int64_t owner = -1;          // the request that wrote the slot (kPrefixCacheOwner: cached)
   int64_t written_step = -1;   // when the owner wrote it
   int64_t detected_step = -1;  // the audit that found the change
+  // A cached page's slot: every request (or session) that shared the page when the change was
+  // found; the engine fills it in. Empty for a slot with a single owner.
+  std::vector<int64_t> sharers;
   std::string describe() const;
 };
 
@@ -43,6 +46,10 @@ class SlotAuditor {
   // The owner released these slots (finished, aborted, preempted): stop watching them.
   void forget(std::span<const int64_t> slots);
   void forget_owner(int64_t owner);
+  // Watched slots change owner, keeping the digests recorded when they were written: a page the
+  // prefix cache takes over (owner kPrefixCacheOwner) is checked against its writer's truth.
+  void adopt(std::span<const int64_t> slots, int64_t owner);
+  bool watches(int64_t slot) const { return entries_.count(slot) != 0; }
 
   // Recomputes digests of the watched slots (all of them, those listed, or a seeded sample of
   // `sample` of them) on the backend and returns every mismatch. Every verification also checks
@@ -52,7 +59,6 @@ class SlotAuditor {
   std::vector<AuditFinding> verify_sample(int sample, uint64_t seed, int64_t step);
 
   size_t watched() const { return entries_.size(); }  // page 0 not counted
-  bool watches(int64_t slot) const { return entries_.count(slot) != 0; }
   int64_t audited_slots() const { return audited_; }
 
  private:

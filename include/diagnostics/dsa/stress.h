@@ -29,7 +29,8 @@ struct StressShape {
   int min_prompt = 24, max_prompt = 96;  // new tokens per turn (user message or tool result)
   int min_reply = 8, max_reply = 24;     // tokens generated per turn
   int max_arrival_gap = 3;               // engine steps between arrivals, drawn from [0, gap]
-  int max_think = 4;  // engine steps between a reply and the next turn, [0, think]
+  int max_think = 4;      // engine steps between a reply and the next turn, [0, think]
+  int system_prompt = 0;  // tokens of one system prompt opening every session's first turn
   SessionPolicy policy = SessionPolicy::kKeepCache;
   uint64_t seed = 1;
   void validate() const;  // kInvalidArgument naming the bad field
@@ -39,9 +40,12 @@ struct StressCell {
   KvDtype index_k = KvDtype::kBf16;
   RunMode runner = RunMode::kGraph;
   bool faults = false;            // the incident: stale-padding + unguarded-store
-  std::string condition() const;  // "bf16 index-K + graph + incident faults"
+  bool prefix_cache = false;      // the engine shares full pages across requests and turns
+  std::string condition() const;  // "bf16 index-K + graph + incident faults [+ prefix cache]"
 };
-std::vector<StressCell> stress_matrix();  // all 8 cells, in the table's order
+// The 8 cells of index-K x runner x faults, then bf16 index-K + graph, guarded and with the
+// incident's faults, with the prefix cache on; in the table's order.
+std::vector<StressCell> stress_matrix();
 
 struct StressConfig {
   std::string preset = "tiny";
@@ -75,6 +79,11 @@ struct CellResult {
   int64_t tokens = 0;                      // generated
   double seconds = 0;
   int64_t audit_findings = 0;
+  // Blast radius: distinct slots the auditor found changed (one slot at one step, any layer or
+  // pool), and the sessions each such finding named, on average (a cached page's finding names
+  // every session sharing it).
+  int64_t clobbered_slots = 0;
+  double sessions_per_clobbered_slot = 0;
   EngineStats stats;
 };
 

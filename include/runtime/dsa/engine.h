@@ -11,8 +11,17 @@
 // After each runner step the auditor (when on) records the slots the real rows wrote and
 // verifies its scope; then tokens are sampled, and finished requests release their pages.
 //
-// Pages are reserved as a request grows. When the pool runs out: idle sessions' kept caches go
-// first (least recently used), then the newest running request is preempted — its pages are
+// With the prefix cache on (DESIGN §8), every full page a request has written joins the cache and
+// is shared, read-only, with later requests whose tokens start the same way; a request admitted
+// with a cached prefix prefills only the rest (always at least its last prompt token). A session's
+// kKeepCache pins its history's pages between turns (they stay shared); kRecompute releases them
+// to the cache, where the next turn finds every full page again unless it was evicted. So the
+// prefix cache generalizes kKeepCache: a client that resends the whole conversation gets the same
+// reuse, and kKeepCache only adds pinning (and the partly filled last page).
+//
+// Pages are reserved as a request grows. When the pool runs out: unreferenced cached pages go
+// first (least recently used), then idle sessions' kept caches (least recently used), then the
+// newest running request is preempted — its pages are
 // released and it goes back to the queue front, to be prefilled again from its prompt plus the
 // tokens it has generated (which it keeps). A request that cannot fit even alone fails with
 // kResourceExhausted; one past the context fails with kOutOfRange. Nothing waits forever.
@@ -31,6 +40,7 @@
 #include "dsa/cache.h"
 #include "dsa/error.h"
 #include "dsa/model.h"
+#include "dsa/prefix_cache.h"
 #include "dsa/runner.h"
 #include "dsa/sampler.h"
 #include "dsa/shadow_oracle.h"
@@ -54,6 +64,7 @@ struct EngineOptions {
   AuditScope audit_scope = AuditScope::kListed;  // kListed: the slots read in the step
   int audit_sample = 256;                        // kSample: slots per verification
   uint64_t audit_seed = 0;                       // kSample: the sample's seed
+  bool prefix_cache = false;  // share full pages across requests and turns (DESIGN §8)
 };
 
 struct RequestParams {
@@ -70,6 +81,7 @@ struct RequestOutput {
   int64_t session = -1;         // -1 for a plain request
   std::vector<int32_t> tokens;  // generated tokens (kept across preemptions)
   int prompt_tokens = 0;        // history + new tokens for a session turn
+  int cached_tokens = 0;  // prompt tokens not prefilled at first admission (cache or kept history)
   FinishReason reason = FinishReason::kLength;
   std::optional<ErrorCode> error;  // kFailed: why
   std::string message;
@@ -106,6 +118,10 @@ struct EngineStats {
   int64_t failed_by_store_errors = 0;  // requests failed because a step raised the flag
   int64_t audit_findings = 0;
   std::map<int, int64_t> graph_replays;  // decode steps replayed per bucket size
+  int64_t prefix_cache_queries = 0;      // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;         // of those, tokens found (not prefilled)
+  int64_t prefix_cache_evictions = 0;    // cached pages freed for room
+  int64_t cached_pages = 0;              // pages held by the prefix cache after the last step
   // With the oracle on: slot changes it saw, how many of them the auditor also reported (in the
   // same step, or later while the slot was still watched: by its scope, or when released), and
   // auditor findings the oracle never saw.
@@ -162,6 +178,14 @@ class Engine {
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
   const SlotAuditor* auditor() const { return auditor_.get(); }
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }
+  // Recounts every page from the page tables of requests and sessions: free + used + cached =
+  // total - 1, every owned page in exactly one table, every cached page's reference count equal
+  // to the tables sharing it, and the prefix cache's own invariants. Throws kInternal naming the
+  // first mismatch. O(pages): for tests and diagnostics.
+  void check_page_accounting() const;
+  // Frees every cached page no request or session references; returns how many.
+  int64_t drop_cached_pages();
 
  private:
   struct Request;
@@ -175,8 +199,14 @@ class Engine {
   bool reserve(Request& r, int64_t n_tokens);
   bool grow(Request& r, int64_t n_tokens);
   bool evict_idle_session();
+  bool evict_cached_pages(int64_t n);
+  void share_cached_prefix(Request& r);
+  void share_written_pages(const std::vector<int64_t>& ids);
+  void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners) const;
+  std::vector<int64_t> sharers_of(int32_t page) const;
   void preempt(Request& r);
   void release_pages(PageTable& pages);
+  void unwatch(std::span<const int32_t> pages);
   void finish(Request& r, FinishReason reason);
   void end_turn(Request& r, bool completed);
   void fail(Request& r, ErrorCode code, std::string message);
@@ -188,10 +218,11 @@ class Engine {
   void after_runner_step(const std::vector<Request*>& row_owners, const std::vector<RowInput>& rows,
                          const StepResult& result);
   void audit(const std::vector<Request*>& readers);
-  void report_findings(const std::vector<AuditFinding>& findings);
+  void report_findings(std::vector<AuditFinding> findings);
   void fail_for_store_errors(const std::vector<Request*>& row_owners,
                              const std::vector<RowInput>& rows, const StepResult& result);
   void mark_corrupted(const AuditFinding& finding);
+  void mark_owner(int64_t owner, const AuditFinding& finding);
   void sample_next(Request& r, int32_t token);  // appends the step's token to r
 
   Request* find(int64_t id);
@@ -202,6 +233,7 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Runner> runner_;
   std::unique_ptr<SlotAuditor> auditor_;
+  std::unique_ptr<PrefixCache> prefix_;  // null when options_.prefix_cache is off
   std::unique_ptr<ShadowOracle> oracle_;
   RecallTally recall_;  // the oracle's clobbers against the auditor's findings
   int64_t next_id_ = 1;
