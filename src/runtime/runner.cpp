@@ -141,10 +141,11 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
     auto s = std::make_unique<StaticStep>(be, b[i], max_pages_, vocab, layers, options_);
     stage_rows(*s, {}, Padding::kRewrite);  // every row starts as padding
     const StepView view = s->view(s->rows);
-    Model* model = &model_;
+    Model* captured_model = &model_;
     KvCache* kv = &cache_;
-    s->graph =
-        be.capture([model, kv, view, step_options] { model->forward(view, *kv, step_options); });
+    s->graph = be.capture([captured_model, kv, view, step_options] {
+      captured_model->forward(view, *kv, step_options);
+    });
     graphs_[i] = std::move(s);
   }
   spdlog::info("runner: captured {} graph buckets ({}..{} rows)", b.size(), b.front(), b.back());
