@@ -192,11 +192,9 @@ void register_stress(CLI::App& app, SubcommandAction& run) {
                  "most engine steps between arrivals");
   add_int_option(cmd, "--think", o->shape.max_think, 0, kMaxStressTokens,
                  "most engine steps between a reply and the next turn");
-  cmd->add_option("--system-prompt", o->shape.system_prompt,
-                  "tokens of one system prompt opening every session (shared pages for the "
-                  "prefix cache)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 100000));
+  add_int_option(cmd, "--system-prompt", o->shape.system_prompt, 0, kMaxStressTokens,
+                 "tokens of one system prompt opening every session (shared pages for the "
+                 "prefix cache)");
   cmd->add_option("--prefix-cache", o->prefix_cache,
                   "cells with the prefix cache: on | off | all (the two prefix-cache cells are "
                   "bf16 index-K + graph, guarded and incident)")
