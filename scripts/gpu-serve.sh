@@ -54,7 +54,7 @@ bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve, its table to the log 
 }
 
 if [[ -z ${SKIP_MATRIX:-} ]]; then
-  echo "## Client-side incident table (dsa serve + dsa bench-serve --check)" >> "$SUMMARY"
+  echo "## Client-side incident table (dsa serve + dsa bench-serve --check; prefix cache on, the default)" >> "$SUMMARY"
   echo >> "$SUMMARY"
   echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) |" >> "$SUMMARY"
   echo "|---|---|---|---|---|" >> "$SUMMARY"
