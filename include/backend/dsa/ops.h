@@ -18,7 +18,7 @@
 namespace dsa {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight; y_bf16 = bf16(y) when set, the
-// operand the fast GEMM reads (GemmParams::x_bf16), so no separate conversion runs.
+// operand the bf16 GEMM modes read (GemmParams::x_bf16), so no separate conversion runs.
 struct RmsNormParams {
   const float* x = nullptr;      // [rows, dim], row stride ld_x
   float* y = nullptr;            // [rows, dim], row stride ld_y (may alias x)
@@ -74,9 +74,11 @@ enum class WeightLayout : uint8_t {
 enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 
 // For each b in [0, batch): y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k).
-// Accumulation is f32 in ascending k on the CPU; x is used as f32 (not rounded to bf16).
-// x_bf16, when set (batch 1 only), must hold bf16(x): the fast mode reads it instead of converting
-// x itself; the CPU and the batch-invariant mode ignore it.
+// Accumulation is f32 in ascending k on the CPU; x is used as f32 (not rounded to bf16). On CUDA
+// the GemmMode decides (backend.h): kExact is the CPU's bits, kBatchInvariant and kFast round x
+// to bf16 and sum in their own order.
+// x_bf16, when set (batch 1 only), must hold bf16(x) (dsa::float_to_bf16 of every element): the
+// bf16 modes read it instead of converting x themselves; the CPU and kExact ignore it.
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w
@@ -198,14 +200,15 @@ struct StoreLatentKvParams {
 // the auditor the truth of every slot a real row wrote from what the row meant to write.
 struct DigestRowsParams {
   PoolKind kind = PoolKind::kLatent;
-  const float* values = nullptr;  // [rows, 128] index keys, or [rows, 512] latent c; stride ld_values
+  const float* values =
+      nullptr;  // [rows, 128] index keys, or [rows, 512] latent c; stride ld_values
   const float* k_rope = nullptr;  // [rows, 64] roped keys (latent only), row stride ld_rope
   int64_t ld_values = 0, ld_rope = 0;
   const int32_t* n_real = nullptr;  // [1] real rows, read on the device
   int rows = 0;
-  KvDtype dtype = KvDtype::kBf16;   // the pool's encoding
+  KvDtype dtype = KvDtype::kBf16;  // the pool's encoding
   ScaleRounding rounding = ScaleRounding::kExact;
-  uint64_t* digests = nullptr;      // [rows] out
+  uint64_t* digests = nullptr;  // [rows] out
 };
 
 // ---- Indexer, top-k, sparse attention (DESIGN §1.5-7) ----------------------------------------
@@ -227,7 +230,7 @@ struct IndexerLogitsParams {
   PoolView pool;                        // index-K layout
   int rows = 0, heads = 0;
   int64_t ld_q = 0, ld_w = 0, ld_page_table = 0, ld_logits = 0;
-  int32_t* error_count = nullptr;     // [1] the step's error flag: += 1 per bad page id (optional)
+  int32_t* error_count = nullptr;  // [1] the step's error flag: += 1 per bad page id (optional)
 };
 
 // The positions of the k largest logits[r, t], t < seq_lens[r]. Ties go to the lower t; if

@@ -1,4 +1,6 @@
-// The batch-invariant GEMM: y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k), in plain f32.
+// The exact GEMM (GemmMode::kExact, `--gemm exact`):
+// y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k), in plain f32. gemm_tensor.cu is the fast
+// batch-invariant one (bf16 x, tensor cores); this one is kept for bitwise CPU comparisons.
 //
 // Every output element is computed by one thread with exactly the sequence of cpu/gemm.cpp:
 // acc = +0, then acc = acc + round(x * w) for k ascending (explicit __fmul_rn / __fadd_rn, so no
@@ -50,8 +52,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
       const int e = tid + l * kThreads;
       const int col = nk ? e / kTileK : e % kTileN, kk = nk ? e % kTileK : e / kTileN;
       const bool in = n0 + col < p.n && k0 + kk < p.k;
-      const int64_t at = nk ? int64_t(n0 + col) * p.ld_w + k0 + kk
-                            : int64_t(k0 + kk) * p.ld_w + n0 + col;
+      const int64_t at =
+          nk ? int64_t(n0 + col) * p.ld_w + k0 + kk : int64_t(k0 + kk) * p.ld_w + n0 + col;
       ws[kk][col] = in ? bf16_to_float(w[at]) : 0.0f;
     }
     __syncthreads();
@@ -98,16 +100,13 @@ struct SmallChunk {
 
 // `vec`: w and x rows are 16-byte aligned (checked on the host), so whole in-range runs load as
 // 16-byte vectors.
-__device__ __forceinline__ void load_small_chunk(const GemmParams& p, const float* x,
-                                                 const Bf16* w, int m0, int n0, int k0, bool vec,
-                                                 SmallChunk& c) {
+__device__ __forceinline__ void load_small_chunk(const GemmParams& p, const float* x, const Bf16* w,
+                                                 int m0, int n0, int k0, bool vec, SmallChunk& c) {
   const int t = threadIdx.x;
   const bool nk = p.layout == WeightLayout::kNK;
   const int col0 = nk ? t / 8 : 0, kk0 = nk ? (t % 8) * 32 : t;  // the run's first value
-  const int64_t at0 = nk ? int64_t(n0 + col0) * p.ld_w + k0 + kk0
-                         : int64_t(k0 + kk0) * p.ld_w + n0;
-  const bool whole = nk ? n0 + col0 < p.n && k0 + kk0 + 31 < p.k
-                        : k0 + kk0 < p.k && n0 + 31 < p.n;
+  const int64_t at0 = nk ? int64_t(n0 + col0) * p.ld_w + k0 + kk0 : int64_t(k0 + kk0) * p.ld_w + n0;
+  const bool whole = nk ? n0 + col0 < p.n && k0 + kk0 + 31 < p.k : k0 + kk0 < p.k && n0 + 31 < p.n;
   if (vec && whole) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
@@ -179,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) gemm_small_m_kernel(GemmParams p, bo
 
 }  // namespace
 
-cudaError_t gemm_invariant(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream) {
   const int64_t w_row = p.layout == WeightLayout::kNK ? p.k : p.n;
   if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.batch < 0 || p.ld_x < p.k || p.ld_y < p.n ||
       p.ld_w < w_row || p.batch > 65535) {
