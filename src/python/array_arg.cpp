@@ -188,6 +188,18 @@ void ArrayArg::need_place_kind() const {
   }
 }
 
+int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref) {
+  a.need_dtype({Dtype::kF32}, "(dsa's activations are float32; convert explicitly)");
+  a.need_place(ref.place(), ref);
+  const int64_t ld = a.need_rows(width);
+  if (a.ndim() == 1 || a.dim(0) < rows) {
+    throw pyb::value_error(
+        fmt::format("argument '{}' needs at least {} rows (one per slot-map row); got {}", a.name(),
+                    rows, a.describe()));
+  }
+  return ld;
+}
+
 void missing(const char* name, const char* what) {
   throw pyb::type_error(fmt::format("argument '{}' is required: {}", name, what));
 }

@@ -73,6 +73,9 @@ class ArrayArg {
   dlpack::ManagedTensor* managed_ = nullptr;
 };
 
+// Rows of `width` float32 values, at least `rows` of them, on ref's device; returns the row stride.
+int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref);
+
 // The argument named `name` is required but was None.
 [[noreturn]] void missing(const char* name, const char* what);
 
