@@ -27,6 +27,10 @@ std::string_view dtype_label(Dtype d) {
   return "?";
 }
 
+std::string type_name(pyb::handle obj) {
+  return std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__")));
+}
+
 std::string Place::label() const {
   if (type == dlpack::kCpu) return "cpu";
   if (type == dlpack::kCuda) return fmt::format("cuda:{}", id);
@@ -39,7 +43,7 @@ ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
     throw pyb::type_error(fmt::format(
         "argument '{}' must be an array that speaks DLPack (a torch tensor, or a numpy array on "
         "the CPU), got {}",
-        name, std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__")))));
+        name, type_name(obj)));
   }
   const auto device = obj.attr("__dlpack_device__")().cast<pyb::tuple>();
   const int type = device[0].cast<int>();

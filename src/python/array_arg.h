@@ -18,6 +18,9 @@ enum class Dtype : uint8_t { kF32, kBf16, kU16, kU8, kI32, kI64, kOther };
 
 std::string_view dtype_label(Dtype d);
 
+// The Python type name of obj ("ndarray", "tuple", ...), for messages.
+std::string type_name(pybind11::handle obj);
+
 // Where an array lives: the device type (dlpack::kCpu or kCuda) and index.
 struct Place {
   int32_t type = dlpack::kCpu;

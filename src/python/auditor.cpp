@@ -59,7 +59,7 @@ PoolAuditor::RowValues PoolAuditor::parse_values(const pyb::object& values, int 
   if (!pyb::isinstance<pyb::list>(values) && !pyb::isinstance<pyb::tuple>(values)) {
     throw pyb::type_error(
         fmt::format("argument 'values' must be a list with one entry per pool ({} pools), got {}",
-                    np, std::string(pyb::str(pyb::type::handle_of(values).attr("__name__")))));
+                    np, type_name(values)));
   }
   const auto entries = values.cast<pyb::sequence>();
   if (entries.size() != np) {
@@ -69,18 +69,19 @@ PoolAuditor::RowValues PoolAuditor::parse_values(const pyb::object& values, int 
                     np, entries.size()));
   }
   RowValues out;
-  auto array = [&](pyb::handle obj, std::string name, int64_t width) -> const ArrayArg& {
+  // Checks one array of `values`; returns it, and its row stride in *ld.
+  auto array = [&](pyb::handle obj, std::string name, int64_t width,
+                   int64_t* ld) -> const ArrayArg& {
     out.names.push_back(std::move(name));
     out.arrays.emplace_back(obj, out.names.back().c_str());
     const ArrayArg& a = out.arrays.back();
-    need_f32_rows(a, width, rows, arrays_.front());
+    *ld = need_f32_rows(a, width, rows, arrays_.front());
     if (a.dim(0) != rows) {
       throw pyb::value_error(fmt::format("argument '{}' needs {} rows, one per slot; got {}",
                                          a.name(), rows, a.describe()));
     }
     return a;
   };
-  out.arrays.reserve(2 * np);  // no reallocation: the references `array` returns stay valid
   for (size_t p = 0; p < np; ++p) {
     const Pool& pool = pools_[p];
     const pyb::object entry = entries[p];
@@ -96,27 +97,22 @@ PoolAuditor::RowValues PoolAuditor::parse_values(const pyb::object& values, int 
       if (pair) {
         throw pyb::type_error(fmt::format(
             "argument 'values[{}]' {}: it must be one float32 [{}, 128] array, got a {}", p, where,
-            rows, std::string(pyb::str(pyb::type::handle_of(entry).attr("__name__")))));
+            rows, type_name(entry)));
       }
-      const ArrayArg& k = array(entry, fmt::format("values[{}]", p), kIndexHeadDim);
-      d.values = k.as<float>();
-      d.ld_values = k.stride(0);
+      d.values =
+          array(entry, fmt::format("values[{}]", p), kIndexHeadDim, &d.ld_values).as<float>();
     } else {
       if (!pair || pyb::len(entry) != 2) {
         throw pyb::type_error(fmt::format(
             "argument 'values[{}]' {}: it must be a pair (c float32 [{}, 512], k_rope float32 "
             "[{}, 64]), got {}",
             p, where, rows, rows,
-            pair ? fmt::format("{} entries", pyb::len(entry))
-                 : std::string(pyb::str(pyb::type::handle_of(entry).attr("__name__")))));
+            pair ? fmt::format("{} entries", pyb::len(entry)) : type_name(entry)));
       }
       const auto two = entry.cast<pyb::sequence>();
-      const ArrayArg& c = array(two[0], fmt::format("values[{}][0]", p), kKvLoraRank);
-      const ArrayArg& rope = array(two[1], fmt::format("values[{}][1]", p), kRopeDim);
-      d.values = c.as<float>();
-      d.ld_values = c.stride(0);
-      d.k_rope = rope.as<float>();
-      d.ld_rope = rope.stride(0);
+      d.values =
+          array(two[0], fmt::format("values[{}][0]", p), kKvLoraRank, &d.ld_values).as<float>();
+      d.k_rope = array(two[1], fmt::format("values[{}][1]", p), kRopeDim, &d.ld_rope).as<float>();
     }
     out.params.push_back(d);
   }
