@@ -334,21 +334,25 @@ def _host_int64(x: Any, name: str) -> List[int]:
 class SlotAuditor:
     """The slot-integrity auditor on the caller's pools.
 
-    After the engine's own store of a step, ``record(slots, owners)`` remembers each written slot's
-    owner, the step and the digest of its bytes in every pool. ``verify()`` recomputes the digests
-    of watched slots -- all of them, a seeded sample, or the slots a step reads -- with dsa's
-    ``audit_slots`` op (a GPU kernel on CUDA pools: the pool is never copied to the host) and
-    returns a :class:`Finding` for every slot whose bytes changed. ``release(slots)`` stops
-    watching slots whose owner freed them.
+    After the engine's own store of a step, ``record(slots, owners, values=...)`` remembers each
+    written slot's owner, the step and the digest the slot must hold in every pool: the digest of
+    what the real row meant to write (its store inputs, encoded by dsa's writers' own codec), or,
+    without ``values``, the digest of the bytes the pool holds now. ``verify()`` recomputes the
+    digests of watched slots -- all of them, a seeded sample, or the slots a step reads -- with
+    dsa's ``audit_slots`` op (a GPU kernel on CUDA pools: the pool is never copied to the host) and
+    returns a :class:`Finding` for every slot whose bytes differ. ``release(slots)`` stops watching
+    slots whose owner freed them.
 
     Args:
         pools: one entry per layer: a pool array, or a tuple of that layer's pools (e.g.
             ``(latent, index_k)``). Each pool's layout is told by its dtype and shape (see the
             module doc); all on one device, all with the same number of pages.
         page_size: tokens per page; dsa's layouts use 64 and only 64 is accepted.
+        ue8m0: the fp8 pools are written with ``ue8m0=True`` (scales rounded up to powers of two).
+            It decides the digest of a row's ``values``; pool read-backs do not depend on it.
     """
 
-    def __init__(self, pools: Sequence[Any], page_size: int = PAGE_SIZE):
+    def __init__(self, pools: Sequence[Any], page_size: int = PAGE_SIZE, *, ue8m0: bool = False):
         if page_size != PAGE_SIZE:
             raise ValueError(
                 f"argument 'page_size' must be {PAGE_SIZE} (dsa's pools use 64-token pages), "
@@ -362,14 +366,46 @@ class SlotAuditor:
                 flat.append((layer, pool))
         self._pools = flat
         self._ref = flat[0][1] if flat else None
-        self._impl = _dsa.PoolAuditor(flat)
+        self._impl = _dsa.PoolAuditor(flat, bool(ue8m0))
         self.step = 0  #: the auditor's step counter: advanced by every record() without a step
 
-    def record(self, slots: Any, owners: Any, *, step: Optional[int] = None,
+    def _values_per_pool(self, values: Any) -> Any:
+        """values as a list of one entry per pool; a single pool's entry may come bare."""
+        if len(self._pools) == 1 and not isinstance(values, list):
+            bare_array = hasattr(values, "__dlpack__")
+            bare_pair = (isinstance(values, tuple) and len(values) == 2
+                         and all(hasattr(v, "__dlpack__") for v in values))
+            if bare_array or bare_pair:
+                return [values]
+        return values
+
+    def record(self, slots: Any, owners: Any, *, values: Any = None, step: Optional[int] = None,
                stream: Optional[int] = None) -> None:
         """Remembers the slots a step's real rows wrote, with their owners (request ids >= 0).
 
-        Padding (-1) and page-0 slots are skipped; a slot past the pools raises ValueError.
+        Args:
+            slots: the slots the real rows wrote (``page * 64 + offset``). Padding (-1) and
+                page-0 slots are skipped (their rows too); a slot past the pools raises
+                ValueError.
+            owners: one owner per slot, or one for all.
+            values: what the engine's store was given for these rows, one entry per pool in the
+                order the auditor was built with (for a single pool the entry itself may be
+                passed): a float32 ``[len(slots), 128]`` array for an index-K pool, a pair
+                ``(c, k_rope)`` of float32 ``[len(slots), 512]`` and ``[len(slots), 64]`` arrays
+                for a latent pool; unit inner stride, any row stride, on the pools' device. The
+                expected digest of each slot is then computed from the row's values with the
+                writers' own encoder (bf16 rounding, or fp8 quantization with its scale rounding:
+                see ``ue8m0``), on the pools' device, so a slot that another row clobbered in the
+                same step (a stale padded row with the same slot, written after the real one) is
+                found by the next ``verify``. A bf16 row must be converted by the caller
+                (``k.float()``): dsa never converts silently.
+
+                Without ``values`` the expected digest is read back from the pool after the
+                store, so such a same-step clobber becomes the recorded truth and is never found;
+                clobbers in later steps are found either way.
+            step: the step to record (default: the auditor's counter, advanced by one).
+            stream: CUDA stream handle (int); default torch's current stream.
+
         ``slots`` and ``owners`` are read on the host (a device tensor is copied there: a few
         bytes per row). Synchronizes the stream once (the new digests come back).
         """
@@ -377,10 +413,12 @@ class SlotAuditor:
         owners_h = _host_int64(owners, "owners")
         if len(owners_h) == 1 and len(slots_h) > 1:
             owners_h = owners_h * len(slots_h)
-        if step is None:
-            self.step += 1
-            step = self.step
-        self._impl.record(slots_h, owners_h, int(step), _stream(self._ref, stream))
+        if values is not None:
+            values = self._values_per_pool(values)
+        at = self.step + 1 if step is None else int(step)
+        self._impl.record(slots_h, owners_h, values, at, _stream(self._ref, stream))
+        if step is None:  # a refused record does not advance the counter
+            self.step = at
 
     def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None:
         """Stops watching ``slots``, or every slot of ``owner`` (the request freed its pages)."""

@@ -1,9 +1,12 @@
 # Type stubs of the dsa package. Arrays are anything that speaks DLPack (torch tensors on CPU or
 # CUDA, numpy arrays on the CPU); uint16 stands for bf16 bit patterns wherever bf16 is expected.
-from typing import Any, List, Literal, NamedTuple, Optional, Sequence, Union
+from typing import Any, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 Array = Any  # a DLPack array: torch.Tensor or numpy.ndarray
 Layout = Literal["bf16", "fp8"]
+# What a store was given for one pool's rows: float32 [rows, 128] index keys, or the pair
+# (c float32 [rows, 512], k_rope float32 [rows, 64]) of a latent pool.
+RowValues = Union[Array, Tuple[Array, Array]]
 
 __version__: str
 PAGE_SIZE: int
@@ -78,9 +81,21 @@ class Finding(NamedTuple):
 
 class SlotAuditor:
     step: int
-    def __init__(self, pools: Sequence[Union[Array, Sequence[Array]]], page_size: int = 64) -> None: ...
+    def __init__(
+        self,
+        pools: Sequence[Union[Array, Sequence[Array]]],
+        page_size: int = 64,
+        *,
+        ue8m0: bool = False,
+    ) -> None: ...
     def record(
-        self, slots: Any, owners: Any, *, step: Optional[int] = None, stream: Optional[int] = None
+        self,
+        slots: Any,
+        owners: Any,
+        *,
+        values: Optional[Union[RowValues, Sequence[RowValues]]] = None,
+        step: Optional[int] = None,
+        stream: Optional[int] = None,
     ) -> None: ...
     def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None: ...
     def verify(

@@ -15,7 +15,9 @@ the previous replay left them (the incident's stale padding). Each round:
 With the unguarded scatter (``pool.view(-1, 128)[loc] = k``) the padded rows overwrite the new
 sessions' index keys; ``dsa.store_index_k`` skips them (rule 1: row >= n_real); in eager mode the
 step runs at the real batch size and there are no padded rows. A ``dsa.SlotAuditor`` records every
-store's slots with their owners and verifies all watched slots after each round.
+store's slots with their owners and the keys the store was given (``values=``: the expected digest
+is what the real row meant to write, so a padded row that hits a real row's slot in the same step
+is counted too), and verifies all watched slots after each round.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Runner:
         else:
             dsa.store_index_k(self.pool, loc, k, n_real, errors=self.errors)
 
-    def step(self, slots: List[int], k_rows) -> None:
+    def step(self, slots: List[int], k_rows):
+        """Stores the rows; returns the keys the store was given for the real rows."""
         rows = len(slots)
         if self.mode == "eager":
             loc = self.xp.static_int64(rows)
@@ -84,13 +87,14 @@ class Runner:
             n_real = self.xp.int32_scalar()
             self.xp.set_scalar(n_real, rows)
             self._store(loc, k, n_real)
-            return
+            return k
         self.xp.set_rows(self.loc, slots, rows)  # rows [rows, BUCKET) keep the last replay's
         self.xp.set_rows(self.k, k_rows, rows)
         self.xp.set_scalar(self.n_real, rows)
         if self.replay is None:
             self.replay = self.xp.capture(lambda: self._store(self.loc, self.k, self.n_real))
         self.replay()
+        return self.k[:rows]
 
 
 def run(xp: Arrays, store: str, mode: str, rounds: int = 10, seed: int = 1) -> Dict[str, int]:
@@ -124,19 +128,19 @@ def run(xp: Arrays, store: str, mode: str, rounds: int = 10, seed: int = 1) -> D
 
     def prefill(s: Session, tokens: int) -> None:
         slots = [slot_for(s) for _ in range(tokens)]
+        k = xp.static_f32(tokens, 128)
+        xp.set_rows(k, random_k(tokens), tokens)
         for i in range(0, tokens, BUCKET):  # eager, guarded: prefill is not the suspect
             chunk = slots[i : i + BUCKET]
             loc = xp.static_int64(len(chunk))
-            k = xp.static_f32(len(chunk), 128)
             xp.set_rows(loc, chunk, len(chunk))
-            xp.set_rows(k, random_k(len(chunk)), len(chunk))
-            dsa.store_index_k(pool, loc, k, len(chunk))
-        auditor.record(slots, [s.sid] * len(slots))
+            dsa.store_index_k(pool, loc, k[i : i + BUCKET], len(chunk))
+        auditor.record(slots, s.sid, values=k)
 
     def decode(batch: List[Session]) -> None:
         slots = [slot_for(s) for s in batch]
-        runner.step(slots, random_k(len(batch)))
-        auditor.record(slots, [s.sid for s in batch])
+        k = runner.step(slots, random_k(len(batch)))
+        auditor.record(slots, [s.sid for s in batch], values=k)
 
     def finish(s: Session) -> None:
         auditor.release(owner=s.sid)

@@ -2,8 +2,9 @@
 
 The index-K store is the incident's one line, ``pool.view(-1, 128)[loc] = k.to(torch.bfloat16)``,
 captured with ``torch.cuda.graph`` at batch 8 and replayed with 3 real rows whose padded ``loc``
-rows keep the previous replay's slots, while a ``dsa.SlotAuditor`` watches the pool (its verify is
-a kernel on the pool; nothing is copied to the host). The same loop with that line replaced by
+rows keep the previous replay's slots, while a ``dsa.SlotAuditor`` watches the pool: it records each
+store's real rows with the keys they were given (their digests are computed on the device) and
+verifies with a kernel on the pool (nothing is copied to the host). The same loop with that line replaced by
 ``dsa.store_index_k(pool, loc, k, n_real)`` reports no clobbered slot.
 
     python3 python/examples/incident_torch.py [--rounds 10] [--markdown out.md]

@@ -116,6 +116,63 @@ def test_auditor_kernel_finds_the_clobber():
     assert [x.slot for x in auditor.verify([500, 501])] == [500]
 
 
+def test_auditor_values_find_the_same_step_clobber():
+    latent = torch.zeros(8, 64, 576, dtype=torch.bfloat16, device=DEV)
+    index_k = torch.zeros(8, 64, 128, dtype=torch.bfloat16, device=DEV)
+    slots = torch.tensor([64, 65, 130], device=DEV)
+    k, c, rope = (torch.randn(3, w, device=DEV) for w in (128, 512, 64))
+    dsa.store_latent_kv(latent, slots, c, rope, 3)
+    dsa.store_index_k(index_k, slots, k, 3)
+    # A stale padded row of the same step, stored after the real ones (in order, not a race).
+    index_k.view(-1, 128)[65] = torch.randn(128, device=DEV).to(torch.bfloat16)
+    blind = dsa.SlotAuditor([(latent, index_k)])
+    blind.record(slots, [11, 12, 13])
+    assert blind.verify() == []
+    auditor = dsa.SlotAuditor([(latent, index_k)])
+    auditor.record(slots, torch.tensor([11, 12, 13]), values=[(c, rope), k])
+    (f,) = auditor.verify()
+    assert (f.layer, f.pool, f.slot, f.owner) == (0, "index_k", 65, 12)
+
+
+@pytest.mark.parametrize("layout,ue8m0", [("bf16", False), ("fp8", False), ("fp8", True)])
+def test_auditor_values_clean_step_matches_the_writers(layout, ue8m0):
+    g = torch.Generator(device=DEV).manual_seed(6)
+    rows, real = 200, 150
+    if layout == "bf16":
+        latent = torch.zeros(8, 64, 576, dtype=torch.bfloat16, device=DEV)
+        index_k = torch.zeros(8, 64, 128, dtype=torch.bfloat16, device=DEV)
+    else:
+        latent = torch.zeros(8, 64, 656, dtype=torch.uint8, device=DEV)
+        index_k = torch.zeros(8, 8448, dtype=torch.uint8, device=DEV)
+    slots = torch.arange(64, 64 + rows, device=DEV)
+    slots[::7] = -1
+    k = torch.randn(rows, 128, device=DEV, generator=g) * 5
+    c = torch.randn(rows, 512, device=DEV, generator=g)
+    rope = torch.randn(rows, 64, device=DEV, generator=g)
+    dsa.store_latent_kv(latent, slots, c, rope, real, layout=layout, ue8m0=ue8m0)
+    dsa.store_index_k(index_k, slots, k, real, layout=layout, ue8m0=ue8m0)
+    auditor = dsa.SlotAuditor([(latent, index_k)], ue8m0=ue8m0)
+    auditor.record(slots[:real], 3, values=[(c[:real], rope[:real]), k[:real]])
+    assert auditor.watched == real - len(range(0, real, 7))
+    assert auditor.verify() == []
+    cpu = dsa.SlotAuditor([(latent.cpu(), index_k.cpu())], ue8m0=ue8m0)  # the CPU's encoder agrees
+    cpu.record(slots[:real].cpu(), 3, values=[(c[:real].cpu(), rope[:real].cpu()), k[:real].cpu()])
+    assert cpu.verify() == []
+    other = dsa.SlotAuditor([(latent, index_k)], ue8m0=ue8m0)
+    other.record(slots[:real], 3, values=[(c[:real], rope[:real]), k[:real] * 2])
+    assert {f.pool for f in other.verify()} == {"index_k"}
+
+
+def test_auditor_values_on_another_device_or_dtype_are_refused():
+    index_k = torch.zeros(4, 64, 128, dtype=torch.bfloat16, device=DEV)
+    auditor = dsa.SlotAuditor([index_k])
+    with pytest.raises(ValueError, match="'values\\[0\\]' must be on cuda:0 like 'pools'"):
+        auditor.record([64], [1], values=torch.zeros(1, 128))
+    with pytest.raises(TypeError, match="'values\\[0\\]' must be float32.*bfloat16"):
+        auditor.record([64], [1], values=torch.zeros(1, 128, dtype=torch.bfloat16, device=DEV))
+    assert auditor.watched == 0
+
+
 def test_kernels_match_cpu():
     g = torch.Generator().manual_seed(5)
     pool = torch.zeros(8, 64, 128, dtype=torch.bfloat16)

@@ -27,6 +27,10 @@ std::string_view dtype_label(Dtype d) {
   return "?";
 }
 
+std::string type_name(pyb::handle obj) {
+  return std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__")));
+}
+
 std::string Place::label() const {
   if (type == dlpack::kCpu) return "cpu";
   if (type == dlpack::kCuda) return fmt::format("cuda:{}", id);
@@ -39,7 +43,7 @@ ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
     throw pyb::type_error(fmt::format(
         "argument '{}' must be an array that speaks DLPack (a torch tensor, or a numpy array on "
         "the CPU), got {}",
-        name, std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__")))));
+        name, type_name(obj)));
   }
   const auto device = obj.attr("__dlpack_device__")().cast<pyb::tuple>();
   const int type = device[0].cast<int>();
@@ -186,6 +190,18 @@ void ArrayArg::need_place_kind() const {
   if (place().type != dlpack::kCpu && place().type != dlpack::kCuda) {
     value_error("must live in CPU memory or CUDA device memory");
   }
+}
+
+int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref) {
+  a.need_dtype({Dtype::kF32}, "(dsa's activations are float32; convert explicitly)");
+  a.need_place(ref.place(), ref);
+  const int64_t ld = a.need_rows(width);
+  if (a.ndim() == 1 || a.dim(0) < rows) {
+    throw pyb::value_error(
+        fmt::format("argument '{}' needs at least {} rows (one per slot-map row); got {}", a.name(),
+                    rows, a.describe()));
+  }
+  return ld;
 }
 
 void missing(const char* name, const char* what) {

@@ -18,6 +18,9 @@ enum class Dtype : uint8_t { kF32, kBf16, kU16, kU8, kI32, kI64, kOther };
 
 std::string_view dtype_label(Dtype d);
 
+// The Python type name of obj ("ndarray", "tuple", ...), for messages.
+std::string type_name(pybind11::handle obj);
+
 // Where an array lives: the device type (dlpack::kCpu or kCuda) and index.
 struct Place {
   int32_t type = dlpack::kCpu;
@@ -72,6 +75,9 @@ class ArrayArg {
   const char* name_;
   dlpack::ManagedTensor* managed_ = nullptr;
 };
+
+// Rows of `width` float32 values, at least `rows` of them, on ref's device; returns the row stride.
+int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref);
 
 // The argument named `name` is required but was None.
 [[noreturn]] void missing(const char* name, const char* what);

@@ -8,14 +8,14 @@
 namespace dsa::py {
 namespace pyb = pybind11;
 
-PoolAuditor::PoolAuditor(const pyb::list& pools) {
+PoolAuditor::PoolAuditor(const pyb::list& pools, bool ue8m0) {
   if (pools.empty()) throw pyb::value_error("argument 'pools' must name at least one pool");
   for (const pyb::handle item : pools) {
     const auto pair = item.cast<pyb::tuple>();
     arrays_.emplace_back(pair[1], "pools");
     const ArrayArg& a = arrays_.back();
     const PoolLayout layout = infer_pool_layout(a);
-    Pool p{pair[0].cast<int>(), layout, pool_view(a, layout.kind, layout.dtype, false), {}, {}};
+    Pool p{pair[0].cast<int>(), layout, pool_view(a, layout.kind, layout.dtype, ue8m0), {}, {}};
     if (pools_.empty()) {
       place_ = a.place();
       capacity_ = p.view.capacity();
@@ -54,15 +54,121 @@ void PoolAuditor::mark_dirty(int64_t pos) {
   }
 }
 
+PoolAuditor::RowValues PoolAuditor::parse_values(const pyb::object& values, int rows) const {
+  const size_t np = pools_.size();
+  if (!pyb::isinstance<pyb::list>(values) && !pyb::isinstance<pyb::tuple>(values)) {
+    throw pyb::type_error(
+        fmt::format("argument 'values' must be a list with one entry per pool ({} pools), got {}",
+                    np, type_name(values)));
+  }
+  const auto entries = values.cast<pyb::sequence>();
+  if (entries.size() != np) {
+    throw pyb::value_error(
+        fmt::format("argument 'values' needs one entry per pool in the order of 'pools': the "
+                    "auditor watches {} pools, got {} entries",
+                    np, entries.size()));
+  }
+  RowValues out;
+  // Checks one array of `values`; returns it, and its row stride in *ld.
+  auto array = [&](pyb::handle obj, std::string name, int64_t width,
+                   int64_t* ld) -> const ArrayArg& {
+    out.names.push_back(std::move(name));
+    out.arrays.emplace_back(obj, out.names.back().c_str());
+    const ArrayArg& a = out.arrays.back();
+    *ld = need_f32_rows(a, width, rows, arrays_.front());
+    if (a.dim(0) != rows) {
+      throw pyb::value_error(fmt::format("argument '{}' needs {} rows, one per slot; got {}",
+                                         a.name(), rows, a.describe()));
+    }
+    return a;
+  };
+  for (size_t p = 0; p < np; ++p) {
+    const Pool& pool = pools_[p];
+    const pyb::object entry = entries[p];
+    const bool pair = pyb::isinstance<pyb::list>(entry) || pyb::isinstance<pyb::tuple>(entry);
+    const std::string where =
+        fmt::format("is for layer {}'s {} pool", pool.layer, pool_layout_label(pool.layout));
+    DigestRowsParams d;
+    d.kind = pool.layout.kind;
+    d.dtype = pool.view.dtype;
+    d.rounding = pool.view.rounding;
+    d.rows = rows;
+    if (pool.layout.kind == PoolKind::kIndexK) {
+      if (pair) {
+        throw pyb::type_error(fmt::format(
+            "argument 'values[{}]' {}: it must be one float32 [{}, 128] array, got a {}", p, where,
+            rows, type_name(entry)));
+      }
+      d.values =
+          array(entry, fmt::format("values[{}]", p), kIndexHeadDim, &d.ld_values).as<float>();
+    } else {
+      if (!pair || pyb::len(entry) != 2) {
+        throw pyb::type_error(fmt::format(
+            "argument 'values[{}]' {}: it must be a pair (c float32 [{}, 512], k_rope float32 "
+            "[{}, 64]), got {}",
+            p, where, rows, rows,
+            pair ? fmt::format("{} entries", pyb::len(entry)) : type_name(entry)));
+      }
+      const auto two = entry.cast<pyb::sequence>();
+      d.values =
+          array(two[0], fmt::format("values[{}][0]", p), kKvLoraRank, &d.ld_values).as<float>();
+      d.k_rope = array(two[1], fmt::format("values[{}][1]", p), kRopeDim, &d.ld_rope).as<float>();
+    }
+    out.params.push_back(d);
+  }
+  return out;
+}
+
+std::vector<uint64_t> PoolAuditor::pool_digests(Backend& backend,
+                                                const std::vector<int64_t>& slots) {
+  const size_t n = slots.size(), np = pools_.size();
+  int64_t* d_slots = d_slots_.reserve(backend, place_, n);
+  uint64_t* d_digests = d_digests_.reserve(backend, place_, n * np);
+  backend.copy_to_device(d_slots, slots.data(), n * sizeof(int64_t));
+  for (size_t p = 0; p < np; ++p) {
+    AuditSlotsParams a;
+    a.slots = d_slots;
+    a.digests = d_digests + p * n;
+    a.pool = pools_[p].view;
+    a.kind = pools_[p].layout.kind;
+    a.n = int(n);
+    backend.audit_slots(a);
+  }
+  std::vector<uint64_t> digests(n * np);
+  backend.copy_to_host(digests.data(), d_digests, digests.size() * sizeof(uint64_t));
+  return digests;
+}
+
+std::vector<uint64_t> PoolAuditor::value_digests(Backend& backend, RowValues& values, int rows) {
+  const size_t n = size_t(rows), np = pools_.size();
+  // Every row is real here (n_real = rows): the caller's slots say which rows are padding.
+  int32_t* d_n_real = d_n_real_.reserve(backend, place_, 1);
+  uint64_t* d_digests = d_digests_.reserve(backend, place_, n * np);
+  backend.copy_to_device(d_n_real, &rows, sizeof(int32_t));
+  for (size_t p = 0; p < np; ++p) {
+    DigestRowsParams& d = values.params[p];
+    d.n_real = d_n_real;
+    d.digests = d_digests + p * n;
+    backend.digest_rows(d);
+  }
+  std::vector<uint64_t> digests(n * np);
+  backend.copy_to_host(digests.data(), d_digests, digests.size() * sizeof(uint64_t));
+  return digests;
+}
+
 void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
-                         int64_t step, uintptr_t stream) {
+                         const pyb::object& values, int64_t step, uintptr_t stream) {
   if (slots.size() != owners.size()) {
     throw pyb::value_error(
         fmt::format("argument 'owners' needs one owner per slot: {} slots, {} "
                     "owners",
                     slots.size(), owners.size()));
   }
-  std::vector<int64_t> valid, valid_owner;
+  if (slots.size() > size_t(INT32_MAX)) {
+    throw pyb::value_error("argument 'slots' has more than 2^31 - 1 rows");
+  }
+  std::vector<int64_t> valid;
+  std::vector<size_t> valid_row;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t s = slots[i];
     if (s == kPadSlot || (s >= 0 && s < kPageSize)) continue;  // padding and the reserved page
@@ -75,35 +181,29 @@ void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<in
           fmt::format("argument 'owners': owner {} (row {}) must be >= 0", owners[i], i));
     }
     valid.push_back(s);
-    valid_owner.push_back(owners[i]);
+    valid_row.push_back(i);
   }
+  const int rows = int(slots.size());
+  const bool from_values = !values.is_none();
+  RowValues parsed = from_values ? parse_values(values, rows) : RowValues{};
   if (valid.empty()) return;
   const size_t n = valid.size(), np = pools_.size();
   auto backend = backend_for(place_, stream);
-  int64_t* d_slots = d_slots_.reserve(*backend, place_, n);
-  uint64_t* d_digests = d_digests_.reserve(*backend, place_, n * np);
-  backend->copy_to_device(d_slots, valid.data(), n * sizeof(int64_t));
-  for (size_t p = 0; p < np; ++p) {
-    AuditSlotsParams a;
-    a.slots = d_slots;
-    a.digests = d_digests + p * n;
-    a.pool = pools_[p].view;
-    a.kind = pools_[p].layout.kind;
-    a.n = int(n);
-    backend->audit_slots(a);
-  }
-  std::vector<uint64_t> digests(n * np);
-  backend->copy_to_host(digests.data(), d_digests, digests.size() * sizeof(uint64_t));
+  // digests[p * width + at(i)] is pool p's expected digest of valid[i].
+  const std::vector<uint64_t> digests =
+      from_values ? value_digests(*backend, parsed, rows) : pool_digests(*backend, valid);
+  const size_t width = from_values ? size_t(rows) : n;
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = valid[i];
+    const size_t at = from_values ? valid_row[i] : i;
     if (owner_[s] < 0) {
       pos_[s] = int64_t(live_.size());
       live_.push_back(s);
       for (Pool& p : pools_) p.expected.push_back(0);
     }
-    owner_[s] = valid_owner[i];
+    owner_[s] = owners[valid_row[i]];
     written_[s] = step;
-    for (size_t p = 0; p < np; ++p) pools_[p].expected[pos_[s]] = digests[p * n + i];
+    for (size_t p = 0; p < np; ++p) pools_[p].expected[pos_[s]] = digests[p * width + at];
     mark_dirty(pos_[s]);
   }
 }

@@ -1,5 +1,8 @@
 // The slot-integrity auditor (DESIGN §6) over pools the caller owns. After the caller's own store,
-// record() remembers each written slot's owner, step and digest in every watched pool; verify()
+// record() remembers each written slot's owner, step and expected digest in every watched pool:
+// the digest of what the real row meant to write when the caller passes the store's inputs (the
+// backend's digest_rows: the writers' encoder, then the digest, so a padded row that clobbered the
+// slot in the same step cannot become the truth), else the digest read back from the pool. verify()
 // later recomputes digests with the backend's audit_slots op (a kernel on the GPU: the pool never
 // leaves the device; only 8-byte digests of newly recorded slots and, on a mismatch, 1-byte flags
 // come back) and reports every slot whose bytes changed behind its owner's back.
@@ -13,6 +16,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -69,11 +73,15 @@ using Finding = std::tuple<int, std::string, int64_t, int64_t, int64_t, int64_t>
 class PoolAuditor {
  public:
   // pools: (layer, array) pairs; every array is a dsa pool (pools.h) on one device, all of the
-  // same capacity in slots.
-  explicit PoolAuditor(const pybind11::list& pools);
+  // same capacity in slots. ue8m0: the fp8 pools' scales are rounded up to powers of two (how
+  // their writer was called; it decides the digest of a row's values).
+  PoolAuditor(const pybind11::list& pools, bool ue8m0);
 
-  void record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners, int64_t step,
-              uintptr_t stream);
+  // values: None, or one entry per pool (in the order of `pools`) holding what the store was given
+  // for the rows of `slots`: float32 [rows, 128] for an index-K pool, a pair (float32 [rows, 512]
+  // c, float32 [rows, 64] k_rope) for a latent pool.
+  void record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
+              const pybind11::object& values, int64_t step, uintptr_t stream);
   void release(const std::vector<int64_t>& slots);
   void release_owner(int64_t owner);
 
@@ -95,6 +103,17 @@ class PoolAuditor {
     std::vector<uint64_t> expected;  // [live_.size()] digest recorded for live_[i]
     DeviceScratch<uint64_t> d_expected;
   };
+  // record()'s `values`, checked against the pools, and the digest_rows of each pool over them.
+  struct RowValues {
+    std::deque<std::string> names;         // an ArrayArg keeps a pointer to its name
+    std::vector<ArrayArg> arrays;          // the caller's arrays, alive until the digests are back
+    std::vector<DigestRowsParams> params;  // [pools]; digests and n_real are set when run
+  };
+  RowValues parse_values(const pybind11::object& values, int rows) const;
+  // Digests [pools, slots.size()] of the pools' bytes at `slots` (audit_slots).
+  std::vector<uint64_t> pool_digests(Backend& backend, const std::vector<int64_t>& slots);
+  // Digests [pools, rows] of what each row of the values encodes to in each pool (digest_rows).
+  std::vector<uint64_t> value_digests(Backend& backend, RowValues& values, int rows);
   void forget_at(int64_t slot);
   void mark_dirty(int64_t pos);
   // Runs the compare of slots[0, n) (device) against expected[p] (device) for every pool.
@@ -118,7 +137,7 @@ class PoolAuditor {
   DeviceScratch<int64_t> d_live_, d_slots_;
   DeviceScratch<uint64_t> d_digests_, d_listed_expected_;
   DeviceScratch<uint8_t> d_flags_;
-  DeviceScratch<int32_t> d_mismatches_;
+  DeviceScratch<int32_t> d_mismatches_, d_n_real_;
 };
 
 }  // namespace dsa::py

@@ -18,8 +18,8 @@ using namespace pybind11::literals;
 
 void bind_auditor(pyb::module_& m) {
   pyb::class_<PoolAuditor>(m, "PoolAuditor")
-      .def(pyb::init<const pyb::list&>(), "pools"_a)
-      .def("record", &PoolAuditor::record, "slots"_a, "owners"_a, "step"_a, "stream"_a)
+      .def(pyb::init<const pyb::list&, bool>(), "pools"_a, "ue8m0"_a)
+      .def("record", &PoolAuditor::record, "slots"_a, "owners"_a, "values"_a, "step"_a, "stream"_a)
       .def("release", &PoolAuditor::release, "slots"_a)
       .def("release_owner", &PoolAuditor::release_owner, "owner"_a)
       .def("verify_all", &PoolAuditor::verify_all, "step"_a, "stream"_a)

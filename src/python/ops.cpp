@@ -38,19 +38,6 @@ int need_vector(const ArrayArg& a, Dtype dtype, const ArrayArg& ref) {
   return int(a.dim(0));
 }
 
-// Rows of `width` float32 values, at least `rows` of them, on ref's device; returns the row stride.
-int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref) {
-  a.need_dtype({Dtype::kF32}, "(dsa's activations are float32; convert explicitly)");
-  a.need_place(ref.place(), ref);
-  const int64_t ld = a.need_rows(width);
-  if (a.ndim() == 1 || a.dim(0) < rows) {
-    throw pyb::value_error(
-        fmt::format("argument '{}' needs at least {} rows (one per slot-map row); got {}", a.name(),
-                    rows, a.describe()));
-  }
-  return ld;
-}
-
 SlotBatch slot_batch(const ArrayArg& slots, const ArrayArg& n_real, const ArrayArg& errors,
                      const ArrayArg& pool) {
   SlotBatch b;
