@@ -51,9 +51,9 @@ namespace {
 constexpr int kBK = 32;                     // k per pipeline stage
 constexpr int kRow = kBK + 8;               // bf16 per shared-memory row (80 B)
 constexpr int kSplitRefCols = 32;           // the column width split_plan counts CTAs with
-constexpr int kSplitTargetCtas = 256;       // about two CTAs per SM of an H200 (132 SMs)
+constexpr int kSplitTargetCtas = 512;       // about four CTAs per SM of an H200 (132 SMs)
 constexpr int kMinSliceK = 512;             // a slice is never shorter
-constexpr int64_t kMaxPartialCols = 16384;  // splits * batch * n whenever splits > 1 (see below)
+constexpr int64_t kMaxPartialCols = 32768;  // splits * batch * n whenever splits > 1 (see below)
 
 template <int kWarpsM_, int kWarpsN_, int kTilesM_, int kTilesN_, int kStages_>
 struct TileConfig {
@@ -267,8 +267,8 @@ struct SplitPlan {
 // From K, N and batch only (never m), so every row of every batch size sums in the same order.
 // Few output tiles (small n, one weight matrix) leave SMs idle at decode sizes, so K is cut
 // until about kSplitTargetCtas CTAs of kSplitRefCols columns exist, but never into slices
-// shorter than kMinSliceK. When splits > 1: batch * ceil(n / 32) = c < 256 and
-// splits <= ceil(256 / c), so splits * batch * n <= (256 / c + 1) * 32 c < 16384 =
+// shorter than kMinSliceK. When splits > 1: batch * ceil(n / 32) = c < 512 and
+// splits <= ceil(512 / c), so splits * batch * n <= (512 / c + 1) * 32 c < 32768 =
 // kMaxPartialCols, which bounds the partial buffer at kMaxPartialCols floats per row of x.
 SplitPlan split_plan(int n, int k, int batch) {
   const int64_t ctas = int64_t(batch) * ceil_div(n, kSplitRefCols);
