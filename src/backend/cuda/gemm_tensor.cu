@@ -31,14 +31,15 @@
 //                                   a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
 //   B (16 x 8, "col-major", 2 regs): b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
 //   C, D (16 x 8 f32, 4 regs): c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
-// Shared memory holds both operands k-contiguous: xs[row][k] and ws[col][k] (w transposed on the
-// way in for kKN), each row kRow = kBK + 8 bf16 (80 B: a multiple of 16 B for cp.async, and the
-// 8 rows g of a fragment load fall in distinct banks: 20 g + t words mod 32 are all different).
+// Shared memory: x as xs[row][k]; kNK weights as ws[col][k]; each row kRow = kBK + 8 bf16 (80 B:
+// a multiple of 16 B for cp.async, and the 8 rows g of one fragment load fall in distinct banks:
+// 20 g + t words mod 32 are all different). kKN weights stay n-contiguous, ws[k][col] with rows
+// of kBN + 8 bf16, and a B register is two 16-bit loads a row apart (rows 2t and 2t + 1 land
+// 8 t words apart mod 32: no conflicts either).
 //
-// Loads: 16-byte cp.async.cg (L2 only) for x and for kNK weights when every address is 16-byte
-// aligned (bases, row and batch strides multiples of 8 elements; slice and stage starts are
-// multiples of kBK), else element loads with zero fill, for any k, n and m. kKN weights are read
-// element by element and transposed (only the small per-head absorb GEMM uses kKN). kStages-deep
+// Loads: 16-byte cp.async.cg (L2 only) when every address is 16-byte aligned (bases, row and
+// batch strides multiples of 8 elements; slice and stage starts are multiples of kBK, tile
+// columns multiples of 8), else element loads with zero fill, for any k, n and m. kStages-deep
 // pipeline: the standard wait_group(kStages - 2) / __syncthreads / prefetch / compute loop.
 #include <algorithm>
 
@@ -63,7 +64,9 @@ struct TileConfig {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBM = 16 * kTilesM * kWarpsM;
   static constexpr int kBN = 8 * kTilesN * kWarpsN;
-  static constexpr int kStageElems = (kBM + kBN) * kRow;
+  // x [kBM][kRow], then w as [kBN][kRow] (kNK) or [kBK][kBN + 8] (kKN), the larger of the two.
+  static constexpr int kStageElems =
+      kBM * kRow + (kBN * kRow > kBK * (kBN + 8) ? kBN * kRow : kBK * (kBN + 8));
   static constexpr int kSmemBytes = kStages * kStageElems * 2;
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory is limited to 48 KiB");
 };
@@ -136,15 +139,31 @@ __device__ __forceinline__ void load_k_contiguous(uint16_t* dst, const uint16_t*
   }
 }
 
-// k [k0, k0 + kBK) x columns [n0, n0 + kCols) of a [k, n] bf16 matrix, transposed into
-// dst[kCols][kRow]. Consecutive threads read consecutive n (coalesced).
+// k [k0, k0 + kBK) x columns [n0, n0 + kCols) of a [k, n] bf16 matrix (kKN) into
+// dst[kBK][kCols + 8], n-contiguous as in memory; the B fragments are gathered from it 16 bits at
+// a time. Columns >= n_end and k >= k_end become +0 and are never read.
 template <int kCols, int kThreads>
 __device__ __forceinline__ void load_n_contiguous(uint16_t* dst, const uint16_t* src, int64_t ld,
-                                                  int n0, int n_end, int k0, int k_end) {
-  for (int e = threadIdx.x; e < kBK * kCols; e += kThreads) {
-    const int kk = e / kCols, nn = e % kCols;
-    const int n = n0 + nn, k = k0 + kk;
-    dst[nn * kRow + kk] = n < n_end && k < k_end ? src[int64_t(k) * ld + n] : uint16_t(0);
+                                                  int n0, int n_end, int k0, int k_end, bool vec) {
+  constexpr int kChunksPerRow = kCols / 8, kRowN = kCols + 8;
+  for (int c = threadIdx.x; c < kBK * kChunksPerRow; c += kThreads) {
+    const int kk = c / kChunksPerRow, nc = (c % kChunksPerRow) * 8;
+    uint16_t* d = dst + kk * kRowN + nc;  // 16-byte aligned: kRowN * 2 is 80 or 144 B
+    const int k = k0 + kk, n = n0 + nc;
+    const uint16_t* s = src + int64_t(k) * ld + n;
+    if (vec && k < k_end && n + 8 <= n_end) {
+      cp_async16(d, s);
+    } else {
+      uint16_t v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = k < k_end && n + i < n_end ? s[i] : uint16_t(0);
+      uint4 packed;
+      packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+      packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+      packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+      packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+      *reinterpret_cast<uint4*>(d) = packed;
+    }
   }
 }
 
@@ -167,7 +186,7 @@ __global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
     if (p.nk) {
       load_k_contiguous<C::kBN, C::kThreads>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
     } else {
-      load_n_contiguous<C::kBN, C::kThreads>(ws, w, p.ld_w, n0, p.n, k0, k_end);
+      load_n_contiguous<C::kBN, C::kThreads>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
     }
   };
 
@@ -211,9 +230,16 @@ __global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
       }
 #pragma unroll
       for (int j = 0; j < C::kTilesN; ++j) {
-        const uint16_t* c = ws + (warp_n + 8 * j + g) * kRow + kk + 2 * t;
-        bw[j][0] = lds32(c);
-        bw[j][1] = lds32(c + 8);
+        if (p.nk) {  // ws[n][k]: k pairs are adjacent
+          const uint16_t* c = ws + (warp_n + 8 * j + g) * kRow + kk + 2 * t;
+          bw[j][0] = lds32(c);
+          bw[j][1] = lds32(c + 8);
+        } else {  // ws[k][n]: k pairs are a row apart
+          constexpr int kRowN = C::kBN + 8;
+          const uint16_t* c = ws + (kk + 2 * t) * kRowN + warp_n + 8 * j + g;
+          bw[j][0] = uint32_t(c[0]) | uint32_t(c[kRowN]) << 16;
+          bw[j][1] = uint32_t(c[8 * kRowN]) | uint32_t(c[9 * kRowN]) << 16;
+        }
       }
 #pragma unroll
       for (int i = 0; i < C::kTilesM; ++i) {
