@@ -55,7 +55,9 @@ build() {
 }
 
 step nvidia-smi 20 nvidia-smi -L
-if step build 300 build; then
+export -f build
+export B PY
+if step build 300 bash -c build; then
   step pytest 240 "$PY" -m pytest -q -p no:cacheprovider python/tests --junitxml="$OUT/pytest.xml"
   step incident_torch 240 "$PY" python/examples/incident_torch.py --markdown "$OUT/incident_torch.md"
   step incident_numpy 120 "$PY" python/examples/incident_numpy.py

@@ -24,10 +24,10 @@ LOG="$OUT/serve.log"
 SUMMARY="$OUT/serve-summary.md"
 SESSIONS="${SESSIONS:-60}"
 CONCURRENCY="${CONCURRENCY:-60}"
-PAGES="${PAGES:-200}"
+PAGES="${PAGES:-600}"
 : > "$LOG"
 : > "$SUMMARY"
-MODEL=(--backend cuda --preset tiny --max-rows 64 --pages "$PAGES")
+MODEL=(--backend cuda --preset tiny --max-rows 64 --max-context 4096 --pages "$PAGES")
 
 # serve PORT ARGS...: starts a server in the background; sets SERVER_PID.
 serve() {
@@ -138,7 +138,7 @@ if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --n
     [[ $variant == off ]] && flags+=(--no-prefix-cache)
     serve 8000 "${flags[@]}"
     bench "prefix-$variant" 600 --url http://127.0.0.1:8000 --sessions "$SESSIONS" \
-      --concurrency "$CONCURRENCY" --turns 4..8
+      --concurrency "$CONCURRENCY" --turns 4..8 --input-len 48 --output-len 24 --range-ratio 0.5
     curl -s http://127.0.0.1:8000/metrics | grep -E '^dsa:prefix_cache_(queries|hits|evictions)_total' \
       | sed "s/^/prefix cache $variant: /" >> "$SUMMARY"
     stop "$SERVER_PID"
