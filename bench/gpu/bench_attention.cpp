@@ -1,7 +1,9 @@
 // Attention benches: the DSA decode hot path at serving shapes.
 //   indexer_logits/{fp8,bf16}/B=64/L=32768   64 heads x 128; floor: key + scale + page-table bytes
-//   topk/k=2048/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots written
-//   sparse_mla/{bf16,fp8}/B=64/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops per row
+//   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
+//       written (k = 512: V4's indexer)
+//   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
+//       per row, or the measured launch latency when that is more
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -109,8 +111,7 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
   ctx.add(std::move(r));
 }
 
-void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
-  constexpr int kK = 2048;
+void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
   const double set_bytes = double(rows) * len * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
@@ -137,7 +138,8 @@ void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
       rows == 1 ? 200 : 20);
 
   BenchResult r;
-  r.name = "topk/k=2048/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
+  r.name =
+      "topk/k=" + std::to_string(kK) + "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
   r.us = us;
   r.bytes = set_bytes + double(rows) * kK * (4 + 8);
   r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
@@ -146,12 +148,12 @@ void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
   ctx.add(std::move(r));
 }
 
-void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
-  constexpr int kRows = 64, kHeads = 128, kTopk = 2048;
+void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_64& gen) {
+  constexpr int kHeads = 128, kTopk = 2048;
   Backend& be = ctx.backend;
   const int64_t token_bytes = latent_token_bytes(dtype);
-  const double set_bytes = double(kRows) * kTopk * token_bytes +
-                           double(kRows) * kHeads * (kLatentDim + kKvLoraRank) * 4;
+  const double set_bytes =
+      double(kRows) * kTopk * token_bytes + double(kRows) * kHeads * (kLatentDim + kKvLoraRank) * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
   // Each set selects from its own 2048 pages (131072 tokens) of the pool.
   const int64_t set_tokens = int64_t(kRows) * kTopk, pages = sets * set_tokens / kPageSize + 1;
@@ -189,17 +191,19 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
         p.lse = lse.data() + s * kRows * kHeads;
         be.sparse_mla(p);
       },
-      10);
+      kRows == 1 ? 200 : 10);
 
   BenchResult r;
-  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=64/H=128/topk=2048";
+  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
+           "/H=128/topk=2048";
   r.us = us;
   r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
   r.bytes = set_bytes;
-  r.floor_us = ctx.bf16_floor_us(r.flops);
-  r.floor_kind = "bf16";
+  r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
+  r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
   const double tflops = r.flops / (us * 1e6);
-  r.extra = {{"tflops", tflops}, {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
+  r.extra = {{"tflops", tflops},
+             {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
              {"rotation_sets", sets}};
   std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
               100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
@@ -212,10 +216,14 @@ void run_attention_benches(BenchContext& ctx) {
   std::mt19937_64 gen(2025);
   std::puts("attention benches");
   for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) bench_indexer(ctx, dtype, gen);
-  for (int len : {32768, 131072}) {
-    for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, gen);
+  for (int k : {2048, 512}) {
+    for (int len : {32768, 131072}) {
+      for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, k, gen);
+    }
   }
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) bench_sparse_mla(ctx, dtype, gen);
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+  }
 }
 
 }  // namespace dsa::bench
