@@ -388,22 +388,29 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
       }
     }
   }
-  // Long rows: the shared-memory candidate path (normal values) and the all-global path (ties
-  // put far more than the candidate buffer into the threshold's bin).
-  for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
-    TopkCase c({6, 2048, 131072, v, true, false});
-    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
+  // Long rows (CUDA slices them over a cluster of blocks): the shared-memory candidate path
+  // (normal values) and the all-global path (ties put far more than the candidate buffer into
+  // the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave slices empty.
+  for (int k : {2048, 512}) {
+    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+      TopkCase c({6, k, 131072, v, true, false});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
+    }
   }
+  TopkCase odd_long({6, 512, 20001, Values::kSpecials, true, true});  // sliced, unaligned rows
+  EXPECT_TRUE(check_parity(odd_long, cpu(), cuda(), 650));
   TopkCase small({3, 2048, 100, Values::kNormal, true, true});  // every row has seq_len <= k
   EXPECT_TRUE(check_parity(small, cpu(), cuda(), 700));
 }
 
 TEST_F(ParityAttention, TopkBatchInvariant) {
-  for (Values v : {Values::kNormal, Values::kSpecials}) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<TopkCase>(TopkSpec{rows, 2048, 40000, v, true, false});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  for (int k : {2048, 512}) {
+    for (Values v : {Values::kNormal, Values::kSpecials}) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<TopkCase>(TopkSpec{rows, k, 40000, v, true, false});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+    }
   }
 }
 
