@@ -2,7 +2,7 @@
 """The torch code a user would otherwise write for the attention bench rows of dsa_gpu_bench.
 
 Same row names, shapes and cache layouts as bench/gpu/bench_attention.cpp:
-  indexer_logits/{fp8,bf16}/B=64/L=32768     gather pages, einsum, relu, weighted head sum
+  indexer_logits/{fp8,bf16}/B=64/L=32768, B=1/L=131072  gather pages, einsum, relu, head sum
   topk/k={2048,512}/B={1,64,256}/L={32768,131072}  torch.topk
   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 gather, einsum, softmax, einsum
 
@@ -53,8 +53,8 @@ def shuffled_pages(rows, pages_per_row, device):
     return (torch.randperm(rows * pages_per_row, device=device) + 1).view(rows, pages_per_row)
 
 
-def bench_indexer(dtype, device):
-    rows, heads, length, dim = 64, 64, 32768, 128
+def bench_indexer(dtype, rows, length, device):
+    heads, dim = 64, 128
     ppr = length // PAGE
     pages = rows * ppr + 1
     table = shuffled_pages(rows, ppr, device).long()
@@ -85,7 +85,7 @@ def bench_indexer(dtype, device):
             s = torch.einsum("bhd,btd->bht", q8.to(torch.bfloat16), k).float()
             return (s.relu() * w_eff[:, :, None]).sum(1) * k_scale
 
-    return f"indexer_logits/{dtype}/B=64/L=32768", median_us(run, 5)
+    return f"indexer_logits/{dtype}/B={rows}/L={length}", median_us(run, 5)
 
 
 def bench_topk(rows, length, k, device):
@@ -136,7 +136,8 @@ def main():
     torch.manual_seed(0)
     rows = []
     for dtype in ("fp8", "bf16"):
-        rows.append(bench_indexer(dtype, device))
+        rows.append(bench_indexer(dtype, 64, 32768, device))
+        rows.append(bench_indexer(dtype, 1, 131072, device))
     for k in (2048, 512):
         for length in (32768, 131072):
             for b in (1, 64, 256):
