@@ -222,7 +222,8 @@ __device__ void emit_winners(const TopkParams& p, TopkShared& s, int row, const 
 }
 
 // Sums every block's histogram of the cluster into each block's own, bins [0, nbins).
-__device__ void merge_hist(TopkShared& s, int nbins, cg::cluster_group& cluster) {
+__device__ void merge_hist(TopkShared& s, int nbins) {
+  cg::cluster_group cluster = cg::this_cluster();
   constexpr int kPer = kMaxBins / kThreads;
   uint32_t sum[kPer] = {};
   cluster.sync();  // every block's histogram is complete
@@ -286,9 +287,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkParams p) {
   if (threadIdx.x == 0) s.candidate_count = 0;
   Selection sel;
   sel.k_rem = uint32_t(p.k);
-  cg::cluster_group cluster = cg::this_cluster();
   auto merge = [&](int nbins) {
-    if constexpr (kSliced) merge_hist(s, nbins, cluster);
+    if constexpr (kSliced) merge_hist(s, nbins);
   };
 
   clear_hist(s);
@@ -311,6 +311,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkParams p) {
   // sel.prefix is now the k-th largest key and sel.k_rem the ties at it to take.
   uint32_t base_gt = 0, base_eq = 0;
   if constexpr (kSliced) {
+    cg::cluster_group cluster = cg::this_cluster();
     uint32_t gt, eq;
     count_slice(s, row_ptr, aligned, begin, end, sel.prefix, gt, eq);
     if (threadIdx.x == 0) s.slice_gt = gt, s.slice_eq = eq;
