@@ -202,12 +202,34 @@ __device__ void store_fp8_pieces(__nv_bfloat16* kv, const uint2 (&raw)[kLoadsPer
 }
 
 // q of the block's 64 heads, rounded to bf16; heads past p.heads are zero.
+// Read in batches of kBatch 4-float pieces per thread, all loads of a batch in flight at once
+// (16-byte loads when the row is 16-byte aligned; a head's 576 floats keep that alignment).
 __device__ void load_queries(const SparseMlaParams& p, int row, int head0, __nv_bfloat16* q_s) {
+  constexpr int kRowPieces = kLatentDim / 4;                          // 144 per head
+  constexpr int kPerThread = kHeadsPerBlock * kRowPieces / kThreads;  // 36
+  constexpr int kBatch = 12;
+  static_assert(kHeadsPerBlock * kRowPieces % kThreads == 0 && kPerThread % kBatch == 0);
   const float* q = p.q + int64_t(row) * p.ld_q;
-  for (int i = threadIdx.x; i < kHeadsPerBlock * kLatentDim; i += kThreads) {
-    const int h = i / kLatentDim, d = i % kLatentDim;
-    const float v = head0 + h < p.heads ? q[int64_t(head0 + h) * kLatentDim + d] : 0.0f;
-    q_s[h * kPitch + d] = __float2bfloat16_rn(v);
+  const bool aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
+  for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int piece = threadIdx.x + (b0 + i) * kThreads;
+      const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
+      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (head0 + h >= p.heads) continue;
+      const float* src = q + int64_t(head0 + h) * kLatentDim + d;
+      v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
+                     : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int piece = threadIdx.x + (b0 + i) * kThreads;
+      const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
+      *reinterpret_cast<uint2*>(q_s + h * kPitch + d) =
+          make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
+    }
   }
 }
 
@@ -347,11 +369,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   uint2 raw[kLoadsPerThread];
   float tile_scale[kLoadsPerThread];
-  load_queries(p, row, head0, q_s);
   __syncthreads();  // the staged slots are visible
-  if (n_chunks > 0) {
-    fetch_chunk<D>(p, slots_s, kv_s, raw, tile_scale);
-    if constexpr (D == KvDtype::kFp8) store_fp8_pieces(kv_s, raw, tile_scale);
+  if (n_chunks > 0) fetch_chunk<D>(p, slots_s, kv_s, raw, tile_scale);
+  load_queries(p, row, head0, q_s);  // while chunk 0 is in flight
+  if constexpr (D == KvDtype::kFp8) {
+    if (n_chunks > 0) store_fp8_pieces(kv_s, raw, tile_scale);
   }
 
   float o[32][4] = {};
