@@ -7,10 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmake --preset gpu
-cmake --build --preset gpu -j "${JOBS:-2}" --target dsa_parity_tests dsa_gpu_bench dsa_tests dsa
+cmake --build --preset gpu -j "${JOBS:-2}" --target dsa_parity_tests dsa_gpu_bench dsa_tests dsa \
+  dsa_bench_text
 
 bins=(build-gpu/tests/dsa_parity_tests build-gpu/tests/dsa_tests build-gpu/bench/dsa_gpu_bench
-      build-gpu/dsa)
+      build-gpu/bench/dsa_bench_text build-gpu/dsa)
 mkdir -p build-gpu/lib
 rm -f build-gpu/lib/*
 for bin in "${bins[@]}"; do

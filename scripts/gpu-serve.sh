@@ -54,7 +54,7 @@ bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve, its table to the log 
 }
 
 if [[ -z ${SKIP_MATRIX:-} ]]; then
-  echo "## Client-side incident table (dsa serve + dsa bench-serve --check)" >> "$SUMMARY"
+  echo "## Client-side incident table (dsa serve + dsa bench-serve --check; prefix cache on, the default)" >> "$SUMMARY"
   echo >> "$SUMMARY"
   echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) |" >> "$SUMMARY"
   echo "|---|---|---|---|---|" >> "$SUMMARY"
@@ -139,7 +139,7 @@ if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --n
     serve 8000 "${flags[@]}"
     bench "prefix-$variant" 600 --url http://127.0.0.1:8000 --sessions "$SESSIONS" \
       --concurrency "$CONCURRENCY" --turns 4..8
-    curl -s http://127.0.0.1:8000/metrics | grep -E '^prefix_cache_(queries|hits)_total' \
+    curl -s http://127.0.0.1:8000/metrics | grep -E '^dsa:prefix_cache_(queries|hits|evictions)_total' \
       | sed "s/^/prefix cache $variant: /" >> "$SUMMARY"
     stop "$SERVER_PID"
     sed "s/^/prefix cache $variant: /" "$TMP/prefix-$variant.txt" >> "$SUMMARY"

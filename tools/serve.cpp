@@ -17,7 +17,7 @@ struct ServeOpts {
   ModelOptions model;
   server::ServerOptions server;
   std::string mode = "graph", inject, tokenizer;
-  bool allow_fault_injection = false, audit = false;
+  bool allow_fault_injection = false, audit = false, no_prefix_cache = false;
   int max_running = 0;
 };
 
@@ -49,6 +49,7 @@ int run_serve(ServeOpts& o) {
     m.engine.runner.faults = faults;
     m.engine.max_running = o.max_running;
     m.engine.audit = o.audit;
+    m.engine.prefix_cache = !o.no_prefix_cache;
     m.backend = std::move(stack.backend);
     m.model = std::move(stack.model);
     m.cache = std::move(stack.cache);
@@ -116,6 +117,8 @@ void register_serve(CLI::App& app, SubcommandAction& run) {
                   "--allow-fault-injection)");
   cmd->add_flag("--allow-fault-injection", o->allow_fault_injection,
                 "allow --inject: every response then carries X-Dsa-Fault-Injection");
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "turn the prefix cache off: every request prefills its whole prompt");
   cmd->add_flag("--audit", o->audit, "run the slot-integrity auditor (dsa:auditor_findings_total)");
   cmd->callback([&run, o] { run = [o] { return run_serve(*o); }; });
 }

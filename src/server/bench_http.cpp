@@ -156,6 +156,9 @@ void stream_request(const Endpoint& endpoint, const std::string& path, const std
       if (chunk.contains("usage") && chunk["usage"].is_object()) {
         record.prompt_tokens = chunk["usage"].value("prompt_tokens", 0);
         record.output_tokens = chunk["usage"].value("completion_tokens", 0);
+        const json& usage = chunk["usage"];
+        if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object())
+          record.cached_tokens = usage["prompt_tokens_details"].value("cached_tokens", 0);
       }
       if (reply.add(chunk)) {
         const double now = since(start);

@@ -53,6 +53,10 @@ std::string bench_table(const BenchOptions& o, const BenchReport& r) {
   line("Benchmark duration (s):", num(r.duration_s));
   line("Total input tokens:", std::to_string(r.input_tokens));
   line("Total generated tokens:", std::to_string(r.output_tokens));
+  line("Cached input tokens:", std::to_string(r.cached_tokens));
+  line("Prefix cache hit rate:",
+       r.input_tokens > 0 ? fmt::format("{:.1f}%", 100.0 * double(r.cached_tokens) / double(r.input_tokens))
+                          : std::string("-"));
   line("Request throughput (req/s):", num(r.request_throughput));
   line("Output token throughput (tok/s):", num(r.output_throughput));
   line("Total token throughput (tok/s):", num(r.total_token_throughput));
@@ -65,6 +69,10 @@ std::string bench_table(const BenchOptions& o, const BenchReport& r) {
     line(fmt::format("P99 {} (ms):", key), num(p.p99));
   };
   block("Time to First Token", "TTFT", r.ttft_ms);
+  if (o.sessions > 0 && o.max_turns >= 3) {
+    line("Median TTFT, turns >= 3 (ms):", num(r.ttft_late_ms.median));
+    line("P90 TTFT, turns >= 3 (ms):", num(r.ttft_late_ms.p90));
+  }
   block("Time per Output Token (excl. 1st token)", "TPOT", r.tpot_ms);
   block("Inter-token Latency", "ITL", r.itl_ms);
   block("End-to-end Latency", "E2EL", r.e2el_ms);
@@ -98,10 +106,14 @@ json bench_json(const BenchOptions& o, const BenchReport& r) {
             {"failed", r.failed},
             {"total_input_tokens", r.input_tokens},
             {"total_output_tokens", r.output_tokens},
+            {"total_cached_tokens", r.cached_tokens},
+            {"prefix_cache_hit_rate",
+             r.input_tokens > 0 ? double(r.cached_tokens) / double(r.input_tokens) : 0.0},
             {"request_throughput", r.request_throughput},
             {"output_throughput", r.output_throughput},
             {"total_token_throughput", r.total_token_throughput},
             {"ttft_ms", percentiles_json(r.ttft_ms)},
+            {"ttft_turn3plus_ms", percentiles_json(r.ttft_late_ms)},
             {"tpot_ms", percentiles_json(r.tpot_ms)},
             {"itl_ms", percentiles_json(r.itl_ms)},
             {"e2el_ms", percentiles_json(r.e2el_ms)},

@@ -288,7 +288,7 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
   rep.duration_s = std::chrono::duration<double>(BenchClock::now() - d.t0).count();
   rep.records = std::move(d.records);
 
-  std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<double> ttft, tpot, itl, e2el, ttft_late;
   int good = 0;
   for (const RequestRecord& r : rep.records) {
     if (!r.fault_injection.empty()) rep.fault_injection = r.fault_injection;
@@ -299,7 +299,9 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
     ++rep.completed;
     rep.input_tokens += r.prompt_tokens;
     rep.output_tokens += r.output_tokens;
+    rep.cached_tokens += r.cached_tokens;
     ttft.push_back(r.ttft_s * 1e3);
+    if (o.sessions > 0 && r.turn >= 2) ttft_late.push_back(r.ttft_s * 1e3);
     e2el.push_back(r.e2el_s * 1e3);
     for (double x : r.itl_s) itl.push_back(x * 1e3);
     const double r_tpot =
@@ -314,6 +316,7 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
   rep.total_token_throughput = double(rep.input_tokens + rep.output_tokens) / s;
   rep.goodput = good / s;
   rep.ttft_ms = percentiles(ttft);
+  rep.ttft_late_ms = percentiles(ttft_late);
   rep.tpot_ms = percentiles(tpot);
   rep.itl_ms = percentiles(itl);
   rep.e2el_ms = percentiles(e2el);

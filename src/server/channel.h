@@ -21,6 +21,7 @@ struct ChannelFinal {
   int prompt_tokens = 0;
   int generated_tokens = 0;       // all the engine generated (may exceed what was streamed)
   std::optional<ApiError> error;  // set when the request failed
+  int cached_tokens = 0;          // prompt tokens found in the prefix cache (not prefilled)
 };
 
 class RequestChannel {

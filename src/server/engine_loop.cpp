@@ -148,7 +148,8 @@ void EngineLoop::run(ModelLoader loader) {
     for (RequestOutput& out : engine->take_finished()) {
       auto it = live_.find(out.id);
       if (it == live_.end()) continue;
-      ChannelFinal final{out.reason, out.prompt_tokens, int(out.tokens.size()), std::nullopt};
+      ChannelFinal final{out.reason, out.prompt_tokens, int(out.tokens.size()), std::nullopt,
+                         out.cached_tokens};
       if (out.reason == FinishReason::kFailed) final.error = engine_error(out);
       close(it->second, std::move(final));
       live_.erase(it);
@@ -247,6 +248,7 @@ void EngineLoop::publish(const Engine& engine, KvCache& cache) {
   g.running = int64_t(engine.running());
   g.waiting = int64_t(engine.waiting());
   g.used_pages = cache.allocator().used_pages();
+  g.cached_pages = cache.allocator().cached_pages();
   g.usable_pages = cache.allocator().total_pages() - 1;
   g.stats = engine.stats();
   metrics_.publish(g);

@@ -103,7 +103,7 @@ json GenerationJob::usage() const {
   return {{"prompt_tokens", prompt_tokens_},
           {"completion_tokens", completion_tokens()},
           {"total_tokens", prompt_tokens_ + completion_tokens()},
-          {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+          {"prompt_tokens_details", {{"cached_tokens", final_ ? final_->cached_tokens : 0}}}};
 }
 
 }  // namespace dsa::server

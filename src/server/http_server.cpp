@@ -147,7 +147,8 @@ ServerSnapshot Server::snapshot() const {
   snap.load_error = s.loop.load_error();
   const EngineGauges g = s.metrics.gauges();
   snap.total_pages = g.usable_pages + 1;
-  snap.free_pages = g.usable_pages - g.used_pages;
+  snap.free_pages = g.usable_pages - g.used_pages - g.cached_pages;
+  snap.cached_pages = g.cached_pages;
   snap.running = g.running;
   snap.waiting = g.waiting;
   snap.in_flight = s.loop.in_flight();

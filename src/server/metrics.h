@@ -32,7 +32,9 @@ class Histogram {
 // What the engine thread publishes after every step.
 struct EngineGauges {
   int64_t running = 0, waiting = 0;
-  int64_t used_pages = 0, usable_pages = 0;  // usable: total - 1 (page 0 is reserved)
+  // usable: total - 1 (page 0 is reserved); used: owned by requests; cached: held only by the
+  // prefix cache (evictable). usable = free + used + cached.
+  int64_t used_pages = 0, cached_pages = 0, usable_pages = 0;
   EngineStats stats;
 };
 

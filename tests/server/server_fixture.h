@@ -38,6 +38,7 @@ struct TinyOptions {
   int64_t pages = 64;
   RunMode mode = RunMode::kGraph;
   FaultSet faults;
+  bool prefix_cache = false;  // dsa serve turns it on; the tests ask for it where they test it
 };
 
 // The tiny preset with the tiny tokenizer's 1024-id vocabulary and synthetic weights.
@@ -56,6 +57,7 @@ inline LoadedModel load_tiny(const TinyOptions& t) {
   m.engine.runner.mode = t.mode;
   m.engine.runner.faults = t.faults;
   m.engine.max_running = t.max_running;
+  m.engine.prefix_cache = t.prefix_cache;
   return m;
 }
 

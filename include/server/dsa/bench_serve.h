@@ -47,6 +47,7 @@ struct RequestRecord {
   int status = 0;
   int session = -1, turn = -1;
   int prompt_tokens = 0, output_tokens = 0;
+  int cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens (the prefix cache)
   double start_s = 0;  // since the benchmark's start
   double ttft_s = 0;   // to the first chunk with generated text
   double e2el_s = 0;
@@ -73,9 +74,11 @@ struct BenchReport {
   double duration_s = 0;
   int completed = 0, failed = 0;
   int64_t input_tokens = 0, output_tokens = 0;
+  int64_t cached_tokens = 0;  // input tokens the server found in its prefix cache
   double request_throughput = 0, output_throughput = 0, total_token_throughput = 0;
   double goodput = 0;  // requests/s within the SLOs (only with an SLO)
   Percentiles ttft_ms, tpot_ms, itl_ms, e2el_ms;
+  Percentiles ttft_late_ms;  // sessions: TTFT of turns >= 3 (1-based), where history dominates
   std::string fault_injection;
   bool checked = false;
   CheckResult check;

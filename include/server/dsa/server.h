@@ -52,7 +52,7 @@ using ModelLoader = std::function<LoadedModel()>;
 struct ServerSnapshot {
   bool ready = false;
   std::string load_error;  // non-empty when loading failed
-  int64_t free_pages = 0, total_pages = 0;
+  int64_t free_pages = 0, cached_pages = 0, total_pages = 0;  // cached: prefix cache only
   int64_t running = 0, waiting = 0;
   int64_t in_flight = 0;  // accepted and not yet finished, queued to the engine thread included
   EngineStats stats;
