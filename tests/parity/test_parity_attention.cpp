@@ -401,6 +401,10 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
   EXPECT_TRUE(check_parity(odd_long, cpu(), cuda(), 650));
   TopkCase small({3, 2048, 100, Values::kNormal, true, true});  // every row has seq_len <= k
   EXPECT_TRUE(check_parity(small, cpu(), cuda(), 700));
+  // Past 32 long rows CUDA goes back to one block per row; TopkBatchInvariant crosses the two
+  // kernels too (1 and 7 rows sliced, 64 and 256 not).
+  TopkCase many_long({40, 2048, 20001, Values::kTies, true, false});
+  EXPECT_TRUE(check_parity(many_long, cpu(), cuda(), 750));
 }
 
 TEST_F(ParityAttention, TopkBatchInvariant) {
