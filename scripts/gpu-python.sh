@@ -16,19 +16,7 @@ export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$PWD/$B/python"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PY="${PYTHON:-python3}"
-fails=0
-
-step() {
-  local name="$1" limit="$2"
-  shift 2
-  echo "=== $name: $* (timeout ${limit}s)" | tee -a "$LOG"
-  local start=$SECONDS
-  timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
-  local rc=$?
-  [[ $rc -ne 0 ]] && fails=$((fails + 1))
-  echo "=== $name: rc=$rc in $((SECONDS - start))s" | tee -a "$LOG"
-  return $rc
-}
+source scripts/gpu-steps.sh
 
 build() {
   local cuda nvcc version ext pyinc pbinc
