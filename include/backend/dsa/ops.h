@@ -198,14 +198,15 @@ struct StoreLatentKvParams {
 // the auditor the truth of every slot a real row wrote from what the row meant to write.
 struct DigestRowsParams {
   PoolKind kind = PoolKind::kLatent;
-  const float* values = nullptr;  // [rows, 128] index keys, or [rows, 512] latent c; stride ld_values
+  const float* values =
+      nullptr;  // [rows, 128] index keys, or [rows, 512] latent c; stride ld_values
   const float* k_rope = nullptr;  // [rows, 64] roped keys (latent only), row stride ld_rope
   int64_t ld_values = 0, ld_rope = 0;
   const int32_t* n_real = nullptr;  // [1] real rows, read on the device
   int rows = 0;
-  KvDtype dtype = KvDtype::kBf16;   // the pool's encoding
+  KvDtype dtype = KvDtype::kBf16;  // the pool's encoding
   ScaleRounding rounding = ScaleRounding::kExact;
-  uint64_t* digests = nullptr;      // [rows] out
+  uint64_t* digests = nullptr;  // [rows] out
 };
 
 // ---- Indexer, top-k, sparse attention (DESIGN §1.5-7) ----------------------------------------
@@ -227,7 +228,7 @@ struct IndexerLogitsParams {
   PoolView pool;                        // index-K layout
   int rows = 0, heads = 0;
   int64_t ld_q = 0, ld_w = 0, ld_page_table = 0, ld_logits = 0;
-  int32_t* error_count = nullptr;     // [1] the step's error flag: += 1 per bad page id (optional)
+  int32_t* error_count = nullptr;  // [1] the step's error flag: += 1 per bad page id (optional)
 };
 
 // The positions of the k largest logits[r, t], t < seq_lens[r]. Ties go to the lower t; if

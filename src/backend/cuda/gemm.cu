@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
       const int e = tid + l * kThreads;
       const int col = nk ? e / kTileK : e % kTileN, kk = nk ? e % kTileK : e / kTileN;
       const bool in = n0 + col < p.n && k0 + kk < p.k;
-      const int64_t at = nk ? int64_t(n0 + col) * p.ld_w + k0 + kk
-                            : int64_t(k0 + kk) * p.ld_w + n0 + col;
+      const int64_t at =
+          nk ? int64_t(n0 + col) * p.ld_w + k0 + kk : int64_t(k0 + kk) * p.ld_w + n0 + col;
       ws[kk][col] = in ? bf16_to_float(w[at]) : 0.0f;
     }
     __syncthreads();
@@ -98,16 +98,13 @@ struct SmallChunk {
 
 // `vec`: w and x rows are 16-byte aligned (checked on the host), so whole in-range runs load as
 // 16-byte vectors.
-__device__ __forceinline__ void load_small_chunk(const GemmParams& p, const float* x,
-                                                 const Bf16* w, int m0, int n0, int k0, bool vec,
-                                                 SmallChunk& c) {
+__device__ __forceinline__ void load_small_chunk(const GemmParams& p, const float* x, const Bf16* w,
+                                                 int m0, int n0, int k0, bool vec, SmallChunk& c) {
   const int t = threadIdx.x;
   const bool nk = p.layout == WeightLayout::kNK;
   const int col0 = nk ? t / 8 : 0, kk0 = nk ? (t % 8) * 32 : t;  // the run's first value
-  const int64_t at0 = nk ? int64_t(n0 + col0) * p.ld_w + k0 + kk0
-                         : int64_t(k0 + kk0) * p.ld_w + n0;
-  const bool whole = nk ? n0 + col0 < p.n && k0 + kk0 + 31 < p.k
-                        : k0 + kk0 < p.k && n0 + 31 < p.n;
+  const int64_t at0 = nk ? int64_t(n0 + col0) * p.ld_w + k0 + kk0 : int64_t(k0 + kk0) * p.ld_w + n0;
+  const bool whole = nk ? n0 + col0 < p.n && k0 + kk0 + 31 < p.k : k0 + kk0 < p.k && n0 + 31 < p.n;
   if (vec && whole) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
