@@ -22,19 +22,7 @@ STEPS="$OUT/steps.tsv"
 : > "$LOG"
 : > "$STEPS"
 
-# step NAME TIMEOUT_S COMMAND...: runs, appends its output to the log, records rc and seconds.
-step() {
-  local name="$1" limit="$2"
-  shift 2
-  echo "=== $name: $* (timeout ${limit}s)" | tee -a "$LOG"
-  local start=$SECONDS
-  timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
-  local rc=$?
-  local note=""
-  [[ $rc -eq 124 || $rc -eq 137 ]] && note="TIMEOUT"
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$note" >> "$STEPS"
-  echo "=== $name: rc=$rc $note in $((SECONDS - start))s" | tee -a "$LOG"
-}
+source scripts/gpu-steps.sh
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 # Tensor-core instructions per GEMM kernel (HMMA expected in gemm_tensor_kernel).

@@ -16,19 +16,7 @@ export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$PWD/$B/python"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PY="${PYTHON:-python3}"
-fails=0
-
-step() {
-  local name="$1" limit="$2"
-  shift 2
-  echo "=== $name: $* (timeout ${limit}s)" | tee -a "$LOG"
-  local start=$SECONDS
-  timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
-  local rc=$?
-  [[ $rc -ne 0 ]] && fails=$((fails + 1))
-  echo "=== $name: rc=$rc in $((SECONDS - start))s" | tee -a "$LOG"
-  return $rc
-}
+source scripts/gpu-steps.sh
 
 build() {
   local cuda nvcc version ext pyinc pbinc
@@ -55,7 +43,9 @@ build() {
 }
 
 step nvidia-smi 20 nvidia-smi -L
-if step build 300 build; then
+export -f build
+export B PY
+if step build 300 bash -c build; then
   step pytest 240 "$PY" -m pytest -q -p no:cacheprovider python/tests --junitxml="$OUT/pytest.xml"
   step incident_torch 240 "$PY" python/examples/incident_torch.py --markdown "$OUT/incident_torch.md"
   step incident_numpy 120 "$PY" python/examples/incident_numpy.py

@@ -29,13 +29,24 @@ PAGES="${PAGES:-200}"
 : > "$SUMMARY"
 MODEL=(--backend cuda --preset tiny --max-rows 64 --pages "$PAGES")
 
-# serve PORT ARGS...: starts a server in the background; sets SERVER_PID.
+# serve PORT ARGS...: starts a server in the background, sets SERVER_PID, and waits until /health
+# answers 200; fails at once (rc 1) when the server exits first, e.g. on a bad flag.
 serve() {
   local port="$1"
   shift
   echo "=== serve :$port $*" >> "$LOG"
   "$DSA" --log info serve "${MODEL[@]}" --port "$port" "$@" >> "$LOG" 2>&1 &
   SERVER_PID=$!
+  for _ in $(seq 600); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "=== serve :$port exited before it was ready" | tee -a "$LOG" >&2
+      return 1
+    fi
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health") == 200 ]] && return 0
+    sleep 0.2
+  done
+  echo "=== serve :$port not ready after 120 s" | tee -a "$LOG" >&2
+  return 1
 }
 stop() {
   kill -TERM "$1" 2>/dev/null
@@ -58,8 +69,10 @@ if [[ -z ${SKIP_MATRIX:-} ]]; then
   echo >> "$SUMMARY"
   echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) |" >> "$SUMMARY"
   echo "|---|---|---|---|---|" >> "$SUMMARY"
+  # No tool definitions: they take ~900 of the tiny model's 1024 positions in its 1024-id
+  # tokenizer, which would leave each session one turn.
   WORKLOAD=(--sessions "$SESSIONS" --concurrency "$CONCURRENCY" --turns 2..4 --input-len 48
-            --output-len 24 --range-ratio 0.5 --check)
+            --output-len 24 --range-ratio 0.5 --no-tools --check)
   for kdt in bf16 fp8; do
     serve 8100 --index-k "$kdt" --mode eager  # the reference: guarded, eager, replays alone
     REF_PID=$SERVER_PID
@@ -138,7 +151,8 @@ if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --n
     [[ $variant == off ]] && flags+=(--no-prefix-cache)
     serve 8000 "${flags[@]}"
     bench "prefix-$variant" 600 --url http://127.0.0.1:8000 --sessions "$SESSIONS" \
-      --concurrency "$CONCURRENCY" --turns 4..8
+      --concurrency "$CONCURRENCY" --turns 4..8 --input-len 32 --output-len 16 --range-ratio 0.5 \
+      --no-tools
     curl -s http://127.0.0.1:8000/metrics | grep -E '^dsa:prefix_cache_(queries|hits|evictions)_total' \
       | sed "s/^/prefix cache $variant: /" >> "$SUMMARY"
     stop "$SERVER_PID"

@@ -15,17 +15,8 @@ export LD_LIBRARY_PATH="$PWD/build-gpu/lib:${LD_LIBRARY_PATH:-}"
 export TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1
 LOG="$OUT/text.log"
 : > "$LOG"
-fails=0
-step() {  # step NAME TIMEOUT COMMAND...
-  local name="$1" limit="$2"
-  shift 2
-  echo "=== $name: $*" | tee -a "$LOG"
-  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  [[ $rc -ne 0 ]] && fails=$((fails + 1))
-  echo "=== $name: rc=$rc" | tee -a "$LOG"
-}
-step cpu 10 bash -c "lscpu | grep -E 'Model name|^CPU\(s\)'"
+source scripts/gpu-steps.sh
+step cpu 10 bash -c "lscpu | grep -E 'Model name|^CPU\\(s\\)'"
 step dsa-encode 240 build-gpu/bench/dsa_bench_text --tokenizer-dir "$DIR" \
   --benchmark_filter='EncodeMixed|EncodeTokens' --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true

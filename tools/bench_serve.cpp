@@ -111,6 +111,8 @@ void register_bench_serve(CLI::App& app, SubcommandAction& run) {
       ->check(CLI::Range(0.0, 0.99));
   cmd->add_option("--sessions", b.sessions, "agent sessions (multi-turn chat with tools)")
       ->check(CLI::Range(0, 1000000));
+  cmd->add_flag("!--no-tools", b.tools,
+                "sessions: send no tool definitions (short prompts for small-context models)");
   cmd->add_option("--turns", o->turns, "turns per session: N or A..B")->capture_default_str();
   cmd->add_option("--temperature", b.temperature, "0: greedy; > 0: seeded sampling")
       ->capture_default_str()

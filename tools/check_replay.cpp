@@ -31,9 +31,10 @@ void print_report(const ReplayCheckReport& r, double seconds) {
   if (r.findings.size() > shown) fmt::print("    ... and {} more\n", r.findings.size() - shown);
   fmt::print("  sequences    {} lived past index_topk; {} diverged from eager\n", r.long_sequences,
              r.diverged.size());
-  fmt::print("  detection    {} of {} victims also diverged (their findings changed logits); "
-             "diverged_not_flagged {}\n",
-             r.flagged_and_diverged(), r.victims.size(), r.diverged_not_flagged());
+  fmt::print(
+      "  detection    {} of {} victims also diverged (their findings changed logits); "
+      "diverged_not_flagged {}\n",
+      r.flagged_and_diverged(), r.victims.size(), r.diverged_not_flagged());
   if (r.oracle) {
     fmt::print("  oracle       oracle_clobbers {}, auditor_found {}, auditor_unconfirmed {}\n",
                r.oracle_clobbers, r.auditor_found, r.auditor_unconfirmed);

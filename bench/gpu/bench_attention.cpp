@@ -1,7 +1,10 @@
 // Attention benches: the DSA decode hot path at serving shapes.
-//   indexer_logits/{fp8,bf16}/B=64/L=32768   64 heads x 128; floor: key + scale + page-table bytes
-//   topk/k=2048/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots written
-//   sparse_mla/{bf16,fp8}/B=64/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops per row
+//   indexer_logits/{fp8,bf16}/B=64/L=32768 and B=1/L=131072   64 heads x 128; floor: key + scale
+//       + page-table bytes
+//   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
+//       written (k = 512: V4's indexer)
+//   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
+//       per row, or the measured launch latency when that is more
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -68,17 +71,22 @@ std::vector<int32_t> shuffled_pages(std::mt19937_64& gen, int64_t count) {
   return pages;
 }
 
-void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
-  constexpr int kRows = 64, kHeads = 64, kLen = 32768;
+void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen) {
+  constexpr int kHeads = 64;
   Backend& be = ctx.backend;
-  const int64_t pages_per_row = kLen / kPageSize, pages = kRows * pages_per_row + 1;
   const int64_t page_bytes = index_k_page_bytes(dtype);
+  // Sets of page tables over disjoint pages, rotated so that a set that fits in L2 is not read
+  // from it (B = 1: 17 MB of fp8 keys).
+  const int64_t pages_per_row = kLen / kPageSize, set_pages = kRows * pages_per_row;
+  const int sets = BenchContext::rotation_sets(double(set_pages) * page_bytes);
+  const int64_t pages = sets * set_pages + 1;
   DeviceBuffer<uint8_t> pool(be, size_t(pages * page_bytes));
   be.fill(pool.data(), 0, pool.bytes());  // page 0 stays zero
   fill_pool_random(be, PoolView{pool.data(), dtype, ScaleRounding::kExact, pages},
                    PoolKind::kIndexK, gen());
-  DeviceBuffer<int32_t> table(be, size_t(kRows * pages_per_row)), seq_lens(be, kRows);
-  be.copy_to_device(table.data(), shuffled_pages(gen, kRows * pages_per_row).data(), table.bytes());
+  DeviceBuffer<int32_t> table(be, size_t(sets * set_pages)), seq_lens(be, kRows);
+  std::vector<int32_t> tables = shuffled_pages(gen, sets * set_pages);
+  be.copy_to_device(table.data(), tables.data(), table.bytes());
   const std::vector<int32_t> lens(kRows, kLen);
   be.copy_to_device(seq_lens.data(), lens.data(), seq_lens.bytes());
   DeviceBuffer<float> q(be, size_t(kRows) * kHeads * kIndexHeadDim), w(be, size_t(kRows) * kHeads);
@@ -94,23 +102,32 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
   p.rows = kRows, p.heads = kHeads;
   p.ld_q = kHeads * kIndexHeadDim, p.ld_w = kHeads, p.ld_page_table = pages_per_row;
   p.ld_logits = kLen;
-  const double us = ctx.time_us([&] { be.indexer_logits(p); }, 20);
+  int64_t call = 0;
+  const double us = ctx.time_us(
+      [&] {
+        p.page_table = table.data() + (call++ % sets) * set_pages;
+        be.indexer_logits(p);
+      },
+      kRows == 1 ? 100 : 20);
 
   BenchResult r;
-  r.name = std::string("indexer_logits/") + kv_dtype_name(dtype) + "/B=64/L=32768";
+  r.name = std::string("indexer_logits/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
+           "/L=" + std::to_string(kLen);
   r.us = us;
-  r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(table.bytes());
+  r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
   r.floor_us = ctx.hbm_floor_us(r.bytes);
   r.floor_kind = "hbm";
   const double gbs = r.bytes / (us * 1e3);
-  r.extra = {{"gbs_read", gbs}, {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs}, {"heads", kHeads}};
+  r.extra = {{"gbs_read", gbs},
+             {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs},
+             {"heads", kHeads},
+             {"rotation_sets", sets}};
   std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s\n", gbs, 100.0 * gbs / ctx.copy_gbs,
               ctx.copy_gbs);
   ctx.add(std::move(r));
 }
 
-void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
-  constexpr int kK = 2048;
+void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
   const double set_bytes = double(rows) * len * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
@@ -137,7 +154,8 @@ void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
       rows == 1 ? 200 : 20);
 
   BenchResult r;
-  r.name = "topk/k=2048/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
+  r.name =
+      "topk/k=" + std::to_string(kK) + "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
   r.us = us;
   r.bytes = set_bytes + double(rows) * kK * (4 + 8);
   r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
@@ -146,12 +164,12 @@ void bench_topk(BenchContext& ctx, int rows, int len, std::mt19937_64& gen) {
   ctx.add(std::move(r));
 }
 
-void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
-  constexpr int kRows = 64, kHeads = 128, kTopk = 2048;
+void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_64& gen) {
+  constexpr int kHeads = 128, kTopk = 2048;
   Backend& be = ctx.backend;
   const int64_t token_bytes = latent_token_bytes(dtype);
-  const double set_bytes = double(kRows) * kTopk * token_bytes +
-                           double(kRows) * kHeads * (kLatentDim + kKvLoraRank) * 4;
+  const double set_bytes =
+      double(kRows) * kTopk * token_bytes + double(kRows) * kHeads * (kLatentDim + kKvLoraRank) * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
   // Each set selects from its own 2048 pages (131072 tokens) of the pool.
   const int64_t set_tokens = int64_t(kRows) * kTopk, pages = sets * set_tokens / kPageSize + 1;
@@ -189,17 +207,19 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
         p.lse = lse.data() + s * kRows * kHeads;
         be.sparse_mla(p);
       },
-      10);
+      kRows == 1 ? 200 : 10);
 
   BenchResult r;
-  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=64/H=128/topk=2048";
+  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
+           "/H=128/topk=2048";
   r.us = us;
   r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
   r.bytes = set_bytes;
-  r.floor_us = ctx.bf16_floor_us(r.flops);
-  r.floor_kind = "bf16";
+  r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
+  r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
   const double tflops = r.flops / (us * 1e6);
-  r.extra = {{"tflops", tflops}, {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
+  r.extra = {{"tflops", tflops},
+             {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
              {"rotation_sets", sets}};
   std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
               100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
@@ -211,11 +231,18 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, std::mt19937_64& gen) {
 void run_attention_benches(BenchContext& ctx) {
   std::mt19937_64 gen(2025);
   std::puts("attention benches");
-  for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) bench_indexer(ctx, dtype, gen);
-  for (int len : {32768, 131072}) {
-    for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, gen);
+  for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
+    bench_indexer(ctx, dtype, 64, 32768, gen);
+    bench_indexer(ctx, dtype, 1, 131072, gen);
   }
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) bench_sparse_mla(ctx, dtype, gen);
+  for (int k : {2048, 512}) {
+    for (int len : {32768, 131072}) {
+      for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, k, gen);
+    }
+  }
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+  }
 }
 
 }  // namespace dsa::bench

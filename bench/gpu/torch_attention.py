@@ -2,9 +2,9 @@
 """The torch code a user would otherwise write for the attention bench rows of dsa_gpu_bench.
 
 Same row names, shapes and cache layouts as bench/gpu/bench_attention.cpp:
-  indexer_logits/{fp8,bf16}/B=64/L=32768     gather pages, einsum, relu, weighted head sum
-  topk/k=2048/B={1,64,256}/L={32768,131072}  torch.topk
-  sparse_mla/{bf16,fp8}/B=64/H=128/topk=2048 gather, einsum, softmax, einsum
+  indexer_logits/{fp8,bf16}/B=64/L=32768, B=1/L=131072  gather pages, einsum, relu, head sum
+  topk/k={2048,512}/B={1,64,256}/L={32768,131072}  torch.topk
+  sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 gather, einsum, softmax, einsum
 
 Usage: torch_attention.py OUT.json   writes [{"name": ..., "us": ...}, ...] (median per call).
 """
@@ -53,8 +53,8 @@ def shuffled_pages(rows, pages_per_row, device):
     return (torch.randperm(rows * pages_per_row, device=device) + 1).view(rows, pages_per_row)
 
 
-def bench_indexer(dtype, device):
-    rows, heads, length, dim = 64, 64, 32768, 128
+def bench_indexer(dtype, rows, length, device):
+    heads, dim = 64, 128
     ppr = length // PAGE
     pages = rows * ppr + 1
     table = shuffled_pages(rows, ppr, device).long()
@@ -85,19 +85,18 @@ def bench_indexer(dtype, device):
             s = torch.einsum("bhd,btd->bht", q8.to(torch.bfloat16), k).float()
             return (s.relu() * w_eff[:, :, None]).sum(1) * k_scale
 
-    return f"indexer_logits/{dtype}/B=64/L=32768", median_us(run, 5)
+    return f"indexer_logits/{dtype}/B={rows}/L={length}", median_us(run, 5)
 
 
-def bench_topk(rows, length, device):
-    k = 2048
+def bench_topk(rows, length, k, device):
     sets = [(torch.randn(rows, length, device=device),)
             for _ in range(rotation_sets(rows * length * 4))]
     fn = cycling(sets, lambda x: torch.topk(x, k, dim=-1))
-    return f"topk/k=2048/B={rows}/L={length}", median_us(fn, 200 if rows == 1 else 20)
+    return f"topk/k={k}/B={rows}/L={length}", median_us(fn, 200 if rows == 1 else 20)
 
 
-def bench_sparse_mla(dtype, device):
-    rows, heads, topk, lat, rope = 64, 128, 2048, 512, 64
+def bench_sparse_mla(dtype, rows, device):
+    heads, topk, lat, rope = 128, 2048, 512, 64
     scale = 192 ** -0.5
     tokens = rows * topk
     if dtype == "bf16":
@@ -126,7 +125,7 @@ def bench_sparse_mla(dtype, device):
         p = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1)
         return torch.einsum("bht,btc->bhc", p.to(torch.bfloat16), kv[..., :lat])
 
-    return f"sparse_mla/{dtype}/B=64/H=128/topk=2048", median_us(run, 5)
+    return f"sparse_mla/{dtype}/B={rows}/H=128/topk=2048", median_us(run, 50 if rows == 1 else 5)
 
 
 def main():
@@ -137,12 +136,15 @@ def main():
     torch.manual_seed(0)
     rows = []
     for dtype in ("fp8", "bf16"):
-        rows.append(bench_indexer(dtype, device))
-    for length in (32768, 131072):
-        for b in (1, 64, 256):
-            rows.append(bench_topk(b, length, device))
+        rows.append(bench_indexer(dtype, 64, 32768, device))
+        rows.append(bench_indexer(dtype, 1, 131072, device))
+    for k in (2048, 512):
+        for length in (32768, 131072):
+            for b in (1, 64, 256):
+                rows.append(bench_topk(b, length, k, device))
     for dtype in ("bf16", "fp8"):
-        rows.append(bench_sparse_mla(dtype, device))
+        for b in (1, 64, 256):
+            rows.append(bench_sparse_mla(dtype, b, device))
     for name, us in rows:
         print(f"  {name:<44} {us:10.2f} us")
     with open(args[0], "w") as f:

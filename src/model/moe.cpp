@@ -34,8 +34,7 @@ MoeMlp::MoeMlp(Backend& backend, const ModelConfig& config, const Weights& weigh
   require(config.n_routed_experts >= 1 && config.n_routed_experts <= kMaxRoutedExperts,
           ErrorCode::kInvalidArgument, "MoE: n_routed_experts = {} must be in [1, {}]",
           config.n_routed_experts, kMaxRoutedExperts);
-  require(config.num_experts_per_tok >= 1 &&
-              config.num_experts_per_tok <= config.n_routed_experts,
+  require(config.num_experts_per_tok >= 1 && config.num_experts_per_tok <= config.n_routed_experts,
           ErrorCode::kInvalidArgument,
           "MoE: num_experts_per_tok = {} must be in [1, n_routed_experts = {}]",
           config.num_experts_per_tok, config.n_routed_experts);
@@ -47,16 +46,16 @@ MoeMlp::MoeMlp(Backend& backend, const ModelConfig& config, const Weights& weigh
     if (config.layer_is_moe(l)) layers_[l] = moe_layer_weights(weights, config, l);
   }
   const int64_t rows = max_rows, experts = config.n_routed_experts;
-  const int64_t widest = int64_t(config.moe_intermediate_size) *
-                         std::max(1, config.n_shared_experts);
+  const int64_t widest =
+      int64_t(config.moe_intermediate_size) * std::max(1, config.n_shared_experts);
   router_logits_ = DeviceArray<float>(backend, size_t(rows * experts));
   route_weights_ = DeviceArray<float>(backend, size_t(rows * experts));
   gate_up_ = DeviceArray<float>(backend, size_t(rows * 2 * widest));
   act_ = DeviceArray<float>(backend, size_t(rows * widest));
 }
 
-void MoeMlp::expert(const Bf16* gate, const Bf16* up, const Bf16* down, int inter,
-                    const float* x, float* y, int rows, const float* row_scale) {
+void MoeMlp::expert(const Bf16* gate, const Bf16* up, const Bf16* down, int inter, const float* x,
+                    float* y, int rows, const float* row_scale) {
   Backend& be = *backend_;
   const int hidden = config_.hidden_size;
   linear(be, x, hidden, gate, inter, hidden, gate_up_.data(), 2 * inter, rows,
@@ -64,8 +63,8 @@ void MoeMlp::expert(const Bf16* gate, const Bf16* up, const Bf16* down, int inte
   linear(be, x, hidden, up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows,
          GemmOutput::kOverwrite);
   be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
-  if (row_scale) be.scale_rows({act_.data(), row_scale, rows, inter, inter,
-                                config_.n_routed_experts});
+  if (row_scale)
+    be.scale_rows({act_.data(), row_scale, rows, inter, inter, config_.n_routed_experts});
   linear(be, act_.data(), inter, down, hidden, inter, y, hidden, rows, GemmOutput::kAccumulate);
 }
 
@@ -93,8 +92,8 @@ void MoeMlp::forward(int layer, const float* x, float* y, int rows) {
   be.moe_route(route);
 
   if (w.shared_gate) {
-    expert(w.shared_gate, w.shared_up, w.shared_down, inter * config_.n_shared_experts, x, y,
-           rows, nullptr);
+    expert(w.shared_gate, w.shared_up, w.shared_down, inter * config_.n_shared_experts, x, y, rows,
+           nullptr);
   }
   for (int e = 0; e < experts; ++e) {
     expert(w.gate[e], w.up[e], w.down[e], inter, x, y, rows, route_weights_.data() + e);

@@ -17,8 +17,8 @@ namespace dsa {
 
 // The weights of one MoE layer, resolved from Weights by their Hugging Face names.
 struct MoeLayerWeights {
-  const Bf16* router = nullptr;  // [experts, hidden]  mlp.gate.weight
-  const Bf16* bias = nullptr;    // [experts]          mlp.gate.e_score_correction_bias
+  const Bf16* router = nullptr;       // [experts, hidden]  mlp.gate.weight
+  const Bf16* bias = nullptr;         // [experts]          mlp.gate.e_score_correction_bias
   std::vector<const Bf16*> gate, up;  // per expert: [moe_inter, hidden]
   std::vector<const Bf16*> down;      // per expert: [hidden, moe_inter]
   // The shared experts as one MLP of width moe_inter * n_shared_experts; null when there are none.

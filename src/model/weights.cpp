@@ -97,7 +97,8 @@ Weights Weights::synthetic(Backend& backend, const ModelConfig& config, uint64_t
     std::vector<Bf16> host(static_cast<size_t>(n));
     // Matrices: variance 1/fan_in (uniform with half-width sqrt(3/fan_in)); norm weights near 1.
     const double fan_in = double(spec.shape.back());
-    const float amp = spec.init == WeightSpec::Init::kMatrix ? float(std::sqrt(3.0 / fan_in)) : 0.1f;
+    const float amp =
+        spec.init == WeightSpec::Init::kMatrix ? float(std::sqrt(3.0 / fan_in)) : 0.1f;
     const float base = spec.init == WeightSpec::Init::kNormWeight ? 1.0f : 0.0f;
     for (int64_t i = 0; i < n; ++i) host[i] = float_to_bf16(base + amp * unit_uniform(stream, i));
     w.add(backend, spec.name, spec.shape, host);

@@ -50,13 +50,15 @@ std::string bench_table(const BenchOptions& o, const BenchReport& r) {
   line("Request rate (req/s):", rate_text(o.request_rate));
   line("Successful requests:", std::to_string(r.completed));
   line("Failed requests:", std::to_string(r.failed));
+  if (o.sessions > 0) line("Sessions cut at the context:", std::to_string(r.context_ended));
   line("Benchmark duration (s):", num(r.duration_s));
   line("Total input tokens:", std::to_string(r.input_tokens));
   line("Total generated tokens:", std::to_string(r.output_tokens));
   line("Cached input tokens:", std::to_string(r.cached_tokens));
   line("Prefix cache hit rate:",
-       r.input_tokens > 0 ? fmt::format("{:.1f}%", 100.0 * double(r.cached_tokens) / double(r.input_tokens))
-                          : std::string("-"));
+       r.input_tokens > 0
+           ? fmt::format("{:.1f}%", 100.0 * double(r.cached_tokens) / double(r.input_tokens))
+           : std::string("-"));
   line("Request throughput (req/s):", num(r.request_throughput));
   line("Output token throughput (tok/s):", num(r.output_throughput));
   line("Total token throughput (tok/s):", num(r.total_token_throughput));
@@ -104,6 +106,8 @@ json bench_json(const BenchOptions& o, const BenchReport& r) {
             {"duration_s", r.duration_s},
             {"completed", r.completed},
             {"failed", r.failed},
+            {"sessions_cut_at_context", r.context_ended},
+            {"tools", o.tools},
             {"total_input_tokens", r.input_tokens},
             {"total_output_tokens", r.output_tokens},
             {"total_cached_tokens", r.cached_tokens},

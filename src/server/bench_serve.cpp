@@ -121,6 +121,7 @@ struct Driver {
   std::mutex mu;
   std::vector<RequestRecord> records;
   std::atomic<int> done{0};
+  std::atomic<int> context_ended{0};
   int total = 0;
 
   void finished(RequestRecord r) {
@@ -163,13 +164,14 @@ struct Driver {
                                   draw_len(rng, o.output_len, o.range_ratio));
       body["model"] = model;
       body["messages"] = messages;
-      body["tools"] = agent_tools();
+      if (o.tools) body["tools"] = agent_tools();
       RequestRecord r;
       r.session = s;
       r.turn = t;
       r.body = body.dump();
       stream_request(endpoint, "/v1/chat/completions", o.api_key, o.timeout_s, t0, r);
       if (context_exhausted(r)) {  // the conversation reached the model's context: it ends here
+        ++context_ended;
         if (progress) progress(done, total, "requests");
         break;
       }
@@ -287,6 +289,7 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
   BenchReport rep;
   rep.duration_s = std::chrono::duration<double>(BenchClock::now() - d.t0).count();
   rep.records = std::move(d.records);
+  rep.context_ended = d.context_ended.load();
 
   std::vector<double> ttft, tpot, itl, e2el, ttft_late;
   int good = 0;

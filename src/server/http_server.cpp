@@ -1,8 +1,11 @@
 // The HTTP side of dsa serve: routes, authentication, body limits, errors, SSE framing.
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "dsa/error.h"
@@ -51,6 +54,7 @@ struct Server::Impl : RouteContext {
 
   ModelLoader loader;
   httplib::Server http;
+  int listen_fd = -1;  // the listening socket, to raise the library's backlog of 5
   std::thread http_thread;
   int port = -1;
   std::mutex stop_mu;
@@ -63,6 +67,13 @@ void Server::Impl::install() {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_max_count(1000);
+  // The library listens with a backlog of 5 (fixed when it was compiled): a burst of clients
+  // connecting at once overflows it and some see their connection fail. Keep its socket options
+  // and remember the socket, so start() can listen again with the system's maximum.
+  http.set_socket_options([this](socket_t fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = int(fd);
+  });
   if (!options.fault_injection.empty()) {
     http.set_default_headers({{"X-Dsa-Fault-Injection", options.fault_injection}});
   }
@@ -104,6 +115,9 @@ void Server::start() {
   }
   require(s.port > 0, ErrorCode::kIo, "cannot listen on {}:{} (in use, or not an address here)",
           s.options.host, s.options.port);
+  if (s.listen_fd >= 0 && ::listen(s.listen_fd, SOMAXCONN) != 0) {
+    spdlog::warn("serve: could not raise the listen backlog: {}", std::strerror(errno));
+  }
   s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
   if (!s.options.fault_injection.empty()) {
     spdlog::warn(

@@ -2,8 +2,8 @@
 // checked, and anything not implemented is refused by name.
 #include <nlohmann/json.hpp>
 
-#include "text/byte_level.h"
 #include "dsa/error.h"
+#include "text/byte_level.h"
 #include "text/tokenizer_data.h"
 
 namespace dsa::text {

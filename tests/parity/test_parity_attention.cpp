@@ -287,6 +287,9 @@ class SparseMlaCase final : public OpCase {
         else if (u < 9)
           slot = -rng.integer(2, 1000);
         if (r % 4 == 3) slot = kPadSlot;  // a padded row: nothing selected
+        // A short context: only the first 40 entries are used, so the later token splits of
+        // the CUDA kernel see nothing valid and must not move the result.
+        if (r % 4 == 2 && j >= 40) slot = kPadSlot;
         indices.push_back(slot);
       }
       indices.resize(size_t(r + 1) * ld_idx_, int64_t(5));  // stride padding: never read
@@ -385,22 +388,33 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
       }
     }
   }
-  // Long rows: the shared-memory candidate path (normal values) and the all-global path (ties
-  // put far more than the candidate buffer into the threshold's bin).
-  for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
-    TopkCase c({6, 2048, 131072, v, true, false});
-    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
+  // Long rows (CUDA slices them over a cluster of blocks): the shared-memory candidate path
+  // (normal values) and the all-global path (ties put far more than the candidate buffer into
+  // the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave slices empty.
+  for (int k : {2048, 512}) {
+    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+      TopkCase c({6, k, 131072, v, true, false});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
+    }
   }
+  TopkCase odd_long({6, 512, 20001, Values::kSpecials, true, true});  // sliced, unaligned rows
+  EXPECT_TRUE(check_parity(odd_long, cpu(), cuda(), 650));
   TopkCase small({3, 2048, 100, Values::kNormal, true, true});  // every row has seq_len <= k
   EXPECT_TRUE(check_parity(small, cpu(), cuda(), 700));
+  // Past 32 long rows CUDA goes back to one block per row; TopkBatchInvariant crosses the two
+  // kernels too (1 and 7 rows sliced, 64 and 256 not).
+  TopkCase many_long({40, 2048, 20001, Values::kTies, true, false});
+  EXPECT_TRUE(check_parity(many_long, cpu(), cuda(), 750));
 }
 
 TEST_F(ParityAttention, TopkBatchInvariant) {
-  for (Values v : {Values::kNormal, Values::kSpecials}) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<TopkCase>(TopkSpec{rows, 2048, 40000, v, true, false});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  for (int k : {2048, 512}) {
+    for (Values v : {Values::kNormal, Values::kSpecials}) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<TopkCase>(TopkSpec{rows, k, 40000, v, true, false});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+    }
   }
 }
 
@@ -408,7 +422,9 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
   int cases = 0;
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
     for (int heads : {128, 16, 4}) {
-      for (int topk : {100, 37}) {
+      // 37, 100, 150 tokens: 2, 4 and 4 splits of 32-token chunks; at 150 the last split is
+      // empty (5 chunks over 4 splits of 2).
+      for (int topk : {100, 37, 150}) {
         SparseMlaCase c({dtype, 5, heads, topk, topk == 37});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), 800 + cases++));
       }
@@ -420,10 +436,12 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
 
 TEST_F(ParityAttention, SparseMlaBatchInvariant) {
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<SparseMlaCase>(MlaSpec{dtype, rows, 128, 512, false});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+    for (int topk : {512, 2048}) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<SparseMlaCase>(MlaSpec{dtype, rows, 128, topk, false});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+    }
   }
 }
 

@@ -173,19 +173,21 @@ TEST_F(ServerHttp, SixtyFourConcurrentClientsGetTheirSequentialReplies) {
   }
   std::vector<std::string> together(kClients);
   std::vector<std::thread> clients;
-  std::atomic<int> failures{0};
+  std::vector<std::string> errors(kClients);
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
       auto r = server_->post("/v1/completions", body(i));
-      if (!r || r->status != 200) {
-        ++failures;
-        return;
+      if (!r) {
+        errors[size_t(i)] = "transport: " + httplib::to_string(r.error());
+      } else if (r->status != 200) {
+        errors[size_t(i)] = "status " + std::to_string(r->status) + ": " + r->body;
+      } else {
+        together[size_t(i)] = json::parse(r->body)["choices"][0]["text"];
       }
-      together[size_t(i)] = json::parse(r->body)["choices"][0]["text"];
     });
   }
   for (std::thread& t : clients) t.join();
-  EXPECT_EQ(failures, 0);
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(errors[size_t(i)], "") << "client " << i;
   int distinct = int(std::set<std::string>(alone.begin(), alone.end()).size());
   EXPECT_GT(distinct, kClients / 2) << "the replies should differ between requests";
   for (int i = 0; i < kClients; ++i) EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << i;

@@ -17,7 +17,7 @@ std::string long_prompt() {
 }
 
 json greedy_body(const std::string& prompt) {
-  return {{"model", "dsa"}, {"prompt", prompt},    {"max_tokens", 12},
+  return {{"model", "dsa"},   {"prompt", prompt},   {"max_tokens", 12},
           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
 }
 
@@ -95,17 +95,20 @@ TEST(ServerPrefixCache, AgentSessionsHitTheCacheAndReplayClean) {
   o.sessions = 3;
   o.min_turns = 3;
   o.max_turns = 3;
-  o.input_len = 12;
+  o.input_len = 40;  // the first prompt alone passes a full page
   o.output_len = 8;
   o.concurrency = 3;
   o.temperature = 0;
-  o.check = true;  // every session replayed alone: the cache is warm by then
+  o.tools = false;  // short prompts: every turn of every session fits the context
+  o.check = true;   // every session replayed alone: the cache is warm by then
   const bench::BenchReport r = bench::run_bench(o);
   EXPECT_EQ(r.failed, 0);
   EXPECT_EQ(r.completed, 9);
+  EXPECT_EQ(r.context_ended, 0);
   EXPECT_GT(r.cached_tokens, 0) << "later turns resend their history";
   EXPECT_LT(r.cached_tokens, r.input_tokens);
   for (const bench::RequestRecord& rec : r.records) {
+    EXPECT_FALSE(nlohmann::json::parse(rec.body).contains("tools")) << "--no-tools sent tools";
     if (rec.turn == 0) continue;
     EXPECT_GT(rec.cached_tokens, 0) << "session " << rec.session << " turn " << rec.turn;
   }
@@ -115,6 +118,7 @@ TEST(ServerPrefixCache, AgentSessionsHitTheCacheAndReplayClean) {
   const std::string table = bench::bench_table(o, r);
   EXPECT_NE(table.find("Prefix cache hit rate:"), std::string::npos);
   EXPECT_NE(table.find("Median TTFT, turns >= 3 (ms):"), std::string::npos);
+  EXPECT_NE(table.find("Sessions cut at the context:"), std::string::npos);
   EXPECT_GT(bench::bench_json(o, r)["prefix_cache_hit_rate"].get<double>(), 0.0);
 }
 

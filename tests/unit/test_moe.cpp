@@ -227,8 +227,8 @@ TEST(MoeMlp, MatchesNaiveFloat64Layer) {
       for (int k = 0; k < H; ++k) s += router[e * H + k] * xr[k];
       logits[e] = float(s);
     }
-    const RouteRef ref = route_ref(logits.data(), bias, E, c.num_experts_per_tok,
-                                   c.routed_scaling_factor);
+    const RouteRef ref =
+        route_ref(logits.data(), bias, E, c.num_experts_per_tok, c.routed_scaling_factor);
     std::vector<double> out = swiglu_mlp(h, "model.layers.0.mlp.shared_experts.",
                                          c.moe_intermediate_size * c.n_shared_experts, H, xr, 1.0);
     for (int32_t e : ref.ids) {

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "dsa/token_codec.h"
 #include "dsa/pool_fill.h"
+#include "dsa/token_codec.h"
 
 namespace dsa {
 namespace {

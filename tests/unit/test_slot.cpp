@@ -15,9 +15,9 @@ TEST(JudgeSlot, WritesOnlyWhenAllFourRulesHold) {
 }
 
 TEST(JudgeSlot, EachRuleHasItsOwnVerdict) {
-  EXPECT_EQ(judge_slot(4, 4, 100, kCapacity), SlotVerdict::kSkipStale);       // rule 1
-  EXPECT_EQ(judge_slot(0, 4, kPadSlot, kCapacity), SlotVerdict::kSkipPad);    // rule 2
-  EXPECT_EQ(judge_slot(0, 4, 0, kCapacity), SlotVerdict::kSkipReserved);      // rule 3
+  EXPECT_EQ(judge_slot(4, 4, 100, kCapacity), SlotVerdict::kSkipStale);     // rule 1
+  EXPECT_EQ(judge_slot(0, 4, kPadSlot, kCapacity), SlotVerdict::kSkipPad);  // rule 2
+  EXPECT_EQ(judge_slot(0, 4, 0, kCapacity), SlotVerdict::kSkipReserved);    // rule 3
   EXPECT_EQ(judge_slot(0, 4, kPageSize - 1, kCapacity), SlotVerdict::kSkipReserved);
   EXPECT_EQ(judge_slot(0, 4, kCapacity, kCapacity), SlotVerdict::kErrorRange);  // rule 4
   EXPECT_EQ(judge_slot(0, 4, -2, kCapacity), SlotVerdict::kErrorNegative);
@@ -39,7 +39,8 @@ TEST(Error, MessageNamesValueLimitAndPlace) {
     FAIL() << "require did not throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
-    EXPECT_NE(std::string(e.what()).find("prompt has 7 tokens, context holds 5"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("prompt has 7 tokens, context holds 5"),
+              std::string::npos);
     EXPECT_NE(std::string(e.what()).find("test_slot.cpp"), std::string::npos);
   }
 }

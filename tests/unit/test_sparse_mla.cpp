@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "dsa/token_codec.h"
 #include "common/test_util.h"
+#include "dsa/token_codec.h"
 
 namespace dsa {
 namespace {

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "dsa/token_codec.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/slot.h"
+#include "dsa/token_codec.h"
 
 namespace dsa {
 namespace {
@@ -282,7 +282,7 @@ INSTANTIATE_TEST_SUITE_P(
                       PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0},
                       // The fault reaches the bf16 layout only: fp8 enforces every rule under it.
                       PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
-                               StoreGuard::kIncidentScatter},
+                                  StoreGuard::kIncidentScatter},
                       PoolVariant{Layout::kLatent, KvDtype::kBf16},
                       PoolVariant{Layout::kLatent, KvDtype::kFp8},
                       PoolVariant{Layout::kLatent, KvDtype::kFp8, ScaleRounding::kUe8m0}),
@@ -468,9 +468,9 @@ TEST(StoreIncident, TheSameBatchIsHarmlessUnderTheGuard) {
   // The guarded bf16 writer, and the fp8 writer even with the fault on, write rows 0 and 4 only.
   for (const auto& kind : {PoolVariant{Layout::kIndexK, KvDtype::kBf16},
                            PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kExact,
-                                    StoreGuard::kIncidentScatter},
+                                       StoreGuard::kIncidentScatter},
                            PoolVariant{Layout::kIndexK, KvDtype::kFp8, ScaleRounding::kUe8m0,
-                                    StoreGuard::kIncidentScatter}}) {
+                                       StoreGuard::kIncidentScatter}}) {
     SCOPED_TRACE(pool_variant_name(kind));
     StoreHarness h(kind, 12);
     const IncidentBatch b = incident_batch(h);

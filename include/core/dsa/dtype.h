@@ -24,24 +24,36 @@ enum class DType : uint8_t { kF32, kBf16, kFp8E4M3, kI32, kI64, kU8 };
 
 constexpr int dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBf16: return 2;
-    case DType::kFp8E4M3: return 1;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBf16:
+      return 2;
+    case DType::kFp8E4M3:
+      return 1;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBf16: return "bf16";
-    case DType::kFp8E4M3: return "fp8_e4m3";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp8E4M3:
+      return "fp8_e4m3";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }

@@ -10,24 +10,26 @@
 
 namespace dsa {
 
-inline constexpr int kPageSize = 64;          // tokens per page, every pool
-inline constexpr int64_t kPadSlot = -1;       // the padding sentinel of a slot map
-inline constexpr int32_t kDummyPageRow = 0;   // page-table row of the dummy request
-inline constexpr int32_t kReservedPage = 0;   // never allocated, always zero
+inline constexpr int kPageSize = 64;         // tokens per page, every pool
+inline constexpr int64_t kPadSlot = -1;      // the padding sentinel of a slot map
+inline constexpr int32_t kDummyPageRow = 0;  // page-table row of the dummy request
+inline constexpr int32_t kReservedPage = 0;  // never allocated, always zero
 
 // Dimensions fixed by the cache layouts (DeepSeek-V3.2 MLA and indexer).
-inline constexpr int kIndexHeadDim = 128;     // index_head_dim
-inline constexpr int kKvLoraRank = 512;       // kv_lora_rank: the latent c
-inline constexpr int kRopeDim = 64;           // qk_rope_head_dim
+inline constexpr int kIndexHeadDim = 128;                  // index_head_dim
+inline constexpr int kKvLoraRank = 512;                    // kv_lora_rank: the latent c
+inline constexpr int kRopeDim = 64;                        // qk_rope_head_dim
 inline constexpr int kLatentDim = kKvLoraRank + kRopeDim;  // 576: c ‖ k_rope
-inline constexpr int kLatentTile = 128;       // fp8 latent: one scale per 128 values
+inline constexpr int kLatentTile = 128;                    // fp8 latent: one scale per 128 values
 // One row's inputs to a layer's two stores, as the runner hands them out for host-side checks:
 // latent c[512] ‖ k_rope[64] ‖ index key[128].
 inline constexpr int kStoreValuesDim = kLatentDim + kIndexHeadDim;  // 704
 
 enum class KvDtype : uint8_t { kBf16, kFp8 };
 
-inline constexpr const char* kv_dtype_name(KvDtype d) { return d == KvDtype::kBf16 ? "bf16" : "fp8"; }
+inline constexpr const char* kv_dtype_name(KvDtype d) {
+  return d == KvDtype::kBf16 ? "bf16" : "fp8";
+}
 
 // Index-K page layouts, per layer.
 //   bf16: [pages, 64, 128] bf16                      256 B/token, 16384 B/page
@@ -40,7 +42,8 @@ DSA_HD constexpr int64_t index_k_page_bytes(KvDtype d) {
 // Latent-KV page layouts, per layer.
 //   bf16: [pages, 64, 576] bf16                      1152 B/token
 //   fp8:  [pages, 64, 656] bytes, token-major: 512 e4m3, 4 f32 scales (one per 128), 64 bf16 rope
-inline constexpr int kLatentFp8TokenBytes = kKvLoraRank + 4 * (kKvLoraRank / kLatentTile) + 2 * kRopeDim;
+inline constexpr int kLatentFp8TokenBytes =
+    kKvLoraRank + 4 * (kKvLoraRank / kLatentTile) + 2 * kRopeDim;
 static_assert(kLatentFp8TokenBytes == 656);
 
 DSA_HD constexpr int64_t latent_token_bytes(KvDtype d) {
@@ -60,12 +63,12 @@ struct PoolView {
 
 // The verdict of the store contract (DESIGN §3) for one row.
 enum class SlotVerdict : uint8_t {
-  kWrite,         // all four rules hold
-  kSkipStale,     // rule 1: r >= n_real (a stale tail); skipped silently
-  kSkipPad,       // rule 2: slot == kPadSlot; skipped silently
-  kSkipReserved,  // rule 3: slot in page 0; skipped silently
-  kErrorRange,    // rule 4: slot >= capacity; skipped and flagged
-  kErrorNegative, // a negative slot other than kPadSlot; skipped and flagged
+  kWrite,          // all four rules hold
+  kSkipStale,      // rule 1: r >= n_real (a stale tail); skipped silently
+  kSkipPad,        // rule 2: slot == kPadSlot; skipped silently
+  kSkipReserved,   // rule 3: slot in page 0; skipped silently
+  kErrorRange,     // rule 4: slot >= capacity; skipped and flagged
+  kErrorNegative,  // a negative slot other than kPadSlot; skipped and flagged
 };
 
 // The one definition of the store guard, shared by every writer of every backend.

@@ -32,7 +32,7 @@ DSA_HD float* index_k_scale(const PoolView& pool, int64_t slot) {  // fp8 only
 DSA_HD uint8_t* latent_token(const PoolView& pool, int64_t slot) {
   return pool.data + slot * latent_token_bytes(pool.dtype);
 }
-inline constexpr int kLatentFp8ScaleOffset = kKvLoraRank;                          // 512
+inline constexpr int kLatentFp8ScaleOffset = kKvLoraRank;                                   // 512
 inline constexpr int kLatentFp8RopeOffset = kKvLoraRank + 4 * (kKvLoraRank / kLatentTile);  // 528
 
 // Every byte of a slot in a pool, for digests: the value bytes, and for fp8 index-K the scale.
@@ -44,7 +44,8 @@ struct SlotBytes {
   int64_t second_len;
 };
 DSA_HD SlotBytes index_k_slot_bytes(const PoolView& pool, int64_t slot) {
-  if (pool.dtype == KvDtype::kBf16) return {index_k_values(pool, slot), kIndexHeadDim * 2, nullptr, 0};
+  if (pool.dtype == KvDtype::kBf16)
+    return {index_k_values(pool, slot), kIndexHeadDim * 2, nullptr, 0};
   return {index_k_values(pool, slot), kIndexHeadDim,
           reinterpret_cast<const uint8_t*>(index_k_scale(pool, slot)), 4};
 }

@@ -27,6 +27,7 @@ struct BenchOptions {
   int input_len = 128;      // words per prompt (plain) or per user/tool message (sessions)
   bool prompt_ids = false;  // plain prompts as input_len random token ids in [3, 259) instead
   int output_len = 64;      // max_tokens per request
+  bool tools = true;        // sessions: send the two agent tools with every turn
   double range_ratio = 0;   // lengths drawn from [len * (1 - r), len * (1 + r)]
   int sessions = 0;         // > 0: agent sessions instead of plain prompts
   int min_turns = 2, max_turns = 4;
@@ -48,8 +49,8 @@ struct RequestRecord {
   int session = -1, turn = -1;
   int prompt_tokens = 0, output_tokens = 0;
   int cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens (the prefix cache)
-  double start_s = 0;  // since the benchmark's start
-  double ttft_s = 0;   // to the first chunk with generated text
+  double start_s = 0;     // since the benchmark's start
+  double ttft_s = 0;      // to the first chunk with generated text
   double e2el_s = 0;
   std::vector<double> itl_s;    // between chunks with generated text
   std::string reply;            // content, reasoning and tool calls, canonical (for --check)
@@ -73,6 +74,7 @@ struct BenchReport {
   std::vector<RequestRecord> records;
   double duration_s = 0;
   int completed = 0, failed = 0;
+  int context_ended = 0;  // sessions that ended early because the next turn passed the context
   int64_t input_tokens = 0, output_tokens = 0;
   int64_t cached_tokens = 0;  // input tokens the server found in its prefix cache
   double request_throughput = 0, output_throughput = 0, total_token_throughput = 0;

@@ -51,7 +51,7 @@ using ModelLoader = std::function<LoadedModel()>;
 // A view of the engine for tests and the log: refreshed by the engine thread after every step.
 struct ServerSnapshot {
   bool ready = false;
-  std::string load_error;  // non-empty when loading failed
+  std::string load_error;                                     // non-empty when loading failed
   int64_t free_pages = 0, cached_pages = 0, total_pages = 0;  // cached: prefix cache only
   int64_t running = 0, waiting = 0;
   int64_t in_flight = 0;  // accepted and not yet finished, queued to the engine thread included

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "dsa/token_codec.h"
 #include "dsa/error.h"
+#include "dsa/token_codec.h"
 
 namespace dsa::cpu {
 namespace {

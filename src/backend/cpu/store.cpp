@@ -5,9 +5,9 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_ops.h"
-#include "dsa/token_codec.h"
 #include "dsa/error.h"
 #include "dsa/slot.h"
+#include "dsa/token_codec.h"
 
 namespace dsa::cpu {
 namespace {

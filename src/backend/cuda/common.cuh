@@ -34,12 +34,14 @@ __device__ __forceinline__ float group_max(float v, unsigned mask) {
 // Sum over the warp, in a fixed butterfly order: the same bits for the same inputs, every run.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 

@@ -180,24 +180,60 @@ __device__ __forceinline__ void key_fragments(const uint4 (&raw)[KeyShape<D>::kL
   }
 }
 
-// One warp, 32 tokens [t0, t0 + 32) of one page: writes their logits where t < seq_len.
-template <KvDtype D>
-__device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s, int m_tiles,
-                             int64_t page, int64_t t0, int64_t seq_len, float* logits) {
-  using Shape = KeyShape<D>;
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const uint8_t* page_base = p.pool.data + page * index_k_page_bytes(D);
-  const int off0 = int(t0 % kPageSize);
+// fp8 keys are staged per warp in shared memory by cp.async, kStages groups deep, so a warp's
+// next group is in flight while it computes the current one. A stage holds the group's keys as
+// [n-tile][load][g][c] 16-byte pieces (each lane reads back exactly the pieces it copied, and a
+// warp's read of one (n, load) is 512 contiguous bytes), then the group's 32 fp32 scales.
+constexpr int kStages = 2;
+constexpr int kStageKeyBytes = kGroupTokens * 128;
+constexpr int kStageBytes = kStageKeyBytes + kGroupTokens * 4;
+constexpr int kStagedSmemBytes = kWarps * kStages * kStageBytes;  // dynamic, fp8 only
 
-  uint4 keys[kNTiles][Shape::kLoads];  // B fragments of token off0 + n*8 + g
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all_but_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// The 32 tokens [t0, t0 + 32) of a group lie in one page; their keys and scales start here.
+template <KvDtype D>
+__device__ __forceinline__ const uint8_t* page_base_of(const IndexerLogitsParams& p, int64_t page) {
+  return p.pool.data + page * index_k_page_bytes(D);
+}
+
+// fp8: queues the copies of one group (keys, and the scales by lanes 0-7) into a stage.
+__device__ __forceinline__ void stage_group(const uint8_t* page_base, int off0, uint8_t* stage) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
-    const uint8_t* row = page_base + int64_t(off0 + n * 8 + g) * Shape::kRowBytes;
+    const uint8_t* row = page_base + int64_t(off0 + n * 8 + g) * 128;
 #pragma unroll
-    for (int u = 0; u < Shape::kLoads; ++u) {
-      keys[n][u] = __ldg(reinterpret_cast<const uint4*>(row + u * 64 + c * 16));
-    }
+    for (int u = 0; u < 2; ++u)
+      cp_async16(stage + ((n * 2 + u) * 32 + lane) * 16, row + u * 64 + c * 16);
   }
+  if (lane < kGroupTokens / 4) {
+    cp_async16(stage + kStageKeyBytes + lane * 16,
+               page_base + kPageSize * kIndexHeadDim + (off0 + lane * 4) * 4);
+  }
+}
+
+// One warp, the 32 tokens [t0, t0 + 32) of one page whose raw key pieces are in `keys` (B
+// fragments of token off0 + n*8 + g): writes their logits where t < seq_len. scales: the fp8
+// tokens' scales, indexed by column.
+template <KvDtype D>
+__device__ void group_logits(const SharedQuery& s, int m_tiles,
+                             const uint4 (&keys)[kNTiles][KeyShape<D>::kLoads], const float* scales,
+                             int64_t t0, int64_t seq_len, float* logits) {
+  using Shape = KeyShape<D>;
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 
   uint2 b[kNTiles][Shape::kKSteps];  // fp8 keys are widened once here, not once per m-tile
 #pragma unroll
@@ -233,7 +269,6 @@ __device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s,
     }
   }
   if (g != 0) return;
-  const float* scales = reinterpret_cast<const float*>(page_base + kPageSize * kIndexHeadDim);
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
@@ -242,14 +277,25 @@ __device__ void group_logits(const IndexerLogitsParams& p, const SharedQuery& s,
       const int64_t t = t0 + col;
       if (t >= seq_len) continue;
       float v = sum[n][j];
-      if constexpr (D == KvDtype::kFp8) v *= __ldg(scales + off0 + col);
+      if constexpr (D == KvDtype::kFp8) v *= scales[col];
       logits[t] = v;
     }
   }
 }
 
+// A group whose page id is outside the pool: never read; as the CPU, logits 0 and one error per
+// page.
+__device__ void bad_page_group(const IndexerLogitsParams& p, int64_t t0, int64_t seq_len,
+                               float* logits) {
+  const int lane = threadIdx.x % 32;
+  if (t0 + lane < seq_len) logits[t0 + lane] = 0.0f;
+  if (lane == 0 && t0 % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
+}
+
 template <KvDtype D>
 __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsParams p) {
+  using Shape = KeyShape<D>;
+  constexpr bool kStaged = D == KvDtype::kFp8;
   const int row = blockIdx.y;
   // A length past the logits row or the page table is the CPU's error; here it is clamped so
   // nothing outside the row's buffers is touched.
@@ -257,28 +303,78 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsP
       min(int64_t(p.seq_lens[row]), min(p.ld_logits, p.ld_page_table * kPageSize));
   const int64_t block_t0 = int64_t(blockIdx.x) * kBlockTokens;
   if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
+  const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
 
   __shared__ SharedQuery s;
+  __shared__ int32_t block_pages[kBlockTokens / kPageSize];  // the block's page ids
+  extern __shared__ __align__(16) uint8_t staged[];          // fp8: [warp][stage][kStageBytes]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
+  if (threadIdx.x < kBlockTokens / kPageSize && block_t0 + threadIdx.x * kPageSize < block_end) {
+    block_pages[threadIdx.x] = pages[block_t0 / kPageSize + threadIdx.x];
+  }
   const int heads_padded = (p.heads + 15) / 16 * 16;
   const int m_tiles = heads_padded / 16;
   prepare_natural<D>(p, row, heads_padded, s);
-  __syncthreads();
+  __syncthreads();  // block_pages and s.natural are complete
+
+  // This warp's groups: t0 = block_t0 + warp * 32 + i * 256 while t0 < block_end.
+  const int64_t warp_t0 = block_t0 + warp * kGroupTokens;
+  constexpr int kStride = kWarps * kGroupTokens;
+  auto page_of = [&](int64_t t0) { return block_pages[(t0 - block_t0) / kPageSize]; };
+  auto valid_page = [&](int32_t page) { return page >= 0 && page < p.pool.num_pages; };
+  uint8_t* my_stages = staged + warp * kStages * kStageBytes;
+  auto issue = [&](int64_t t0, int i) {  // fp8: the copies of group i, or an empty group
+    if (t0 < block_end && valid_page(page_of(t0))) {
+      stage_group(page_base_of<D>(p, page_of(t0)), int(t0 % kPageSize),
+                  my_stages + (i % kStages) * kStageBytes);
+    }
+    cp_async_commit();
+  };
+  if constexpr (kStaged) issue(warp_t0, 0);  // in flight while the fragments are built
+
   build_fragments<D>(m_tiles, s);
   __syncthreads();
 
-  const int warp = threadIdx.x / 32;
-  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
   float* logits = p.logits + int64_t(row) * p.ld_logits;
-  const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
-  for (int64_t t0 = block_t0 + warp * kGroupTokens; t0 < block_end; t0 += kWarps * kGroupTokens) {
-    const int32_t page = pages[t0 / kPageSize];
-    if (page < 0 || page >= p.pool.num_pages) {  // never read; as the CPU: logits 0, one error
-      const int lane = threadIdx.x % 32;
-      if (t0 + lane < seq_len) logits[t0 + lane] = 0.0f;
-      if (lane == 0 && t0 % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
-      continue;
+  int i = 0;
+  for (int64_t t0 = warp_t0; t0 < block_end; t0 += kStride, ++i) {
+    const int32_t page = page_of(t0);
+    uint4 keys[kNTiles][Shape::kLoads];
+    const float* scales = nullptr;
+    if constexpr (kStaged) {
+      issue(t0 + kStride, i + 1);
+      cp_async_wait_all_but_one();  // group i has landed (this lane's copies)
+      __syncwarp();                 // and every lane's: the scales cross lanes
+      if (valid_page(page)) {
+        const uint8_t* stage = my_stages + (i % kStages) * kStageBytes;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int u = 0; u < Shape::kLoads; ++u) {
+            keys[n][u] = *reinterpret_cast<const uint4*>(stage + ((n * 2 + u) * 32 + lane) * 16);
+          }
+        }
+        scales = reinterpret_cast<const float*>(stage + kStageKeyBytes);
+      }
+    } else if (valid_page(page)) {
+      const uint8_t* base = page_base_of<D>(p, page);
+      const int g = lane / 4, c = lane % 4, off0 = int(t0 % kPageSize);
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const uint8_t* key_row = base + int64_t(off0 + n * 8 + g) * Shape::kRowBytes;
+#pragma unroll
+        for (int u = 0; u < Shape::kLoads; ++u) {
+          keys[n][u] = __ldg(reinterpret_cast<const uint4*>(key_row + u * 64 + c * 16));
+        }
+      }
     }
-    group_logits<D>(p, s, m_tiles, page, t0, seq_len, logits);
+    if (valid_page(page)) {
+      group_logits<D>(s, m_tiles, keys, scales, t0, seq_len, logits);
+    } else {
+      bad_page_group(p, t0, seq_len, logits);
+    }
+    if constexpr (kStaged) __syncwarp();  // every lane is done with stage i before it is reused
   }
 }
 
@@ -293,7 +389,11 @@ cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream) {
   if (p.pool.dtype == KvDtype::kBf16) {
     indexer_logits_kernel<KvDtype::kBf16><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    indexer_logits_kernel<KvDtype::kFp8><<<grid, kThreads, 0, stream>>>(p);
+    const cudaError_t e =
+        cudaFuncSetAttribute(indexer_logits_kernel<KvDtype::kFp8>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedSmemBytes);
+    if (e != cudaSuccess) return e;
+    indexer_logits_kernel<KvDtype::kFp8><<<grid, kThreads, kStagedSmemBytes, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams
   }
 }
 
-__global__ void __launch_bounds__(kScaleThreads) scale_rows_kernel(ScaleRowsParams p,
-                                                                  int64_t total) {
+__global__ void __launch_bounds__(kScaleThreads)
+    scale_rows_kernel(ScaleRowsParams p, int64_t total) {
   const int64_t t = int64_t(blockIdx.x) * kScaleThreads + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / p.dim, i = t % p.dim;

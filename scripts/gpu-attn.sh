@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The attention kernels' GPU check: sparse MLA, top-k and indexer logits. Runs ON the device, from
+# the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,
+# bench,dsa}), in under 6 minutes (the step timeouts add up to 355 s):
+#   the ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
+#   compute-sanitizer memcheck and racecheck over a short attention filter, and memcheck over a
+#   graph-replayed decode (check-replay: captured decode steps, sparse MLA included);
+#   dsa_gpu_bench's attention rows (no store rows) and the torch baselines, joined by report.py.
+# Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md
+# (step table + bench report), attn.log, parity.json, bench.json, torch_attention.json.
+# Environment: OUT (default ./gpu-out), SANITIZER_FILTER (gtest filter of the sanitizer runs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+B=build-gpu
+export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/attn.log"
+STEPS="$OUT/steps.tsv"  # name, rc, seconds, note
+: > "$LOG"
+: > "$STEPS"
+# The parity cases of the three kernels (every sparse MLA split shape, sliced and unsliced top-k
+# rows, every indexer dtype); the batch-invariance families are too long under racecheck.
+SANITIZER_FILTER="${SANITIZER_FILTER:-ParityAttention.SparseMlaMatchesCpu:ParityAttention.TopkMatchesCpuExactly:ParityAttention.IndexerLogitsMatchCpu}"
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+
+source scripts/gpu-steps.sh
+
+step nvidia-smi 10 nvidia-smi
+step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.*' \
+  --gtest_output="json:$OUT/parity.json"
+step sanitizer-memcheck 50 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 \
+  "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+step sanitizer-racecheck 60 "$SAN" --tool racecheck --racecheck-report all --error-exitcode 17 \
+  --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+step sanitizer-memcheck-replay 40 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 \
+  "$B/dsa" --log error check-replay --backend cuda --latent fp8 --index-k fp8 --steps 20 \
+  --buckets 1 4 --no-parity
+step dsa_gpu_bench 60 "$B/bench/dsa_gpu_bench" --skip-store --json "$OUT/bench.json"
+step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
+if [[ -f $OUT/bench.json ]]; then
+  step report 10 python3 bench/gpu/report.py --dsa "$OUT/bench.json" \
+    --torch "$OUT/torch_attention.json" --markdown "$OUT/report.md"
+fi
+
+{
+  echo "# GPU attention check"
+  echo
+  echo "| step | rc | s | note | gtest / sanitizer |"
+  echo "|---|---|---|---|---|"
+  while IFS=$'\t' read -r name rc secs note; do
+    section="$(awk -v n="=== $name: " 'index($0, n) == 1 {on = !on} on' "$LOG")"
+    facts="$(grep -hoE '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*\)' <<< "$section" | tr '\n' ' ')"
+    echo "| $name | $rc | $secs | $note | $facts |"
+  done < "$STEPS"
+  echo
+  grep -h '^\[  FAILED  \]' "$LOG" | sort -u | head -20
+  echo
+  [[ -f $OUT/report.md ]] && cat "$OUT/report.md"
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
