@@ -133,14 +133,9 @@ int run_stress_command(StressOpts& o) {
       report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
       report.reference_seconds);
   for (const CellResult& r : report.cells) {
-    const EngineStats& st = r.stats;
-    const double steps = double(std::max<int64_t>(st.steps, 1));
-    fmt::print(
-        "  {}: {:.0f} tokens/s; per engine step {:.1f} us scheduling and auditing, {:.1f} us "
-        "staging and launching, {:.1f} us waiting for the device\n",
-        r.cell.condition(), r.seconds > 0 ? r.tokens / r.seconds : 0.0,
-        1e6 * (st.host_seconds - st.runner_host_seconds) / steps,
-        1e6 * st.runner_host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
+    fmt::print("  {}: {:.0f} tokens/s; per engine step: {}\n", r.cell.condition(),
+               r.seconds > 0 ? r.tokens / r.seconds : 0.0,
+               r.stats.seconds.per_step_us(r.stats.steps).describe_us());
   }
   if (!o.json.empty()) write_result_file(o.json, stress_json(report).dump(2) + "\n", "--json");
   if (!o.plot.empty()) write_result_file(o.plot, stress_svg(report), "--plot");

@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "engine_state.h"
 
@@ -107,6 +106,7 @@ void Engine::release_pages(PageTable& pages) {
 // cached copy): the auditor and the oracle stop watching their slots.
 void Engine::unwatch(std::span<const int32_t> pages) {
   if (auditor_ || oracle_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
     std::vector<int64_t> slots;
     slots.reserve(pages.size() * kPageSize);
     for (int32_t page : pages) {
@@ -275,16 +275,16 @@ std::vector<RequestOutput> Engine::take_finished() {
 // ---- steps -------------------------------------------------------------------------------------
 
 bool Engine::step() {
-  const auto start = std::chrono::steady_clock::now();
-  const double waited = stats_.device_wait_seconds;
+  timer_.start(StepPhase::kSchedule);
   ++stats_.steps;
   progress_ = false;
   new_tokens_.clear();
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
   stats_.cached_pages = cache_.allocator().cached_pages();
-  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
-  stats_.host_seconds += wall.count() - (stats_.device_wait_seconds - waited);
+  stats_.seconds.schedule += timer_.take(StepPhase::kSchedule);
+  stats_.seconds.post += timer_.take(StepPhase::kPost);
+  stats_.seconds.audit += timer_.take(StepPhase::kAudit);
   return prefilled || decoded || progress_;
 }
 
@@ -344,7 +344,9 @@ bool Engine::prefill_step() {
   }
   check_store_targets(rows, owners);
   // Prefill is never captured.
+  timer_.enter(StepPhase::kRunner);
   const StepResult result = runner_->step_eager(rows, StepOutputs().with_sampling(sampling));
+  charge_runner(result);
   ++stats_.prefill_steps;
   stats_.prefill_rows += int64_t(rows.size());
   for (const Chunk& c : plan) c.r->n_cached += c.count;
@@ -364,6 +366,7 @@ bool Engine::prefill_step() {
 }
 
 bool Engine::decode_step() {
+  timer_.enter(StepPhase::kSchedule);
   std::vector<Request*> batch;
   for (int64_t id : std::vector<int64_t>(running_)) {
     Request* r = find(id);
@@ -381,7 +384,9 @@ bool Engine::decode_step() {
     sampling.push_back(sampling_of(*r));
   }
   check_store_targets(rows, batch);
+  timer_.enter(StepPhase::kRunner);
   const StepResult result = runner_->step(rows, StepOutputs().with_sampling(sampling));
+  charge_runner(result);
   ++stats_.decode_steps;
   stats_.decode_rows += int64_t(rows.size());
   if (result.bucket > 0) {
@@ -399,6 +404,19 @@ bool Engine::decode_step() {
     if (Request* r = find(ids[i])) sample_next(*r, result.tokens[i]);
   }
   return true;
+}
+
+// The runner call's wall time is the runner's stage, launch and wait, and reading the results back
+// (post).
+void Engine::charge_runner(const StepResult& result) {
+  timer_.enter(StepPhase::kPost);
+  const double runner = timer_.take(StepPhase::kRunner);
+  const double stage = result.stage_us * 1e-6, launch = result.launch_us * 1e-6,
+               wait = result.wait_us * 1e-6;
+  stats_.seconds.stage += stage;
+  stats_.seconds.launch += launch;
+  stats_.seconds.device_wait += wait;
+  stats_.seconds.post += std::max(0.0, runner - stage - launch - wait);
 }
 
 RowSampling Engine::sampling_of(const Request& r) const {
@@ -421,28 +439,29 @@ void Engine::sample_next(Request& r, int32_t token) {
 void Engine::after_runner_step(const std::vector<Request*>& row_owners,
                                const std::vector<RowInput>& rows, const StepResult& result) {
   stats_.store_errors += result.store_errors;
-  stats_.device_wait_seconds += result.wait_us * 1e-6;
-  stats_.runner_host_seconds += result.host_us * 1e-6;
   ++runner_steps_;
-  std::vector<int64_t> slots, owners;
-  slots.reserve(rows.size());
-  owners.reserve(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    slots.push_back(rows[i].slot);
-    owners.push_back(owner_of(*row_owners[i]));
-  }
-  // The slots the real rows wrote get their truth from what the rows meant to write, so a slot
-  // clobbered in this very step (a stale row writing after the real one) is a finding too.
-  if (auditor_) auditor_->record_written(slots, owners, result.write_digests, runner_steps_);
-  if (oracle_) {
-    oracle_->write(slots, owners, result.store_values);
-    recall_.saw_clobbers(oracle_->compare(runner_steps_));
-    stats_.oracle_clobbers = recall_.oracle_clobbers();
-  }
-  if (auditor_) {
-    std::vector<Request*> readers(row_owners);
-    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
-    audit(readers);
+  if (auditor_ || oracle_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
+    std::vector<int64_t> slots, owners;
+    slots.reserve(rows.size());
+    owners.reserve(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      slots.push_back(rows[i].slot);
+      owners.push_back(owner_of(*row_owners[i]));
+    }
+    // The slots the real rows wrote get their truth from what the rows meant to write, so a slot
+    // clobbered in this very step (a stale row writing after the real one) is a finding too.
+    if (auditor_) auditor_->record_written(slots, owners, result.write_digests, runner_steps_);
+    if (oracle_) {
+      oracle_->write(slots, owners, result.store_values);
+      recall_.saw_clobbers(oracle_->compare(runner_steps_));
+      stats_.oracle_clobbers = recall_.oracle_clobbers();
+    }
+    if (auditor_) {
+      std::vector<Request*> readers(row_owners);
+      readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+      audit(readers);
+    }
   }
   if (result.store_errors > 0) fail_for_store_errors(row_owners, rows, result);
 }

@@ -58,6 +58,7 @@ void Engine::share_cached_prefix(Request& r) {
   std::vector<int32_t> pages = prefix_->match(r.seq, max_pages);
   if (pages.empty()) return;
   if (auditor_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
     std::vector<AuditFinding> findings = auditor_->verify(pages_slots(pages), runner_steps_);
     if (!findings.empty()) {
       int64_t first_bad = int64_t(pages.size());
@@ -88,6 +89,7 @@ void Engine::share_written_pages(const std::vector<int64_t>& ids) {
       if (ins.outcome == PrefixCache::Insert::kRefused) break;
       if (ins.outcome == PrefixCache::Insert::kSwapped) unwatch(std::span(&ins.freed, 1));
       if (!auditor_) continue;
+      const PhaseScope scope(timer_, StepPhase::kAudit);
       if (ins.outcome == PrefixCache::Insert::kInserted) {
         auditor_->adopt(page_slots(ins.page), kPrefixCacheOwner);
       } else {  // a reuse, verified like any hit; the request itself now shares it and is named

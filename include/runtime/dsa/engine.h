@@ -44,6 +44,7 @@
 #include "dsa/runner.h"
 #include "dsa/sampler.h"
 #include "dsa/shadow_oracle.h"
+#include "dsa/step_timing.h"
 
 namespace dsa {
 
@@ -128,12 +129,9 @@ struct EngineStats {
   int64_t oracle_clobbers = 0;
   int64_t auditor_found = 0;
   int64_t auditor_unconfirmed = 0;
-  // Wall time of engine steps, split: waiting for the device at the end of runner steps, and
-  // everything else the host did; runner_host_seconds is the runner's part of that (staging,
-  // launching, reading back), the rest is scheduling, auditing and bookkeeping.
-  double device_wait_seconds = 0;
-  double host_seconds = 0;
-  double runner_host_seconds = 0;
+  // Wall time of engine steps, by phase, summed (step_timing.h); seconds.per_step_us(steps) gives
+  // the figures per step.
+  StepTimes seconds;
 };
 
 class Engine {
@@ -223,7 +221,8 @@ class Engine {
                              const std::vector<RowInput>& rows, const StepResult& result);
   void mark_corrupted(const AuditFinding& finding);
   void mark_owner(int64_t owner, const AuditFinding& finding);
-  void sample_next(Request& r, int32_t token);  // appends the step's token to r
+  void sample_next(Request& r, int32_t token);   // appends the step's token to r
+  void charge_runner(const StepResult& result);  // splits a runner call's time into the phases
 
   Request* find(int64_t id);
   int64_t owner_of(const Request& r) const;
@@ -245,6 +244,7 @@ class Engine {
   std::vector<RequestOutput> finished_;
   std::vector<NewToken> new_tokens_;  // sampled during the current (or last) step
   EngineStats stats_;
+  PhaseTimer timer_;          // the current step's phases, added to stats_.seconds at its end
   int64_t runner_steps_ = 0;  // the auditor's clock
   bool progress_ = false;     // a request finished during the current step
 };
