@@ -301,11 +301,12 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
         in.pages.size(), in.seq_len, max_pages_);
     // Page ids are checked once, here, for both backends: a real row reads only pages of the
     // pool, never the reserved page. (The kernels also refuse a bad id, through the error flag.)
-    for (size_t i = 0; i < in.pages.size(); ++i) {
-      require(in.pages[i] > kReservedPage && in.pages[i] < num_pages, ErrorCode::kInvalidArgument,
-              "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r, i,
-              in.pages[i], num_pages);
-    }
+    const auto bad_page = std::find_if(in.pages.begin(), in.pages.end(), [num_pages](int32_t p) {
+      return p <= kReservedPage || p >= num_pages;
+    });
+    require(bad_page == in.pages.end(), ErrorCode::kInvalidArgument,
+            "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r,
+            bad_page - in.pages.begin(), bad_page == in.pages.end() ? 0 : *bad_page, num_pages);
     const RowSampling draw = sampling.empty() ? RowSampling{} : sampling[r];
     draw.params.validate();
     s.h_tokens[r] = in.token;
@@ -320,8 +321,7 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
     s.h_seeds[r] = draw.params.seed;
     s.h_sample_index[r] = draw.index;
     int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
-    std::fill(pt, pt + s.ld_page_table, kReservedPage);
-    std::copy(in.pages.begin(), in.pages.end(), pt);
+    std::fill(std::copy(in.pages.begin(), in.pages.end(), pt), pt + s.ld_page_table, kReservedPage);
   }
   if (padding == Padding::kLeaveStale) return;
   for (int r = int(rows.size()); r < s.rows; ++r) {

@@ -199,8 +199,10 @@ class Engine {
   bool evict_idle_session();
   bool evict_cached_pages(int64_t n);
   void share_cached_prefix(Request& r);
-  void share_written_pages(const std::vector<int64_t>& ids);
-  void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners) const;
+  void share_written_pages(std::span<Request* const> requests);
+  void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners);
+  void forget_finished(std::span<Request*> requests, std::span<const int64_t> ids,
+                       int64_t finishes_before);
   std::vector<int64_t> sharers_of(int32_t page) const;
   void preempt(Request& r);
   void release_pages(PageTable& pages);
@@ -238,8 +240,23 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t next_admit_ = 0;
   std::deque<int64_t> waiting_;
-  std::vector<int64_t> running_;                          // admission order, oldest first
+  std::vector<Request*> running_;                         // admission order, oldest first
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // waiting and running
+  // Requests finished so far. A step holds pointers to its requests across calls that may finish
+  // some (a step's error flag fails them); when this count moved, it looks them up again.
+  int64_t finishes_ = 0;
+  // Per-step working lists, kept between steps so a step allocates nothing once they have grown.
+  struct Scratch {
+    struct Chunk {
+      Request* r;
+      int64_t start, count;  // prefill rows [start, start + count) of r
+    };
+    std::vector<Chunk> plan;
+    std::vector<Request*> candidates, batch, owners;
+    std::vector<int64_t> ids, slots;
+    std::vector<RowInput> rows;
+    std::vector<RowSampling> sampling;
+  } scratch_;
   std::map<int64_t, std::unique_ptr<Session>> sessions_;
   std::vector<RequestOutput> finished_;
   std::vector<NewToken> new_tokens_;  // sampled during the current (or last) step
