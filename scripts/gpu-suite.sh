@@ -7,7 +7,9 @@
 # Every step has a timeout and the suite goes on after a failure. Files written to $OUT (a few,
 # logs concatenated): summary.md, results.json, suite.log, parity.json, bench_merged.json.
 # Environment: OUT (default ./gpu-out), SANITIZER_FILTER (gtest filter for the sanitizer runs),
-# SANITIZER_TIMEOUT (s per tool, default 50), SKIP_PARITY=1 and SKIP_BENCH=1 (sanitizers only).
+# SANITIZER_TIMEOUT (s per tool, default 50), RACECHECK_TIMEOUT (s per racecheck run, default 150:
+# on 2026-12-03 every racecheck run passed 45 s without a report), SKIP_PARITY=1 and SKIP_BENCH=1
+# (sanitizers only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +40,9 @@ SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitize
 for tool in memcheck racecheck initcheck synccheck; do
   extra=()
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)
-  step "sanitizer-$tool" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
+  limit="${SANITIZER_TIMEOUT:-50}"
+  [[ $tool == racecheck ]] && limit="${RACECHECK_TIMEOUT:-150}"
+  step "sanitizer-$tool" "$limit" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
     --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
 done
 # memcheck and racecheck over graph-replayed decode too: the graph tests replay captured CUDA
@@ -48,10 +52,12 @@ GRAPH_FILTER="${GRAPH_SANITIZER_FILTER:-IndexK/ParityGraph.*}"
 for tool in memcheck racecheck; do
   extra=()
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)
-  step "sanitizer-$tool-graph" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" \
+  limit="${SANITIZER_TIMEOUT:-50}"
+  [[ $tool == racecheck ]] && limit="${RACECHECK_TIMEOUT:-150}"
+  step "sanitizer-$tool-graph" "$limit" "$SAN" --tool "$tool" "${extra[@]}" \
     --error-exitcode 17 --print-limit 30 "$B/tests/dsa_parity_tests" \
     --gtest_filter="$GRAPH_FILTER" --gtest_brief=1
-  step "sanitizer-$tool-replay" "${SANITIZER_TIMEOUT:-50}" "$SAN" --tool "$tool" "${extra[@]}" \
+  step "sanitizer-$tool-replay" "$limit" "$SAN" --tool "$tool" "${extra[@]}" \
     --error-exitcode 17 --print-limit 30 "$B/dsa" --log error check-replay --backend cuda \
     --steps 40 --buckets 1 4 16 --no-parity
 done

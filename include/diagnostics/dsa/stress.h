@@ -49,6 +49,7 @@ std::vector<StressCell> stress_matrix();
 
 struct StressConfig {
   std::string preset = "tiny";
+  int layers = 0;  // layers kept from the preset (0: all)
   BackendKind backend = BackendKind::kCpu;
   uint64_t weight_seed = 0;
   int max_rows = 64;         // rows per step: the prefill chunk and the largest bucket
