@@ -190,6 +190,7 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
     return Admission::kFailed;
   }
   if (int(running_.size()) >= options_.max_running) return Admission::kWait;
+  r.seq.reserve(size_t(total));  // within the context: appending tokens never reallocates
   Session* s = r.session >= 0 ? sessions_.at(r.session).get() : nullptr;
   if (s && !s->pages.pages().empty()) {  // the kept history cache becomes the turn's
     r.pages = std::move(s->pages);
