@@ -67,7 +67,7 @@ AuditScope parse_scope(const std::string& s) {
 // --allow-slow-cpu.
 void refuse_slow_cpu_run(const StressConfig& c) {
   constexpr double kCpuFlopLimit = 1e13;
-  const ModelConfig config = keep_first_layers(preset_config(c.preset), c.layers);
+  const ModelConfig config = stress_model_config(c);
   const double params = double(estimate_memory(config, 1, 1, CacheConfig{}).weights) / 2;
   const StressShape& s = c.shape;
   // Every session runs once per cell and once alone as the reference; each token costs about
