@@ -3,7 +3,8 @@
 # build-gpu/lib and build-gpu/py carried (scripts/gpu-build.sh made them here). Builds dsa._dsa for
 # the device's python3 (torch's) against the carried static libraries, then runs the Python tests
 # (CPU and CUDA), the incident in plain torch, and the store/auditor bench. Files written to $OUT:
-# python.log, pytest.xml, incident_torch.md, py_store_bench.json, py_store_bench.md.
+# python.log, pytest.xml, incident_torch.md, py_store_bench.json, py_store_bench.md,
+# py_call_profile.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +50,7 @@ if step build 300 bash -c build; then
   step pytest 240 "$PY" -m pytest -q -p no:cacheprovider python/tests --junitxml="$OUT/pytest.xml"
   step incident_torch 240 "$PY" python/examples/incident_torch.py --markdown "$OUT/incident_torch.md"
   step incident_numpy 120 "$PY" python/examples/incident_numpy.py
+  step py_call_profile 120 "$PY" bench/gpu/py_call_profile.py --markdown "$OUT/py_call_profile.md"
   step py_store_bench 300 "$PY" bench/gpu/py_store_bench.py --json "$OUT/py_store_bench.json" \
     --markdown "$OUT/py_store_bench.md"
 fi

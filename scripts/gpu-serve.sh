@@ -52,11 +52,11 @@ stop() {
   kill -TERM "$1" 2>/dev/null
   wait "$1" 2>/dev/null
 }
-bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve, its table to the log and the summary
+bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve (serve() already waited for /health)
   local name="$1" limit="$2"
   shift 2
   echo "=== bench $name: $*" >> "$LOG"
-  timeout --kill-after=5 "$limit" "$DSA" bench-serve --quiet --wait-ready 120 \
+  timeout --kill-after=5 "$limit" "$DSA" bench-serve --quiet --wait-ready 10 \
     --json "$TMP/$name.json" "$@" > "$TMP/$name.txt" 2>> "$LOG"
   local rc=$?
   cat "$TMP/$name.txt" >> "$LOG"

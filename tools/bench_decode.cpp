@@ -62,10 +62,7 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
       ->capture_default_str();
   cmd->callback([&run, o] {
     run = [o] {
-      ModelConfig config = resolve_config(o->model);
-      if (o->layers > 0) config.num_hidden_layers = std::min(o->layers, config.num_hidden_layers);
-      config.first_k_dense_replace =
-          std::min(config.first_k_dense_replace, config.num_hidden_layers);
+      const ModelConfig config = keep_first_layers(resolve_config(o->model), o->layers);
       const int max_b = *std::max_element(o->batches.begin(), o->batches.end());
       const int context =
           o->context > 0 ? o->context : std::min(4096, config.max_position_embeddings - 1);

@@ -68,6 +68,12 @@ int run_bench_engine(const BenchEngineOpts& o) {
       "{:.1f} output tok/s, TTFT median {:.3f} ms\n",
       o.num_prompts, o.concurrency, o.input_len, o.output_len, stack.backend->describe(), o.mode, s,
       double(tokens) / s, ttft_ms[ttft_ms.size() / 2]);
+  // The engine's own host time per step (step_timing.h): the figure to hold against the device's.
+  const EngineStats& st = engine.stats();
+  fmt::print(
+      "per engine step ({} steps, {} decode rows per decode step): {}\n", st.steps,
+      fmt::format("{:.1f}", double(st.decode_rows) / double(std::max<int64_t>(1, st.decode_steps))),
+      st.seconds.per_step_us(st.steps).describe_us());
   return 0;
 }
 
@@ -78,7 +84,8 @@ void register_bench_engine(CLI::App& app, SubcommandAction& run) {
   CLI::App* cmd =
       app.add_subcommand("bench-engine",
                          "the engine driven directly with bench-serve --prompt-ids's workload: "
-                         "output tok/s and TTFT, the baseline of the server's overhead");
+                         "output tok/s, TTFT and the engine's host time per step, the baseline of "
+                         "the server's overhead");
   add_model_options(cmd, o->model);
   cmd->add_option("--mode", o->mode, "graph | eager")->capture_default_str();
   cmd->add_option("--num-prompts", o->num_prompts, "requests")

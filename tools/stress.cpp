@@ -21,6 +21,7 @@ struct StressOpts {
   std::string policy = "keep", audit_scope = "all", prefix_cache = "all", json, plot;
   uint64_t weight_seed = 0;
   int max_rows = 64;
+  int layers = 0;
   int64_t pages = 0;
   bool no_audit = false, no_reference = false, quiet = false, allow_slow_cpu = false;
   StressShape shape;
@@ -66,7 +67,7 @@ AuditScope parse_scope(const std::string& s) {
 // --allow-slow-cpu.
 void refuse_slow_cpu_run(const StressConfig& c) {
   constexpr double kCpuFlopLimit = 1e13;
-  const ModelConfig config = preset_config(c.preset);
+  const ModelConfig config = stress_model_config(c);
   const double params = double(estimate_memory(config, 1, 1, CacheConfig{}).weights) / 2;
   const StressShape& s = c.shape;
   // Every session runs once per cell and once alone as the reference; each token costs about
@@ -102,6 +103,7 @@ int run_stress_command(StressOpts& o) {
 
   StressConfig c;
   c.preset = o.preset;
+  c.layers = o.layers;
   c.backend = backend;
   c.weight_seed = o.weight_seed;
   c.max_rows = o.max_rows;
@@ -127,20 +129,15 @@ int run_stress_command(StressOpts& o) {
     seconds += r.seconds;
   }
   fmt::print(
-      "\n{} sessions per cell at concurrency {}, preset {}, {} ({}), seed {}: {} tokens "
-      "in {:.1f} s ({:.1f} s for the references)\n",
-      c.shape.sessions, c.shape.concurrency, c.preset, o.backend,
-      report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
+      "\n{} sessions per cell at concurrency {}, preset {} ({} layers), {} ({}), seed {}: {} "
+      "tokens in {:.1f} s ({:.1f} s for the references)\n",
+      c.shape.sessions, c.shape.concurrency, c.preset, report.config["layers"].get<int>(),
+      o.backend, report.config["device"].get<std::string>(), c.shape.seed, tokens, seconds,
       report.reference_seconds);
   for (const CellResult& r : report.cells) {
-    const EngineStats& st = r.stats;
-    const double steps = double(std::max<int64_t>(st.steps, 1));
-    fmt::print(
-        "  {}: {:.0f} tokens/s; per engine step {:.1f} us scheduling and auditing, {:.1f} us "
-        "staging and launching, {:.1f} us waiting for the device\n",
-        r.cell.condition(), r.seconds > 0 ? r.tokens / r.seconds : 0.0,
-        1e6 * (st.host_seconds - st.runner_host_seconds) / steps,
-        1e6 * st.runner_host_seconds / steps, 1e6 * st.device_wait_seconds / steps);
+    fmt::print("  {}: {:.0f} tokens/s; per engine step: {}\n", r.cell.condition(),
+               r.seconds > 0 ? r.tokens / r.seconds : 0.0,
+               r.stats.seconds.per_step_us(r.stats.steps).describe_us());
   }
   if (!o.json.empty()) write_result_file(o.json, stress_json(report).dump(2) + "\n", "--json");
   if (!o.plot.empty()) write_result_file(o.plot, stress_svg(report), "--plot");
@@ -164,6 +161,8 @@ void register_stress(CLI::App& app, SubcommandAction& run) {
       "1: it does not, or the auditor missed what the oracle or divergence saw; 2: bad usage; "
       "3: turns failed or a step raised its error flag (lost work)");
   cmd->add_option("--preset", o->preset, "model preset")->capture_default_str();
+  add_int_option(cmd, "--layers", o->layers, 0, 256,
+                 "layers kept from the preset (0: all), e.g. --preset v32 --layers 2");
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
   cmd->add_option("--mode", o->mode, "eager | graph | all")->capture_default_str();

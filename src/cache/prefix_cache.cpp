@@ -20,11 +20,7 @@ uint64_t page_key(uint64_t parent_serial, std::span<const int32_t> page_tokens) 
 int64_t first_unwritable_slot(const PageAllocator& allocator, std::span<const int64_t> slots) {
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i] == kPadSlot) continue;
-    const int64_t page = slots[i] / kPageSize;
-    if (slots[i] < kPageSize || page >= allocator.total_pages() ||
-        allocator.state(int32_t(page)) != PageState::kOwned) {
-      return int64_t(i);
-    }
+    if (slots[i] < kPageSize || !allocator.owned(slots[i] / kPageSize)) return int64_t(i);
   }
   return -1;
 }

@@ -304,11 +304,15 @@ bool StressReport::guarded_clean() const {
                       [](const CellResult& c) { return !c.cell.faults && c.corrupted > 0; });
 }
 
+ModelConfig stress_model_config(const StressConfig& c) {
+  return keep_first_layers(preset_config(c.preset), c.layers);
+}
+
 StressReport run_stress(const StressConfig& c, const StressProgressFn& progress) {
   c.shape.validate();
   require(!c.cells.empty(), ErrorCode::kInvalidArgument, "stress: no cells to run");
   Stack s;
-  const ModelConfig config = preset_config(c.preset);
+  const ModelConfig config = stress_model_config(c);
   s.backend = make_backend(c.backend);
   const int context = std::min(config.max_position_embeddings, 4096);
   s.model = std::make_unique<Model>(*s.backend, config,
@@ -340,6 +344,7 @@ StressReport run_stress(const StressConfig& c, const StressProgressFn& progress)
 
   StressReport report;
   report.config = {{"preset", c.preset},
+                   {"layers", config.num_hidden_layers},
                    {"backend", std::string(backend_name(c.backend))},
                    {"device", s.backend->describe()},
                    {"weight_seed", c.weight_seed},

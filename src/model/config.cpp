@@ -416,6 +416,13 @@ nlohmann::json config_to_json(const ModelConfig& c) {
 
 std::vector<std::string> preset_names() { return {"tiny", "tiny-moe", "v32"}; }
 
+ModelConfig keep_first_layers(ModelConfig c, int layers) {
+  require(layers >= 0, ErrorCode::kInvalidArgument, "layers must be >= 0, got {}", layers);
+  if (layers > 0) c.num_hidden_layers = std::min(layers, c.num_hidden_layers);
+  c.first_k_dense_replace = std::min(c.first_k_dense_replace, c.num_hidden_layers);
+  return c;
+}
+
 ModelConfig preset_config(std::string_view name) {
   ModelConfig c;
   c.name = std::string(name);

@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "engine_state.h"
 
@@ -107,6 +106,7 @@ void Engine::release_pages(PageTable& pages) {
 // cached copy): the auditor and the oracle stop watching their slots.
 void Engine::unwatch(std::span<const int32_t> pages) {
   if (auditor_ || oracle_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
     std::vector<int64_t> slots;
     slots.reserve(pages.size() * kPageSize);
     for (int32_t page : pages) {
@@ -138,7 +138,7 @@ bool Engine::reserve(Request& r, int64_t n_tokens) {
 // False when r itself was preempted or failed.
 bool Engine::grow(Request& r, int64_t n_tokens) {
   while (!reserve(r, n_tokens)) {
-    Request* newest = find(running_.back());
+    Request* newest = running_.back();
     if (newest != &r) {
       preempt(*newest);
       continue;
@@ -166,7 +166,7 @@ void Engine::preempt(Request& r) {
   r.admit_order = -1;
   ++r.preemptions;
   ++stats_.preemptions;
-  std::erase(running_, r.id);
+  std::erase(running_, &r);
   waiting_.push_front(r.id);
 }
 
@@ -190,6 +190,7 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
     return Admission::kFailed;
   }
   if (int(running_.size()) >= options_.max_running) return Admission::kWait;
+  r.seq.reserve(size_t(total));  // within the context: appending tokens never reallocates
   Session* s = r.session >= 0 ? sessions_.at(r.session).get() : nullptr;
   if (s && !s->pages.pages().empty()) {  // the kept history cache becomes the turn's
     r.pages = std::move(s->pages);
@@ -220,7 +221,7 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
   if (r.preemptions == 0) r.cached_tokens = int(r.n_cached);
   waiting_.pop_front();
   r.admit_order = next_admit_++;
-  running_.push_back(r.id);
+  running_.push_back(&r);
   return Admission::kAdmitted;
 }
 
@@ -248,14 +249,18 @@ void Engine::finish(Request& r, FinishReason reason) {
   out.cached_tokens = r.cached_tokens;
   out.reason = reason;
   out.error = r.error;
-  out.message = r.message;
+  out.message = std::move(r.message);
   out.preemptions = r.preemptions;
   out.corrupted = r.corrupted;
-  out.findings = r.findings;
-  std::erase(running_, r.id);
-  std::erase(waiting_, r.id);
+  out.findings = std::move(r.findings);
+  if (r.admit_order >= 0) {  // admitted requests are running, the others waiting
+    std::erase(running_, &r);
+  } else {
+    std::erase(waiting_, r.id);
+  }
   finished_.push_back(std::move(out));
   progress_ = true;
+  ++finishes_;
   requests_.erase(r.id);  // r is gone from here on
 }
 
@@ -275,16 +280,16 @@ std::vector<RequestOutput> Engine::take_finished() {
 // ---- steps -------------------------------------------------------------------------------------
 
 bool Engine::step() {
-  const auto start = std::chrono::steady_clock::now();
-  const double waited = stats_.device_wait_seconds;
+  timer_.start(StepPhase::kSchedule);
   ++stats_.steps;
   progress_ = false;
   new_tokens_.clear();
   const bool prefilled = prefill_step();
   const bool decoded = decode_step();
   stats_.cached_pages = cache_.allocator().cached_pages();
-  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
-  stats_.host_seconds += wall.count() - (stats_.device_wait_seconds - waited);
+  stats_.seconds.schedule += timer_.take(StepPhase::kSchedule);
+  stats_.seconds.post += timer_.take(StepPhase::kPost);
+  stats_.seconds.audit += timer_.take(StepPhase::kAudit);
   return prefilled || decoded || progress_;
 }
 
@@ -302,21 +307,19 @@ RowInput Engine::row_of(const Request& r, int64_t position) const {
 }
 
 bool Engine::prefill_step() {
-  struct Chunk {
-    Request* r;  // valid until after_runner_step, which may fail requests
-    int64_t id, start, count;
-  };
-  std::vector<Chunk> plan;
+  Scratch& w = scratch_;
+  w.plan.clear();
   int budget = options_.max_prefill_rows;
   // Requests already prefilling continue first, oldest first. A preemption for room only ever
-  // takes a request newer than the one growing, so none already planned.
-  for (int64_t id : std::vector<int64_t>(running_)) {
-    Request* r = find(id);
+  // takes a request newer than the one growing, so none already planned. Only r itself can
+  // finish in grow(), so the other pointers stay valid.
+  w.candidates.assign(running_.begin(), running_.end());
+  for (Request* r : w.candidates) {
     if (budget == 0) break;
-    if (!r || r->admit_order < 0 || !r->prefilling()) continue;
+    if (r->admit_order < 0 || !r->prefilling()) continue;
     const int64_t n = std::min<int64_t>(budget, r->prefill_end - r->n_cached);
     if (!grow(*r, r->n_cached + n)) continue;
-    plan.push_back({r, r->id, r->n_cached, n});
+    w.plan.push_back({r, r->n_cached, n});
     budget -= int(n);
   }
   while (budget > 0 && !waiting_.empty()) {
@@ -325,38 +328,46 @@ bool Engine::prefill_step() {
     const Admission a = admit(*r, budget, &n);
     if (a == Admission::kFailed) continue;  // it is finished with an error; try the next one
     if (a == Admission::kWait) break;       // no room now: keep the queue's order
-    plan.push_back({r, r->id, r->n_cached, n});
+    w.plan.push_back({r, r->n_cached, n});
     budget -= int(n);
   }
-  if (plan.empty()) return false;
+  if (w.plan.empty()) return false;
 
-  std::vector<RowInput> rows;
-  std::vector<RowSampling> sampling;
-  std::vector<Request*> owners;
-  for (const Chunk& c : plan) {
+  w.rows.clear();
+  w.sampling.clear();
+  w.owners.clear();
+  for (const Scratch::Chunk& c : w.plan) {
     for (int64_t p = c.start; p < c.start + c.count; ++p) {
-      rows.push_back(row_of(*c.r, p));
-      sampling.emplace_back();
-      owners.push_back(c.r);
+      w.rows.push_back(row_of(*c.r, p));
+      w.sampling.emplace_back();
+      w.owners.push_back(c.r);
     }
     // The last prompt row draws the first token; the other rows' (greedy) tokens go unused.
-    if (c.start + c.count == c.r->prefill_end) sampling.back() = sampling_of(*c.r);
+    if (c.start + c.count == c.r->prefill_end) w.sampling.back() = sampling_of(*c.r);
   }
-  check_store_targets(rows, owners);
+  check_store_targets(w.rows, w.owners);
   // Prefill is never captured.
-  const StepResult result = runner_->step_eager(rows, StepOutputs().with_sampling(sampling));
+  timer_.enter(StepPhase::kRunner);
+  const StepResult result = runner_->step_eager(w.rows, StepOutputs().with_sampling(w.sampling));
+  charge_runner(result);
   ++stats_.prefill_steps;
-  stats_.prefill_rows += int64_t(rows.size());
-  for (const Chunk& c : plan) c.r->n_cached += c.count;
-  after_runner_step(owners, rows, result);
-  std::vector<int64_t> ids;
-  for (const Chunk& c : plan) ids.push_back(c.id);
-  share_written_pages(ids);
+  stats_.prefill_rows += int64_t(w.rows.size());
+  w.batch.clear();
+  w.ids.clear();
+  for (const Scratch::Chunk& c : w.plan) {
+    c.r->n_cached += c.count;
+    w.batch.push_back(c.r);
+    w.ids.push_back(c.r->id);
+  }
+  const int64_t finishes = finishes_;
+  after_runner_step(w.owners, w.rows, result);  // may fail requests
+  forget_finished(w.batch, w.ids, finishes);
+  share_written_pages(w.batch);
 
   size_t row = 0;
-  for (const Chunk& c : plan) {
-    row += size_t(c.count);
-    Request* r = find(c.id);
+  for (size_t i = 0; i < w.plan.size(); ++i) {
+    row += size_t(w.plan[i].count);
+    Request* r = w.batch[i];
     if (!r || r->prefilling()) continue;      // failed by the step, or more prompt to go
     sample_next(*r, result.tokens[row - 1]);  // the chunk's last row
   }
@@ -364,41 +375,67 @@ bool Engine::prefill_step() {
 }
 
 bool Engine::decode_step() {
-  std::vector<Request*> batch;
-  for (int64_t id : std::vector<int64_t>(running_)) {
-    Request* r = find(id);
-    if (!r || r->admit_order < 0 || r->prefilling()) continue;
+  timer_.enter(StepPhase::kSchedule);
+  Scratch& w = scratch_;
+  w.batch.clear();
+  // grow() may preempt newer requests (they stay alive, unadmitted) or fail r itself.
+  w.candidates.assign(running_.begin(), running_.end());
+  for (Request* r : w.candidates) {
+    if (r->admit_order < 0 || r->prefilling()) continue;
     if (!grow(*r, r->n_cached + 1)) continue;
-    batch.push_back(r);
+    w.batch.push_back(r);
   }
-  if (batch.empty()) return false;
-  std::vector<RowInput> rows;
-  std::vector<RowSampling> sampling;
-  rows.reserve(batch.size());
-  sampling.reserve(batch.size());
-  for (Request* r : batch) {
-    rows.push_back(row_of(*r, r->n_cached));
-    sampling.push_back(sampling_of(*r));
+  if (w.batch.empty()) return false;
+  w.rows.clear();
+  w.sampling.clear();
+  for (Request* r : w.batch) {
+    w.rows.push_back(row_of(*r, r->n_cached));
+    w.sampling.push_back(sampling_of(*r));
   }
-  check_store_targets(rows, batch);
-  const StepResult result = runner_->step(rows, StepOutputs().with_sampling(sampling));
+  check_store_targets(w.rows, w.batch);
+  timer_.enter(StepPhase::kRunner);
+  const StepResult result = runner_->step(w.rows, StepOutputs().with_sampling(w.sampling));
+  charge_runner(result);
   ++stats_.decode_steps;
-  stats_.decode_rows += int64_t(rows.size());
+  stats_.decode_rows += int64_t(w.rows.size());
   if (result.bucket > 0) {
-    stats_.padded_rows += result.bucket - int64_t(rows.size());
+    stats_.padded_rows += result.bucket - int64_t(w.rows.size());
     ++stats_.graph_replays[result.bucket];
   }
-  std::vector<int64_t> ids;
-  for (Request* r : batch) {
+  w.ids.clear();
+  for (Request* r : w.batch) {
     ++r->n_cached;
-    ids.push_back(r->id);
+    w.ids.push_back(r->id);
   }
-  after_runner_step(batch, rows, result);  // may fail requests: batch's pointers go stale
-  share_written_pages(ids);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (Request* r = find(ids[i])) sample_next(*r, result.tokens[i]);
+  const int64_t finishes = finishes_;
+  after_runner_step(w.batch, w.rows, result);  // may fail requests
+  forget_finished(w.batch, w.ids, finishes);
+  share_written_pages(w.batch);
+  for (size_t i = 0; i < w.batch.size(); ++i) {
+    if (Request* r = w.batch[i]) sample_next(*r, result.tokens[i]);
   }
   return true;
+}
+
+// After a call that may have finished some of a step's requests (their pointers dangle then):
+// each entry becomes the request with that id again, or null when it is gone.
+void Engine::forget_finished(std::span<Request*> requests, std::span<const int64_t> ids,
+                             int64_t finishes_before) {
+  if (finishes_ == finishes_before) return;
+  for (size_t i = 0; i < requests.size(); ++i) requests[i] = find(ids[i]);
+}
+
+// The runner call's wall time is the runner's stage, launch and wait, and reading the results back
+// (post).
+void Engine::charge_runner(const StepResult& result) {
+  timer_.enter(StepPhase::kPost);
+  const double runner = timer_.take(StepPhase::kRunner);
+  const double stage = result.stage_us * 1e-6, launch = result.launch_us * 1e-6,
+               wait = result.wait_us * 1e-6;
+  stats_.seconds.stage += stage;
+  stats_.seconds.launch += launch;
+  stats_.seconds.device_wait += wait;
+  stats_.seconds.post += std::max(0.0, runner - stage - launch - wait);
 }
 
 RowSampling Engine::sampling_of(const Request& r) const {
@@ -421,28 +458,29 @@ void Engine::sample_next(Request& r, int32_t token) {
 void Engine::after_runner_step(const std::vector<Request*>& row_owners,
                                const std::vector<RowInput>& rows, const StepResult& result) {
   stats_.store_errors += result.store_errors;
-  stats_.device_wait_seconds += result.wait_us * 1e-6;
-  stats_.runner_host_seconds += result.host_us * 1e-6;
   ++runner_steps_;
-  std::vector<int64_t> slots, owners;
-  slots.reserve(rows.size());
-  owners.reserve(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    slots.push_back(rows[i].slot);
-    owners.push_back(owner_of(*row_owners[i]));
-  }
-  // The slots the real rows wrote get their truth from what the rows meant to write, so a slot
-  // clobbered in this very step (a stale row writing after the real one) is a finding too.
-  if (auditor_) auditor_->record_written(slots, owners, result.write_digests, runner_steps_);
-  if (oracle_) {
-    oracle_->write(slots, owners, result.store_values);
-    recall_.saw_clobbers(oracle_->compare(runner_steps_));
-    stats_.oracle_clobbers = recall_.oracle_clobbers();
-  }
-  if (auditor_) {
-    std::vector<Request*> readers(row_owners);
-    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
-    audit(readers);
+  if (auditor_ || oracle_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
+    std::vector<int64_t> slots, owners;
+    slots.reserve(rows.size());
+    owners.reserve(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      slots.push_back(rows[i].slot);
+      owners.push_back(owner_of(*row_owners[i]));
+    }
+    // The slots the real rows wrote get their truth from what the rows meant to write, so a slot
+    // clobbered in this very step (a stale row writing after the real one) is a finding too.
+    if (auditor_) auditor_->record_written(slots, owners, result.write_digests, runner_steps_);
+    if (oracle_) {
+      oracle_->write(slots, owners, result.store_values);
+      recall_.saw_clobbers(oracle_->compare(runner_steps_));
+      stats_.oracle_clobbers = recall_.oracle_clobbers();
+    }
+    if (auditor_) {
+      std::vector<Request*> readers(row_owners);
+      readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+      audit(readers);
+    }
   }
   if (result.store_errors > 0) fail_for_store_errors(row_owners, rows, result);
 }

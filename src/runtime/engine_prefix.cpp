@@ -58,6 +58,7 @@ void Engine::share_cached_prefix(Request& r) {
   std::vector<int32_t> pages = prefix_->match(r.seq, max_pages);
   if (pages.empty()) return;
   if (auditor_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
     std::vector<AuditFinding> findings = auditor_->verify(pages_slots(pages), runner_steps_);
     if (!findings.empty()) {
       int64_t first_bad = int64_t(pages.size());
@@ -78,16 +79,16 @@ void Engine::share_cached_prefix(Request& r) {
 // After a runner step: every page of these requests that is now full (all 64 tokens written)
 // joins the prefix cache. A page identical to one already cached is swapped for it, and the
 // request's copy is freed; the reused page is verified like any hit.
-void Engine::share_written_pages(const std::vector<int64_t>& ids) {
+void Engine::share_written_pages(std::span<Request* const> requests) {
   if (!prefix_) return;
-  for (int64_t id : ids) {
-    Request* r = find(id);  // gone when the step failed it
-    if (!r) continue;
+  for (Request* r : requests) {
+    if (!r) continue;  // the step failed it
     while (r->pages.shared_pages() < r->n_cached / kPageSize) {
       const PrefixCache::InsertResult ins = prefix_->insert_next(r->seq, r->pages);
       if (ins.outcome == PrefixCache::Insert::kRefused) break;
       if (ins.outcome == PrefixCache::Insert::kSwapped) unwatch(std::span(&ins.freed, 1));
       if (!auditor_) continue;
+      const PhaseScope scope(timer_, StepPhase::kAudit);
       if (ins.outcome == PrefixCache::Insert::kInserted) {
         auditor_->adopt(page_slots(ins.page), kPrefixCacheOwner);
       } else {  // a reuse, verified like any hit; the request itself now shares it and is named
@@ -99,9 +100,9 @@ void Engine::share_written_pages(const std::vector<int64_t>& ids) {
 
 // DESIGN §8: no store of the step targets a page that is cached (shared or not), free, or
 // otherwise not owned by exactly one request. Cheap (one state lookup per row), so always on.
-void Engine::check_store_targets(std::span<const RowInput> rows,
-                                 std::span<Request* const> owners) const {
-  std::vector<int64_t> slots(rows.size());
+void Engine::check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners) {
+  std::vector<int64_t>& slots = scratch_.slots;
+  slots.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) slots[i] = rows[i].slot;
   const int64_t bad = first_unwritable_slot(cache_.allocator(), slots);
   if (bad < 0) return;

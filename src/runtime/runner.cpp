@@ -301,11 +301,12 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
         in.pages.size(), in.seq_len, max_pages_);
     // Page ids are checked once, here, for both backends: a real row reads only pages of the
     // pool, never the reserved page. (The kernels also refuse a bad id, through the error flag.)
-    for (size_t i = 0; i < in.pages.size(); ++i) {
-      require(in.pages[i] > kReservedPage && in.pages[i] < num_pages, ErrorCode::kInvalidArgument,
-              "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r, i,
-              in.pages[i], num_pages);
-    }
+    const auto bad_page = std::find_if(in.pages.begin(), in.pages.end(), [num_pages](int32_t p) {
+      return p <= kReservedPage || p >= num_pages;
+    });
+    require(bad_page == in.pages.end(), ErrorCode::kInvalidArgument,
+            "row {}: page-table entry {} is page {}, outside the pool's pages [1, {})", r,
+            bad_page - in.pages.begin(), bad_page == in.pages.end() ? 0 : *bad_page, num_pages);
     const RowSampling draw = sampling.empty() ? RowSampling{} : sampling[r];
     draw.params.validate();
     s.h_tokens[r] = in.token;
@@ -320,8 +321,7 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
     s.h_seeds[r] = draw.params.seed;
     s.h_sample_index[r] = draw.index;
     int32_t* pt = s.h_page_table.data() + r * s.ld_page_table;
-    std::fill(pt, pt + s.ld_page_table, kReservedPage);
-    std::copy(in.pages.begin(), in.pages.end(), pt);
+    std::fill(std::copy(in.pages.begin(), in.pages.end(), pt), pt + s.ld_page_table, kReservedPage);
   }
   if (padding == Padding::kLeaveStale) return;
   for (int r = int(rows.size()); r < s.rows; ++r) {
@@ -340,7 +340,11 @@ void Runner::stage_rows(StaticStep& s, std::span<const RowInput> rows,
 
 StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch launch,
                        const StepOutputs& outputs) {
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto us_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+  };
+  const auto start = Clock::now();
   const int B = int(rows.size());
   require(B >= 1 && B <= s.rows, ErrorCode::kInvalidArgument, "a step needs 1..{} rows, got {}",
           s.rows, B);
@@ -360,6 +364,8 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch lau
   be.copy_to_device(s.device.data(), s.host.data(), s.upload_bytes(replay ? s.rows : B));
   const StepOptions opts{options_.faults.unguarded_store ? StoreGuard::kIncidentScatter
                                                          : StoreGuard::kEnforced};
+  const double stage_us = us_since(start);
+  const auto launch_start = Clock::now();
   if (replay) {
     s.graph->replay();
   } else {
@@ -367,15 +373,16 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch lau
   }
 
   // One copy down: the error flag, the tokens, and the log-probs when asked.
-  const auto wait_start = std::chrono::steady_clock::now();
+  const double launch_us = us_since(launch_start);
+  const auto wait_start = Clock::now();
   const size_t down_end =
       (outputs.logprobs ? s.layout.out_logprobs : s.layout.out_tokens) + size_t(B) * sizeof(float);
   be.copy_to_host(s.host.data() + s.layout.error_count, s.device.data() + s.layout.error_count,
                   down_end - s.layout.error_count);
   StepResult result;
-  result.wait_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wait_start)
-          .count();
+  result.wait_us = us_since(wait_start);
+  result.stage_us = stage_us;
+  result.launch_us = launch_us;
   result.bucket = replay ? s.rows : 0;
   result.store_errors = s.h_error_count[0];
   result.tokens.assign(s.h_out_tokens.begin(), s.h_out_tokens.begin() + B);
@@ -395,9 +402,6 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch lau
     be.copy_to_host(result.logits.data(), s.logits, result.logits.size() * sizeof(float));
   }
   read_records(s, B, result);
-  result.host_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() -
-      result.wait_us;
   for (int r = 0; r < B; ++r) {
     require(result.tokens[r] >= 0, ErrorCode::kInternal, "row {}: every one of {} logits is NaN", r,
             model_.config().vocab_size);

@@ -56,9 +56,7 @@ std::string bench_table(const BenchOptions& o, const BenchReport& r) {
   line("Total generated tokens:", std::to_string(r.output_tokens));
   line("Cached input tokens:", std::to_string(r.cached_tokens));
   line("Prefix cache hit rate:",
-       r.input_tokens > 0
-           ? fmt::format("{:.1f}%", 100.0 * double(r.cached_tokens) / double(r.input_tokens))
-           : std::string("-"));
+       r.input_tokens > 0 ? fmt::format("{:.1f}%", 100.0 * r.prefix_hit_rate) : std::string("-"));
   line("Request throughput (req/s):", num(r.request_throughput));
   line("Output token throughput (tok/s):", num(r.output_throughput));
   line("Total token throughput (tok/s):", num(r.total_token_throughput));
@@ -111,8 +109,7 @@ json bench_json(const BenchOptions& o, const BenchReport& r) {
             {"total_input_tokens", r.input_tokens},
             {"total_output_tokens", r.output_tokens},
             {"total_cached_tokens", r.cached_tokens},
-            {"prefix_cache_hit_rate",
-             r.input_tokens > 0 ? double(r.cached_tokens) / double(r.input_tokens) : 0.0},
+            {"prefix_cache_hit_rate", r.prefix_hit_rate},
             {"request_throughput", r.request_throughput},
             {"output_throughput", r.output_throughput},
             {"total_token_throughput", r.total_token_throughput},

@@ -320,6 +320,8 @@ BenchReport run_bench(const BenchOptions& o, const ProgressFn& progress) {
   rep.goodput = good / s;
   rep.ttft_ms = percentiles(ttft);
   rep.ttft_late_ms = percentiles(ttft_late);
+  rep.prefix_hit_rate =
+      rep.input_tokens > 0 ? double(rep.cached_tokens) / double(rep.input_tokens) : 0.0;
   rep.tpot_ms = percentiles(tpot);
   rep.itl_ms = percentiles(itl);
   rep.e2el_ms = percentiles(e2el);

@@ -208,8 +208,10 @@ void EngineLoop::forward(const Engine& engine) {
     }
     l.last_token = now;
     ++l.tokens;
-    l.channel->push(t.token);
+    l.channel->append(t.token);
+    to_wake_.push_back(l.channel);
   }
+  waker_.post(to_wake_);
 }
 
 void EngineLoop::close(Live& l, ChannelFinal final) {

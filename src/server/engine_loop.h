@@ -93,6 +93,8 @@ class EngineLoop {
   std::vector<Command> inbox_;
   std::string load_error_;
   std::unordered_map<int64_t, Live> live_;  // by engine request id; engine thread only
+  std::vector<std::shared_ptr<RequestChannel>> to_wake_;  // engine thread only
+  Waker waker_;  // outlives the engine thread, which posts to it
   std::thread thread_;
 };
 

@@ -2,7 +2,9 @@
 // tokens through the per-request parser (streamed deltas against the whole message), ids.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <thread>
 
 #include "dsa/text/chat.h"
 #include "server/chat.h"
@@ -167,6 +169,51 @@ TEST(Ids, UniqueAcrossThreads) {
   std::set<std::string> all;
   for (auto& v : got) all.insert(v.begin(), v.end());
   EXPECT_EQ(all.size(), 4000u);
+}
+
+}  // namespace
+}  // namespace dsa::server::testing
+
+namespace dsa::server::testing {
+namespace {
+
+// The engine thread appends without waking and hands the channels to a Waker: every waiting
+// reader is still woken (it would otherwise sleep for its whole one-hour timeout), and a token
+// appended before the reader waits is never lost.
+TEST(Waker, WakesEveryReaderOfAStep) {
+  constexpr int kReaders = 16;
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (int i = 0; i < kReaders; ++i) channels.push_back(std::make_shared<RequestChannel>());
+  std::vector<std::vector<int32_t>> got(kReaders);
+  std::atomic<int> waiting{0}, done{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.emplace_back([&, i] {
+      ++waiting;
+      while (got[size_t(i)].size() < 2)
+        channels[size_t(i)]->wait(got[size_t(i)], std::chrono::hours(1));
+      ++done;
+    });
+  }
+  Waker waker;
+  ASSERT_TRUE(eventually([&] { return waiting.load() == kReaders; }));
+  for (int32_t step = 0; step < 2; ++step) {
+    std::vector<std::shared_ptr<RequestChannel>> batch;
+    for (int i = 0; i < kReaders; ++i) {
+      channels[size_t(i)]->append(100 * i + step);
+      batch.push_back(channels[size_t(i)]);
+    }
+    waker.post(batch);
+    EXPECT_TRUE(batch.empty()) << "post takes the batch";
+  }
+  const bool all_woken = eventually([&] { return done.load() == kReaders; }, 30);
+  if (!all_woken) {  // unblock the readers before failing, so the test ends
+    for (auto& c : channels) c->close(ChannelFinal{});
+  }
+  for (std::thread& t : readers) t.join();
+  ASSERT_TRUE(all_woken) << done.load() << " of " << kReaders << " readers woken";
+  for (int i = 0; i < kReaders; ++i)
+    EXPECT_EQ(got[size_t(i)], (std::vector<int32_t>{100 * i, 100 * i + 1}));
 }
 
 }  // namespace

@@ -143,6 +143,10 @@ TEST(Allocator, RandomSequencesKeepExactAccounting) {
         held.pop_back();
       }
       expect_accounting(a, int64_t(held.size()));
+      // The store check's fast test agrees with the states: only held pages may be written.
+      for (int64_t page = -1; page <= total; ++page) {
+        ASSERT_EQ(a.owned(page), held_set.count(int32_t(page)) == 1) << "page " << page;
+      }
     }
   }
 }

@@ -181,10 +181,10 @@ TEST(Detection, RecallTallyMatchesLaterFindingsAndCountsMisses) {
   t.saw_clobbers(std::vector<Clobber>{{0, PoolKind::kIndexK, 100, 1, 5},
                                       {1, PoolKind::kIndexK, 100, 1, 5},
                                       {0, PoolKind::kIndexK, 300, 2, 5}});
-  t.saw_findings(std::vector<AuditFinding>{{0, PoolKind::kIndexK, 100, 1, 4, 6}});
+  t.saw_findings(std::vector<AuditFinding>{{0, PoolKind::kIndexK, 100, 1, 4, 6, {}}});
   t.released(std::vector<int64_t>{300});
-  t.saw_findings(std::vector<AuditFinding>{{0, PoolKind::kIndexK, 300, 9, 7, 8},
-                                           {1, PoolKind::kIndexK, 100, 1, 4, 9}});
+  t.saw_findings(std::vector<AuditFinding>{{0, PoolKind::kIndexK, 300, 9, 7, 8, {}},
+                                           {1, PoolKind::kIndexK, 100, 1, 4, 9, {}}});
   EXPECT_EQ(t.oracle_clobbers(), 3);
   EXPECT_EQ(t.auditor_found(), 2);
   EXPECT_EQ(t.auditor_unconfirmed(), 1);  // slot 300's new owner: no clobber behind it

@@ -280,6 +280,18 @@ std::vector<int32_t> generate(const std::string& preset, RunMode mode) {
   return generate_greedy(runner, cache, model, byte_tokens("experts route tokens"), 12);
 }
 
+TEST(TinyMoe, KeepingTheFirstLayersCutsTheDenseCountWithThem) {
+  const ModelConfig full = preset_config("tiny-moe");
+  const ModelConfig one = keep_first_layers(full, 1);
+  EXPECT_EQ(one.num_hidden_layers, 1);
+  EXPECT_EQ(one.first_k_dense_replace, std::min(full.first_k_dense_replace, 1));
+  EXPECT_FALSE(one.layer_is_moe(0));
+  EXPECT_EQ(keep_first_layers(full, 0).num_hidden_layers, full.num_hidden_layers);
+  EXPECT_EQ(keep_first_layers(full, 99).num_hidden_layers, full.num_hidden_layers);
+  EXPECT_EQ(weight_manifest(one).size() < weight_manifest(full).size(), true);
+  EXPECT_THROW(keep_first_layers(full, -1), Error);
+}
+
 TEST(TinyMoe, PresetHasOneDenseAndOneMoeLayer) {
   const ModelConfig c = preset_config("tiny-moe");
   EXPECT_FALSE(c.layer_is_moe(0));

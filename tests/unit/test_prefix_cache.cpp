@@ -161,6 +161,7 @@ TEST(PrefixCache, StoreCheckRefusesCachedFreeAndReservedPages) {
   EXPECT_EQ(first_unwritable_slot(a, slots), 3);
   EXPECT_EQ(first_unwritable_slot(a, std::vector<int64_t>{int64_t(7) * kPageSize}), 0);  // free
   EXPECT_EQ(first_unwritable_slot(a, std::vector<int64_t>{5}), 0);                       // page 0
+  EXPECT_EQ(first_unwritable_slot(a, std::vector<int64_t>{owned_slot, -7}), 1);  // not the pad
   EXPECT_EQ(first_unwritable_slot(a, std::vector<int64_t>{int64_t(8) * kPageSize}), 0);  // range
   // The allocator refuses to free a cached page as if it were owned, and vice versa.
   EXPECT_THROW(a.release(t.pages()[0]), Error);

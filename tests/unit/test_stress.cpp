@@ -50,7 +50,9 @@ TEST(Stress, SmallCpuMatrixShowsTheIncidentsFingerprint) {
     EXPECT_GT(c.tokens, 0);
     const bool incident = c.cell.index_k == KvDtype::kBf16 && c.cell.runner == RunMode::kGraph &&
                           c.cell.faults && !c.cell.prefix_cache;
-    if (c.cell.prefix_cache) EXPECT_GT(c.stats.prefix_cache_queries, 0);
+    if (c.cell.prefix_cache) {
+      EXPECT_GT(c.stats.prefix_cache_queries, 0);
+    }
     if (c.cell.prefix_cache && c.cell.faults) {
       // A finding, not a verdict: whatever it corrupts, the detectors must agree on it.
       EXPECT_EQ(c.auditor_found, c.oracle_clobbers);

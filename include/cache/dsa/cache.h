@@ -33,6 +33,11 @@ class PageAllocator {
   void release_cached(int32_t page);  // kCached -> kFree
 
   PageState state(int32_t page) const;  // kReservedPage and out-of-range ids: kInvalidArgument
+  // Whether a store may target the page: in [1, total) and kOwned. Never throws (the host-side
+  // store check asks this for every row of every step).
+  bool owned(int64_t page) const {
+    return page > kReservedPage && page < total_ && state_[size_t(page)] == PageState::kOwned;
+  }
   int64_t total_pages() const { return total_; }
   int64_t free_pages() const { return int64_t(free_list_.size()); }
   int64_t used_pages() const { return used_; }  // kOwned

@@ -49,6 +49,7 @@ std::vector<StressCell> stress_matrix();
 
 struct StressConfig {
   std::string preset = "tiny";
+  int layers = 0;  // layers kept from the preset (0: all)
   BackendKind backend = BackendKind::kCpu;
   uint64_t weight_seed = 0;
   int max_rows = 64;         // rows per step: the prefill chunk and the largest bucket
@@ -107,6 +108,8 @@ struct StressReport {
 // Throws kInvalidArgument before anything runs when the shape is bad or the pool cannot hold the
 // longest session alone (every turn of it would fail).
 StressReport run_stress(const StressConfig& config, const StressProgressFn& progress = {});
+// The model a stress run builds: the preset, cut to config.layers.
+ModelConfig stress_model_config(const StressConfig& config);
 
 // dsa stress's exit codes.
 inline constexpr int kStressExitClean = 0;

@@ -63,6 +63,9 @@ nlohmann::json config_to_json(const ModelConfig& c);
 // layer) and "v32" (DeepSeek-V3.2 attention and indexer dims, few layers, smaller vocab, for GPU
 // benchmarks).
 ModelConfig preset_config(std::string_view name);  // throws kInvalidArgument on unknown names
+// c cut to its first `layers` layers (0: all of them), for runs that time a few layers of a large
+// model; first_k_dense_replace is cut with it. kInvalidArgument when layers < 0.
+ModelConfig keep_first_layers(ModelConfig c, int layers);
 std::vector<std::string> preset_names();
 
 }  // namespace dsa

@@ -44,6 +44,7 @@
 #include "dsa/runner.h"
 #include "dsa/sampler.h"
 #include "dsa/shadow_oracle.h"
+#include "dsa/step_timing.h"
 
 namespace dsa {
 
@@ -128,12 +129,9 @@ struct EngineStats {
   int64_t oracle_clobbers = 0;
   int64_t auditor_found = 0;
   int64_t auditor_unconfirmed = 0;
-  // Wall time of engine steps, split: waiting for the device at the end of runner steps, and
-  // everything else the host did; runner_host_seconds is the runner's part of that (staging,
-  // launching, reading back), the rest is scheduling, auditing and bookkeeping.
-  double device_wait_seconds = 0;
-  double host_seconds = 0;
-  double runner_host_seconds = 0;
+  // Wall time of engine steps, by phase, summed (step_timing.h); seconds.per_step_us(steps) gives
+  // the figures per step.
+  StepTimes seconds;
 };
 
 class Engine {
@@ -201,8 +199,10 @@ class Engine {
   bool evict_idle_session();
   bool evict_cached_pages(int64_t n);
   void share_cached_prefix(Request& r);
-  void share_written_pages(const std::vector<int64_t>& ids);
-  void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners) const;
+  void share_written_pages(std::span<Request* const> requests);
+  void check_store_targets(std::span<const RowInput> rows, std::span<Request* const> owners);
+  void forget_finished(std::span<Request*> requests, std::span<const int64_t> ids,
+                       int64_t finishes_before);
   std::vector<int64_t> sharers_of(int32_t page) const;
   void preempt(Request& r);
   void release_pages(PageTable& pages);
@@ -223,7 +223,8 @@ class Engine {
                              const std::vector<RowInput>& rows, const StepResult& result);
   void mark_corrupted(const AuditFinding& finding);
   void mark_owner(int64_t owner, const AuditFinding& finding);
-  void sample_next(Request& r, int32_t token);  // appends the step's token to r
+  void sample_next(Request& r, int32_t token);   // appends the step's token to r
+  void charge_runner(const StepResult& result);  // splits a runner call's time into the phases
 
   Request* find(int64_t id);
   int64_t owner_of(const Request& r) const;
@@ -239,12 +240,28 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t next_admit_ = 0;
   std::deque<int64_t> waiting_;
-  std::vector<int64_t> running_;                          // admission order, oldest first
+  std::vector<Request*> running_;                         // admission order, oldest first
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // waiting and running
+  // Requests finished so far. A step holds pointers to its requests across calls that may finish
+  // some (a step's error flag fails them); when this count moved, it looks them up again.
+  int64_t finishes_ = 0;
+  // Per-step working lists, kept between steps so a step allocates nothing once they have grown.
+  struct Scratch {
+    struct Chunk {
+      Request* r;
+      int64_t start, count;  // prefill rows [start, start + count) of r
+    };
+    std::vector<Chunk> plan;
+    std::vector<Request*> candidates, batch, owners;
+    std::vector<int64_t> ids, slots;
+    std::vector<RowInput> rows;
+    std::vector<RowSampling> sampling;
+  } scratch_;
   std::map<int64_t, std::unique_ptr<Session>> sessions_;
   std::vector<RequestOutput> finished_;
   std::vector<NewToken> new_tokens_;  // sampled during the current (or last) step
   EngineStats stats_;
+  PhaseTimer timer_;          // the current step's phases, added to stats_.seconds at its end
   int64_t runner_steps_ = 0;  // the auditor's clock
   bool progress_ = false;     // a request finished during the current step
 };

@@ -99,8 +99,12 @@ struct StepResult {
   // [layers][rows][kStoreValuesDim].
   std::vector<uint64_t> write_digests;
   std::vector<float> store_values;
-  double host_us = 0;  // host time of the step: staging, launching, reading back
-  double wait_us = 0;  // host time spent waiting for the device at the step's end
+  // Host time of the step, split: checking and staging the rows and queuing the upload; launching
+  // (the CPU backend computes the step here); waiting for the device at the step's end. The rest
+  // of the call (reading the results back) is the caller's to measure.
+  double stage_us = 0;
+  double launch_us = 0;
+  double wait_us = 0;
   uint64_t write_digest(int layer, PoolKind pool, size_t row, size_t rows) const {
     return write_digests[(size_t(layer) * 2 + (pool == PoolKind::kLatent ? 0 : 1)) * rows + row];
   }

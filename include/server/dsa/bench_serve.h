@@ -76,7 +76,8 @@ struct BenchReport {
   int completed = 0, failed = 0;
   int context_ended = 0;  // sessions that ended early because the next turn passed the context
   int64_t input_tokens = 0, output_tokens = 0;
-  int64_t cached_tokens = 0;  // input tokens the server found in its prefix cache
+  int64_t cached_tokens = 0;   // input tokens the server found in its prefix cache
+  double prefix_hit_rate = 0;  // cached_tokens / input_tokens (0 without input)
   double request_throughput = 0, output_throughput = 0, total_token_throughput = 0;
   double goodput = 0;  // requests/s within the SLOs (only with an SLO)
   Percentiles ttft_ms, tpot_ms, itl_ms, e2el_ms;
