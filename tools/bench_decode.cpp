@@ -39,7 +39,7 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
     ModelOptions model;
     int layers = 1, context = 0, iters = 20;
     std::vector<int> batches = {1, 8, 64, 256};
-    std::string gemm = "invariant", json;
+    std::string json;
     bool profile = false;
     Ceilings ceilings;
   };
@@ -53,9 +53,6 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
   add_int_option(cmd, "--batches", o->batches, 1, kMaxRowsLimit,
                  "batch sizes (each also a graph bucket)");
   add_int_option(cmd, "--iters", o->iters, 1, 100000, "timed steps per point");
-  cmd->add_option("--gemm", o->gemm, "invariant | fast")
-      ->check(CLI::IsMember({"invariant", "fast"}))
-      ->capture_default_str();
   cmd->add_option("--json", o->json, "write the results here")->check(non_empty("a file name"));
   cmd->add_flag("--profile", o->profile,
                 "per batch size, time every op of an eager step and compare it with its floor");
@@ -81,7 +78,7 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
       cc.fp8_scale_rounding = o->model.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
       auto device = make_backend(parse_backend(o->model.backend));
       check_memory(*device, config, max_b, context + 1, cc);
-      device->set_gemm_mode(o->gemm == "fast" ? GemmMode::kFast : GemmMode::kBatchInvariant);
+      device->set_gemm_mode(parse_gemm_mode(o->model.gemm));
       ProfilingBackend profiler(*device);  // forwards only, until a profile starts recording
       Backend* backend = &profiler;
       fmt::print(stderr, "bench-decode: building {} ({} layers) on {}\n", config.name,
@@ -173,14 +170,10 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
         if (o->profile) results.back()["profile"] = profile_step(rows_for(b), eager.ms, graph.ms);
       }
       if (!o->json.empty()) {
-        nlohmann::json j = {{"model", config.name},
-                            {"layers", config.num_hidden_layers},
-                            {"context", context},
-                            {"backend", backend->describe()},
-                            {"index_k", o->model.index_k},
-                            {"latent", o->model.latent},
-                            {"gemm", o->gemm},
-                            {"results", results}};
+        nlohmann::json j = {{"model", config.name},        {"layers", config.num_hidden_layers},
+                            {"context", context},          {"backend", backend->describe()},
+                            {"index_k", o->model.index_k}, {"latent", o->model.latent},
+                            {"gemm", o->model.gemm},       {"results", results}};
         write_result_file(o->json, j.dump(2) + "\n", "--json");
       }
       return 0;

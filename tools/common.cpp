@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
@@ -82,6 +84,11 @@ void add_model_source_options(CLI::App* app, ModelOptions& o) {
                   "load config and weights from this checkpoint directory instead of a preset")
       ->check(non_empty("a checkpoint directory"));
   app->add_option("--backend", o.backend, "cpu | cuda")->capture_default_str();
+  app->add_option("--gemm", o.gemm,
+                  "CUDA GEMM: invariant (tensor cores on bf16 x, batch-invariant) | exact (f32, "
+                  "bit-identical to the CPU, slow) | fast (cuBLASLt, not batch-invariant)")
+      ->check(CLI::IsMember({"exact", "invariant", "fast"}))
+      ->capture_default_str();
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
@@ -142,6 +149,12 @@ ModelStack build_model_stack(const ModelOptions& o) {
   cc.index_k_dtype = index_k;
   cc.fp8_scale_rounding = o.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
   s.backend = make_backend(parse_backend(o.backend));
+  s.backend->set_gemm_mode(parse_gemm_mode(o.gemm));
+  if (s.backend->kind() == BackendKind::kCuda && s.backend->gemm_mode() == GemmMode::kFast) {
+    spdlog::warn(
+        "--gemm fast (cuBLASLt) is not batch-invariant: a row's bits depend on its batch, so "
+        "graph-vs-eager parity and reference divergence lose their bitwise meaning");
+  }
   check_memory(*s.backend, config, o.max_rows, context, cc);
   Weights weights = o.checkpoint.empty() ? Weights::synthetic(*s.backend, config, o.seed)
                                          : load_checkpoint(*s.backend, o.checkpoint);

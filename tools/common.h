@@ -47,8 +47,9 @@ struct ModelOptions {
   int max_context = 0;     // 0: the preset's max_position_embeddings (capped at 4096)
   int64_t pages = 0;       // 0: enough for max_rows full contexts
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
+  std::string gemm = "invariant";  // exact | invariant | fast (GemmMode; CUDA only)
 };
-// --preset, --checkpoint, --backend, --index-k, --latent, --ue8m0, --weights-seed.
+// --preset, --checkpoint, --backend, --gemm, --index-k, --latent, --ue8m0, --weights-seed.
 void add_model_source_options(CLI::App* app, ModelOptions& o);
 // --max-rows, --max-context, --pages.
 void add_capacity_options(CLI::App* app, ModelOptions& o);

@@ -66,7 +66,9 @@ class ProfilingBackend final : public Backend {
   uint64_t memory_capacity_bytes() const override { return inner_.memory_capacity_bytes(); }
   std::unique_ptr<Stopwatch> stopwatch() override { return inner_.stopwatch(); }
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override;
-  void reserve_gemm_scratch(size_t x_elements) override { inner_.reserve_gemm_scratch(x_elements); }
+  void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
+    inner_.reserve_gemm_scratch(x_elements, max_rows);
+  }
   size_t sample_workspace_bytes(int rows, int vocab) const override {
     return inner_.sample_workspace_bytes(rows, vocab);
   }

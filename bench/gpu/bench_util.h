@@ -70,6 +70,8 @@ cudaError_t launch_empty_kernel(cudaStream_t stream);
 
 // Defined in bench_store.cpp.
 void run_store_benches(BenchContext& ctx);
+// Defined in bench_gemm.cpp.
+void run_gemm_benches(BenchContext& ctx);
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).
 void run_attention_benches(BenchContext& ctx);
 

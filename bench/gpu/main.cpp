@@ -188,11 +188,12 @@ int main(int argc, char** argv) {
       "dsa_gpu_bench: dsa.cpp's GPU kernels against the ceilings measured in the same run"};
   std::string json_path;
   int device = 0;
-  bool skip_attention = false, skip_store = false;
+  bool skip_attention = false, skip_store = false, skip_gemm = false;
   app.add_option("--json", json_path, "write the results as JSON to this file");
   app.add_option("--device", device, "CUDA device index");
   app.add_flag("--skip-store", skip_store, "do not run the store benches");
   app.add_flag("--skip-attention", skip_attention, "do not run the attention benches");
+  app.add_flag("--skip-gemm", skip_gemm, "do not run the GEMM benches");
   CLI11_PARSE(app, argc, argv);
   try {
     auto backend = dsa::make_cuda_backend(device);
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
         ctx.copy_gbs, ctx.empty_launch_us, ctx.bf16_tflops);
     if (!skip_store) dsa::bench::run_store_benches(ctx);
     if (!skip_attention) dsa::bench::run_attention_benches(ctx);
+    if (!skip_gemm) dsa::bench::run_gemm_benches(ctx);
     dsa::bench::print_table(ctx);
     if (!json_path.empty()) {
       std::ofstream(json_path) << dsa::bench::to_json(ctx).dump(2) << "\n";

@@ -19,6 +19,26 @@ BackendKind parse_backend(std::string_view name) {
   fail(ErrorCode::kInvalidArgument, "unknown backend '{}' (expected cpu or cuda)", name);
 }
 
+std::string_view gemm_mode_name(GemmMode mode) {
+  switch (mode) {
+    case GemmMode::kExact:
+      return "exact";
+    case GemmMode::kBatchInvariant:
+      return "invariant";
+    case GemmMode::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
+GemmMode parse_gemm_mode(std::string_view name) {
+  if (name == "exact") return GemmMode::kExact;
+  if (name == "invariant") return GemmMode::kBatchInvariant;
+  if (name == "fast") return GemmMode::kFast;
+  fail(ErrorCode::kInvalidArgument, "unknown gemm mode '{}' (expected exact, invariant or fast)",
+       name);
+}
+
 void* Backend::allocate_host(size_t bytes) {
   const size_t rounded = (bytes + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded ? rounded : 256);

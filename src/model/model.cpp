@@ -54,7 +54,7 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   const int64_t widest =
       std::max<int64_t>({config_.hidden_size, config_.q_lora_rank, config_.intermediate_size,
                          H * config_.v_head_dim, H * config_.qk_nope_head_dim, H * kKvLoraRank});
-  backend.reserve_gemm_scratch(size_t(max_rows) * size_t(widest));
+  backend.reserve_gemm_scratch(size_t(max_rows) * size_t(widest), max_rows);
   const std::vector<float> table = rope_cos_sin_table(config_, max_context);
   cos_sin_ = DeviceArray<float>(backend, table.size());
   backend.copy_to_device(cos_sin_.data(), table.data(), table.size() * sizeof(float));

@@ -5,9 +5,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
+#include "dsa/error.h"
 #include "unit/ops_test_helpers.h"
 
 namespace dsa {
@@ -154,6 +157,21 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{WeightLayout::kKN, GemmOutput::kOverwrite, 1.0f, 1, 5, 37, 64},
                       GemmCase{WeightLayout::kKN, GemmOutput::kAccumulate, -0.75f, 3, 6, 530, 33},
                       GemmCase{WeightLayout::kKN, GemmOutput::kAccumulate, 2.0f, 2, 9, 1, 130}));
+
+// The --gemm names: each mode's name parses back to it, anything else is refused by name.
+TEST(GemmModeNames, RoundTripAndRefuseUnknown) {
+  for (GemmMode mode : {GemmMode::kExact, GemmMode::kBatchInvariant, GemmMode::kFast}) {
+    EXPECT_EQ(parse_gemm_mode(gemm_mode_name(mode)), mode);
+  }
+  EXPECT_EQ(gemm_mode_name(GemmMode::kBatchInvariant), "invariant");
+  try {
+    parse_gemm_mode("cublas");
+    FAIL() << "an unknown gemm mode was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'cublas'"), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace dsa

@@ -18,9 +18,17 @@ enum class BackendKind : uint8_t { kCpu, kCuda };
 std::string_view backend_name(BackendKind kind);
 BackendKind parse_backend(std::string_view name);  // "cpu" | "cuda"; throws on anything else
 
-// GEMM algorithm choice. kBatchInvariant gives every row the same bits whatever the batch size
-// (the deterministic mode); kFast may use a vendor library whose reduction order depends on m.
-enum class GemmMode : uint8_t { kBatchInvariant, kFast };
+// GEMM algorithm choice (the CPU backend always computes the reference, whatever the mode):
+//   kExact:          f32 x, f32 sequential sum: bit-identical to the CPU reference, and
+//                    batch-invariant; slow (CUDA cores).
+//   kBatchInvariant: x rounded to bf16, tensor cores, a reduction order fixed by k, n and batch:
+//                    every row gets the same bits whatever the batch size or its place in the
+//                    batch; equal to the CPU reference within a stated bound, not bit for bit.
+//                    The default.
+//   kFast:           cuBLASLt; its reduction order depends on m, so it is not batch-invariant.
+enum class GemmMode : uint8_t { kExact, kBatchInvariant, kFast };
+std::string_view gemm_mode_name(GemmMode mode);   // "exact" | "invariant" | "fast"
+GemmMode parse_gemm_mode(std::string_view name);  // throws kInvalidArgument on anything else
 
 // A recorded step, replayed over the same buffers it was captured with.
 class Graph {
@@ -101,9 +109,9 @@ class Backend {
   // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none).
   virtual size_t sample_workspace_bytes(int rows, int vocab) const { return 0; }
 
-  // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) now, so no step captured
-  // later needs to grow it. A no-op where gemm needs no scratch.
-  virtual void reserve_gemm_scratch(size_t x_elements) {}
+  // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) and m of up to
+  // `max_rows` now, so no step captured later needs to grow it. A no-op where gemm needs none.
+  virtual void reserve_gemm_scratch(size_t x_elements, int max_rows) {}
 
   GemmMode gemm_mode() const { return gemm_mode_; }
   void set_gemm_mode(GemmMode mode) { gemm_mode_ = mode; }

@@ -18,7 +18,7 @@
 namespace dsa {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight; y_bf16 = bf16(y) when set, the
-// operand the fast GEMM reads (GemmParams::x_bf16), so no separate conversion runs.
+// operand the bf16 GEMM modes read (GemmParams::x_bf16), so no separate conversion runs.
 struct RmsNormParams {
   const float* x = nullptr;      // [rows, dim], row stride ld_x
   float* y = nullptr;            // [rows, dim], row stride ld_y (may alias x)
@@ -74,9 +74,11 @@ enum class WeightLayout : uint8_t {
 enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 
 // For each b in [0, batch): y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k).
-// Accumulation is f32 in ascending k on the CPU; x is used as f32 (not rounded to bf16).
-// x_bf16, when set (batch 1 only), must hold bf16(x): the fast mode reads it instead of converting
-// x itself; the CPU and the batch-invariant mode ignore it.
+// Accumulation is f32 in ascending k on the CPU; x is used as f32 (not rounded to bf16). On CUDA
+// the GemmMode decides (backend.h): kExact is the CPU's bits, kBatchInvariant and kFast round x
+// to bf16 and sum in their own order.
+// x_bf16, when set (batch 1 only), must hold bf16(x) (dsa::float_to_bf16 of every element): the
+// bf16 modes read it instead of converting x themselves; the CPU and kExact ignore it.
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w

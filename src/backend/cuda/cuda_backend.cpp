@@ -113,6 +113,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (owns_stream_) cudaStreamSynchronize(stream_);
     if (gemm_scratch_) cudaFree(gemm_scratch_);
+    if (gemm_partials_) cudaFree(gemm_partials_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) cublasLtDestroy(cublas_);
     if (owns_stream_) cudaStreamDestroy(stream_);
@@ -224,10 +225,16 @@ class CudaBackend final : public Backend {
     launched(cuda::hadamard(p, stream_), "hadamard");
   }
   void gemm(const GemmParams& p) override {
-    if (gemm_mode() == GemmMode::kBatchInvariant) {
-      launched(cuda::gemm_invariant(p, stream_), "gemm_invariant");
-    } else {
-      gemm_cublaslt(p);
+    switch (gemm_mode()) {
+      case GemmMode::kExact:
+        launched(cuda::gemm_exact(p, stream_), "gemm_exact");
+        return;
+      case GemmMode::kBatchInvariant:
+        gemm_invariant(p);
+        return;
+      case GemmMode::kFast:
+        gemm_cublaslt(p);
+        return;
     }
   }
   void swiglu(const SwigluParams& p) override { launched(cuda::swiglu(p, stream_), "swiglu"); }
@@ -253,7 +260,10 @@ class CudaBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override {
     launched(cuda::sparse_mla(p, stream_), "sparse_mla");
   }
-  void reserve_gemm_scratch(size_t x_elements) override { gemm_scratch(x_elements); }
+  void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
+    gemm_scratch(x_elements);
+    gemm_partials(cuda::gemm_invariant_partial_floats_bound(max_rows));
+  }
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");
   }
@@ -299,22 +309,61 @@ class CudaBackend final : public Backend {
     return status != cudaStreamCaptureStatusNone;
   }
 
-  // The bf16 copy of x for cuBLASLt. Grows outside capture only: a graph must never see a
-  // buffer move.
-  Bf16* gemm_scratch(size_t elems) {
-    if (elems <= gemm_scratch_elems_) return gemm_scratch_;
+  // A device buffer of at least `bytes`, grown (never shrunk) outside capture only: a graph must
+  // never see a buffer move. `what` names it in the message.
+  void* grown(void*& buffer, size_t& capacity, size_t bytes, const char* what) {
+    if (bytes <= capacity) return buffer;
     require(!capturing(), ErrorCode::kInternal,
-            "gemm (fast mode) on {} needs a {}-element bf16 scratch during graph capture but has "
-            "{}; run the step once eagerly before capturing it",
-            label(), elems, gemm_scratch_elems_);
+            "gemm on {} needs {} bytes of {} during graph capture but has {}; size it before "
+            "capture (reserve_gemm_scratch, or one eager run of the step)",
+            label(), bytes, what, capacity);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
-    if (gemm_scratch_) check(cudaFree(gemm_scratch_), "cudaFree(gemm_scratch_)");
-    gemm_scratch_ = nullptr;
-    gemm_scratch_elems_ = 0;
-    void* p = allocate(elems * sizeof(Bf16));
-    gemm_scratch_ = static_cast<Bf16*>(p);
-    gemm_scratch_elems_ = elems;
-    return gemm_scratch_;
+    if (buffer) check(cudaFree(buffer), "cudaFree(buffer)");
+    buffer = nullptr;
+    capacity = 0;
+    buffer = allocate(bytes);
+    capacity = bytes;
+    return buffer;
+  }
+  // The bf16 copy of x for the bf16 modes.
+  Bf16* gemm_scratch(size_t elems) {
+    return static_cast<Bf16*>(
+        grown(gemm_scratch_, gemm_scratch_bytes_, elems * sizeof(Bf16), "bf16 x scratch"));
+  }
+  // The split-K partial sums of the invariant GEMM.
+  float* gemm_partials(size_t floats) {
+    return static_cast<float*>(
+        grown(gemm_partials_, gemm_partial_bytes_, floats * sizeof(float), "split-K partials"));
+  }
+
+  // bf16(x) for the tensor-core paths: the producer's copy when it wrote one (batch 1), else a
+  // conversion into the scratch ([batch][m, k], packed).
+  struct XBf16 {
+    const Bf16* data;
+    int64_t ld, batch_stride;
+  };
+  XBf16 x_as_bf16(const GemmParams& p) {
+    if (p.x_bf16 != nullptr && p.batch == 1) {
+      require(p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument, "gemm: ld_x_bf16 {} must be >= k {}",
+              p.ld_x_bf16, p.k);
+      return {p.x_bf16, p.ld_x_bf16, 0};
+    }
+    const int64_t xk = int64_t(p.m) * p.k;
+    Bf16* scratch = gemm_scratch(size_t(xk) * p.batch);
+    launched(
+        cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, scratch, stream_),
+        "convert_to_bf16");
+    return {scratch, p.k, xk};
+  }
+
+  void gemm_invariant(const GemmParams& p) {
+    require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
+            "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
+    if (p.m == 0 || p.batch == 0) return;
+    const XBf16 xb = x_as_bf16(p);
+    float* partial = gemm_partials(cuda::gemm_invariant_partial_floats(p));
+    launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, partial, stream_),
+             "gemm_invariant");
   }
 
   void gemm_cublaslt(const GemmParams& p);
@@ -337,8 +386,10 @@ class CudaBackend final : public Backend {
   int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
   cublasLtHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
-  Bf16* gemm_scratch_ = nullptr;
-  size_t gemm_scratch_elems_ = 0;
+  void* gemm_scratch_ = nullptr;
+  size_t gemm_scratch_bytes_ = 0;
+  void* gemm_partials_ = nullptr;
+  size_t gemm_partial_bytes_ = 0;
 };
 
 // y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is
@@ -348,20 +399,9 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
   require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
           "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
   if (p.m == 0 || p.batch == 0) return;
-  const int64_t xk = int64_t(p.m) * p.k;
   if (!cublas_) create_cublas();
-  // x as bf16: the producer's copy when it wrote one, else a conversion into the scratch.
-  const bool given = p.x_bf16 != nullptr && p.batch == 1;
-  require(!given || p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument,
-          "gemm: ld_x_bf16 {} must be >= k {}", p.ld_x_bf16, p.k);
-  const Bf16* xb = p.x_bf16;
-  if (!given) {
-    Bf16* scratch = gemm_scratch(size_t(xk) * p.batch);
-    launched(
-        cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, scratch, stream_),
-        "convert_to_bf16");
-    xb = scratch;
-  }
+  const XBf16 x = x_as_bf16(p);
+  const Bf16* xb = x.data;
 
   const int dev = device_;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -390,13 +430,13 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
     check_cublas(
         cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k, p.ld_w),
         "cublasLtMatrixLayoutCreate(w)", dev);
-    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, given ? p.ld_x_bf16 : p.k),
+    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, x.ld),
                  "cublasLtMatrixLayoutCreate(x)", dev);
     check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
                  "cublasLtMatrixLayoutCreate(y)", dev);
     if (p.batch > 1) {
       const int32_t count = p.batch;
-      const int64_t strides[3] = {p.batch_stride_w, xk, p.batch_stride_y};
+      const int64_t strides[3] = {p.batch_stride_w, x.batch_stride, p.batch_stride_y};
       cublasLtMatrixLayout_t layouts[3] = {a, b, d};
       for (int i = 0; i < 3; ++i) {
         check_cublas(cublasLtMatrixLayoutSetAttribute(

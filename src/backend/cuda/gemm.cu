@@ -1,4 +1,6 @@
-// The batch-invariant GEMM: y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k), in plain f32.
+// The exact GEMM (GemmMode::kExact, `--gemm exact`):
+// y_b[m, n] (+)= alpha * sum_k x_b[m, k] * w_b(n, k), in plain f32. gemm_tensor.cu is the fast
+// batch-invariant one (bf16 x, tensor cores); this one is kept for bitwise CPU comparisons.
 //
 // Every output element is computed by one thread with exactly the sequence of cpu/gemm.cpp:
 // acc = +0, then acc = acc + round(x * w) for k ascending (explicit __fmul_rn / __fadd_rn, so no
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) gemm_small_m_kernel(GemmParams p, bo
 
 }  // namespace
 
-cudaError_t gemm_invariant(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream) {
   const int64_t w_row = p.layout == WeightLayout::kNK ? p.k : p.n;
   if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.batch < 0 || p.ld_x < p.k || p.ld_y < p.n ||
       p.ld_w < w_row || p.batch > 65535) {

@@ -13,12 +13,20 @@ cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream);      // norm.c
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream);  // norm.cu
 cudaError_t rope(const RopeParams& p, cudaStream_t stream);            // rope.cu
 cudaError_t hadamard(const HadamardParams& p, cudaStream_t stream);    // hadamard.cu
-// The batch-invariant GEMM (fixed reduction order per output element, independent of m).
-cudaError_t gemm_invariant(const GemmParams& p, cudaStream_t stream);  // gemm.cu
-cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream);        // elementwise.cu
-cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);      // elementwise.cu
-cudaError_t embed(const EmbedParams& p, cudaStream_t stream);          // elementwise.cu
-cudaError_t add(const AddParams& p, cudaStream_t stream);              // elementwise.cu
+// GemmMode::kExact: plain f32, bit-identical to cpu/gemm.cpp (and batch-invariant).
+cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
+// GemmMode::kBatchInvariant (gemm_tensor.cu): tensor cores on bf16(x), a reduction order fixed
+// by k, n and batch. x_bf16 is bf16(p.x), [batch][m, k] with row stride ld_xb and batch stride
+// bs_xb (p.x itself is not read); partial holds gemm_invariant_partial_floats(p) floats.
+cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
+                           float* partial, cudaStream_t stream);
+size_t gemm_invariant_partial_floats(const GemmParams& p);
+// The most gemm_invariant_partial_floats returns for any shape with m <= max_rows.
+size_t gemm_invariant_partial_floats_bound(int max_rows);
+cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream);    // elementwise.cu
+cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);  // elementwise.cu
+cudaError_t embed(const EmbedParams& p, cudaStream_t stream);      // elementwise.cu
+cudaError_t add(const AddParams& p, cudaStream_t stream);          // elementwise.cu
 
 cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream);    // moe.cu
 cudaError_t scale_rows(const ScaleRowsParams& p, cudaStream_t stream);  // moe.cu

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GEMM check. Runs ON the device, from the repository root, with the build of
+# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}); at most 5 minutes in all (the
+# steps' timeouts sum to 300 s):
+#   - the GEMM parity tests (the invariant GEMM within its bound and bitwise batch-invariant, the
+#     exact one bit-identical to the CPU, cuBLASLt within bf16 tolerance, the MoE MLP);
+#   - compute-sanitizer memcheck and racecheck over the small-shape GEMM tests;
+#   - dsa_gpu_bench's GEMM rows: every V3.2 projection at B = 1, 8, 64, 256, invariant vs
+#     cuBLASLt in the same run, with the bytes / bandwidth floor;
+#   - bench-decode of one V3.2 layer at each --gemm mode (exact, invariant, fast).
+# Files in $OUT: gemm.log (everything), steps.tsv, parity.json, gemm_bench.json,
+# decode_<mode>.json, summary.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+B=build-gpu
+export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
+LOG="$OUT/gemm.log"
+STEPS="$OUT/steps.tsv"
+: > "$LOG"
+: > "$STEPS"
+
+source scripts/gpu-steps.sh
+
+step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+# Tensor-core instructions per GEMM kernel (HMMA expected in gemm_tensor_kernel).
+step sass 20 bash -c "cuobjdump --dump-sass $B/dsa | awk '/Function :/ {f=\$3} /HMMA/ {c[f]++} END {for (k in c) print c[k], k}' | grep -i gemm"
+PARITY_FILTER='ParityGemm.*:ParityOps.GemmExactIsExact:ParityOps.GemmFast*:ParityOps.NormBf16*:ParityMoe.MoeMlp*'
+step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter="$PARITY_FILTER" \
+  --gtest_output="json:$OUT/parity.json"
+
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
+for tool in memcheck racecheck; do
+  extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
+  step "sanitizer-$tool" 35 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
+    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+done
+
+step gemm-bench 50 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
+  --json "$OUT/gemm_bench.json"
+
+for mode in invariant fast exact; do
+  step "decode-$mode" 25 "$B/dsa" bench-decode --backend cuda --preset v32 --layers 1 \
+    --batches 1 8 64 256 --context 4096 --iters 10 --gemm "$mode" --json "$OUT/decode_$mode.json"
+done
+
+{
+  echo "# GEMM on the device"
+  echo
+  echo "| step | rc | s | note |"
+  echo "|---|---|---|---|"
+  awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$STEPS"
+  echo
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | sed 's/^/    /'
+  echo
+  echo "## invariant / cuBLASLt"
+  echo
+  sed -n '/^gemm: invariant time/,/^$/p' "$LOG" | sed 's/^/    /'
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"

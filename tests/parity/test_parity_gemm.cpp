@@ -1,0 +1,419 @@
+// Parity of the batch-invariant tensor-core GEMM (GemmMode::kBatchInvariant, gemm_tensor.cu).
+//
+// The kernel rounds x to bf16 and sums in another order than the CPU reference (cpu/gemm.cpp:
+// f32 x, one sequential f32 sum), so it is compared within a derived bound, not bit for bit.
+// For one output element with s = sum_k x_k w_k and A = sum_k |x_k| |w_k|:
+//   - bf16(x_k) = x_k (1 + d_k) with |d_k| <= 2^-8 (round to nearest, 8 significant bits), and
+//     the products bf16(x_k) w_k are exact in f32, so rounding x moves s by <= 2^-8 A;
+//   - each f32 sum of K terms, in any order, is within about K u A of the exact one (u = 2^-24);
+//     the CPU's sequential sum, the tensor cores' chained mma (whose internal additions may
+//     truncate: allowed 2 u each) and the split-K reduction together stay below (K + 2) 2^-21 A;
+//   - alpha and the accumulate add round once more on each side: 2^-22 (|y| + |alpha| A).
+//   |gpu - cpu| <= |alpha| (2^-8 + (K + 2) 2^-21) A + 2^-22 (|y_cpu| + |y_0| + |alpha| A)
+// A worst-case bound cannot see one lost product out of thousands, so two statistical checks
+// sit beside it, per checked row: nmse against the CPU <= 1e-4 (bf16 rounding of x alone gives
+// about 2^-16 / 3), and nmse against a second CPU reference computed on bf16(x) (DeepGEMM's
+// trick: it removes the quantization error and leaves only the summation order) <= 1e-7. One
+// lost k16 block at K = 16384 costs an nmse near 1e-3, one lost product about 6e-5.
+//
+// Batch invariance is checked bit for bit: every row of a run with m rows against the same row
+// of the largest run, and one probe row placed alone, among 7 and among 255 rows of garbage, at
+// several positions and at every graph bucket of the runner. Outputs outside [m, n) and 256
+// guard bytes around every buffer must come back byte for byte.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "dsa/backend.h"
+#include "dsa/runner.h"
+
+namespace dsa::parity {
+namespace {
+
+constexpr size_t kGuard = 256;
+constexpr double kNmseCpu = 1e-4, kNmseBf16Ref = 1e-7;
+
+// A value in [-scale, scale) from (seed, index) alone, so row r holds the same bytes whatever m.
+float hashed(uint64_t seed, uint64_t i, float scale = 1.0f) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return scale * (float(z >> 40) / float(1 << 24) * 2.0f - 1.0f);
+}
+
+uint8_t guard_byte(size_t i) { return uint8_t((i * 131u + 7u) | 1u); }
+
+// A device buffer with guard bytes on both sides; check() reads it back whole.
+class Guarded {
+ public:
+  Guarded(Backend& be, size_t bytes) : be_(be), bytes_(bytes), mem_(be, bytes + 2 * kGuard) {}
+  void* data() const { return mem_.data() + kGuard; }
+  void write(const void* host) {
+    std::vector<uint8_t> all(bytes_ + 2 * kGuard);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = guard_byte(i);
+    std::memcpy(all.data() + kGuard, host, bytes_);
+    be_.copy_to_device(mem_.data(), all.data(), all.size());
+    be_.synchronize();
+  }
+  // The contents; adds a failure when a guard byte changed.
+  std::vector<uint8_t> read(const std::string& what) const {
+    std::vector<uint8_t> all(bytes_ + 2 * kGuard);
+    be_.copy_to_host(all.data(), mem_.data(), all.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i >= kGuard && i < kGuard + bytes_) continue;
+      if (all[i] != guard_byte(i)) {
+        ADD_FAILURE() << what << ": guard byte " << int64_t(i) - int64_t(kGuard) << " changed";
+        break;
+      }
+    }
+    return {all.begin() + kGuard, all.end() - kGuard};
+  }
+
+ private:
+  Backend& be_;
+  size_t bytes_;
+  DeviceArray<uint8_t> mem_;
+};
+
+struct Shape {
+  std::string name;
+  int n, k, batch = 1;
+  WeightLayout layout = WeightLayout::kNK;
+  GemmOutput output = GemmOutput::kOverwrite;
+  float alpha = 1.0f;
+  int pad_x = 0, pad_w = 0, pad_y = 0;  // extra elements per row (odd pads: unaligned rows)
+};
+
+// One GEMM problem with room for max_m rows per batch entry: x [batch][max_m][ld_x], w
+// [batch][rows_w][ld_w], y [batch][max_m + 2][ld_y]. A run with m rows uses the first m rows of
+// every entry; the rest of y (rows >= m, columns >= n) must stay as it was written.
+class Problem {
+ public:
+  Problem(const Shape& s, int max_m, uint64_t seed) : s_(s), max_m_(max_m) {
+    ld_x_ = s.k + s.pad_x;
+    ld_w_ = (s.layout == WeightLayout::kNK ? s.k : s.n) + s.pad_w;
+    ld_y_ = s.n + s.pad_y;
+    rows_w_ = s.layout == WeightLayout::kNK ? s.n : s.k;
+    w_.resize(size_t(s.batch) * rows_w_ * ld_w_);
+    for (size_t i = 0; i < w_.size(); ++i) w_[i] = float_to_bf16(hashed(seed, i, 0.25f));
+    x_.resize(size_t(s.batch) * max_m * ld_x_);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] = hashed(seed + 1, i, 2.0f);
+    y0_.assign(size_t(s.batch) * (max_m + 2) * ld_y_, testing::kPoison);
+    for (int b = 0; b < s.batch; ++b) {
+      for (int r = 0; r < max_m; ++r) {
+        for (int c = 0; c < s.n; ++c) {
+          const size_t at = y_index(b, r, c);
+          if (s.output == GemmOutput::kAccumulate) y0_[at] = hashed(seed + 2, at, 3.0f);
+        }
+      }
+    }
+  }
+
+  const Shape& shape() const { return s_; }
+  int max_m() const { return max_m_; }
+  std::vector<float>& x() { return x_; }    // for tests that plant garbage rows
+  std::vector<float>& y0() { return y0_; }  // and move the probe's accumulate input
+  size_t x_index(int b, int r) const { return (size_t(b) * max_m_ + r) * ld_x_; }
+  size_t y_index(int b, int r, int c) const { return (size_t(b) * (max_m_ + 2) + r) * ld_y_ + c; }
+
+  GemmParams params(int m) const {
+    GemmParams p;
+    p.m = m, p.n = s_.n, p.k = s_.k, p.batch = s_.batch;
+    p.ld_x = ld_x_, p.ld_w = ld_w_, p.ld_y = ld_y_;
+    p.batch_stride_x = int64_t(max_m_) * ld_x_;
+    p.batch_stride_w = int64_t(rows_w_) * ld_w_;
+    p.batch_stride_y = int64_t(max_m_ + 2) * ld_y_;
+    p.layout = s_.layout;
+    p.output = s_.output;
+    p.alpha = s_.alpha;
+    return p;
+  }
+
+  // y after one CUDA run with m rows in `mode`; with_bf16_copy passes bf16(x) as p.x_bf16 (the
+  // norms' fused copy, batch 1 only). Adds failures for changed guards or bytes outside the
+  // output.
+  std::vector<float> run_cuda(Backend& cuda, GemmMode mode, int m, bool with_bf16_copy = false) {
+    if (!w_dev_) {  // the weights go up once per problem (the largest is 470 MB)
+      w_dev_ = std::make_unique<Guarded>(cuda, w_.size() * 2);
+      w_dev_->write(w_.data());
+    }
+    Guarded& w = *w_dev_;
+    Guarded x(cuda, x_.size() * 4), y(cuda, y0_.size() * 4), xb(cuda, x_.size() * 2);
+    x.write(x_.data());
+    y.write(y0_.data());
+    std::vector<Bf16> x16(x_.size());
+    for (size_t i = 0; i < x_.size(); ++i) x16[i] = float_to_bf16(x_[i]);
+    xb.write(x16.data());
+    GemmParams p = params(m);
+    p.x = static_cast<const float*>(x.data());
+    p.w = static_cast<const Bf16*>(w.data());
+    p.y = static_cast<float*>(y.data());
+    if (with_bf16_copy) {
+      p.x_bf16 = static_cast<const Bf16*>(xb.data());
+      p.ld_x_bf16 = ld_x_;
+    }
+    cuda.set_gemm_mode(mode);
+    cuda.gemm(p);
+    cuda.synchronize();
+    const std::string what = s_.name + " m=" + std::to_string(m);
+    x.read(what + " x"), w.read(what + " w"), xb.read(what + " x_bf16");
+    const std::vector<uint8_t> bytes = y.read(what + " y");
+    std::vector<float> out(y0_.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    size_t changed = 0, first = 0;
+    for (int b = 0; b < s_.batch; ++b) {
+      for (int r = 0; r < max_m_ + 2; ++r) {
+        for (int c = 0; c < ld_y_; ++c) {
+          if (r < m && c < s_.n) continue;
+          const size_t at = y_index(b, r, c);
+          if (std::memcmp(&out[at], &y0_[at], 4) != 0 && changed++ == 0) first = at;
+        }
+      }
+    }
+    EXPECT_EQ(changed, 0u) << what << ": " << changed
+                           << " floats outside the m x n output changed, first at " << first;
+    return out;
+  }
+
+  // Checks row r of batch entry b of a CUDA result against the CPU (see the file comment).
+  void expect_row_matches_cpu(Backend& cpu, const std::vector<float>& gpu, int b, int r,
+                              const std::string& what) {
+    const std::vector<float> ref = cpu_row(cpu, b, r, RowInput::kAsIs);
+    const std::vector<float> ref_b = cpu_row(cpu, b, r, RowInput::kBf16);
+    const std::vector<float> abs_sum = cpu_row(cpu, b, r, RowInput::kAbs);
+    const double u_bf16 = std::ldexp(1.0, -8), sum_err = (s_.k + 2) * std::ldexp(1.0, -21);
+    const double alpha = std::fabs(double(s_.alpha)), last = std::ldexp(1.0, -22);
+    double num = 0, num_b = 0, den = 0, den_b = 0;
+    int bad = 0;
+    std::string first;
+    for (int c = 0; c < s_.n; ++c) {
+      const double g = gpu[y_index(b, r, c)], e = ref[c], a = abs_sum[c] * (1 + 1e-3);
+      const double y0 = s_.output == GemmOutput::kAccumulate ? std::fabs(y0_[y_index(b, r, c)]) : 0;
+      const double bound =
+          alpha * (u_bf16 + sum_err) * a + last * (std::fabs(e) + y0 + alpha * a) + 1e-30;
+      if (!std::isfinite(g) || std::fabs(g - e) > bound) {
+        if (bad++ == 0) {
+          first = "column " + std::to_string(c) + ": cuda " + std::to_string(g) + ", cpu " +
+                  std::to_string(e) + ", bound " + std::to_string(bound);
+        }
+      }
+      num += (g - e) * (g - e), den += e * e;
+      num_b += (g - ref_b[c]) * (g - ref_b[c]), den_b += double(ref_b[c]) * ref_b[c];
+    }
+    const std::string at = what + " batch " + std::to_string(b) + " row " + std::to_string(r);
+    EXPECT_EQ(bad, 0) << at << ": " << bad << " elements past the bound; first " << first;
+    EXPECT_LE(num / std::max(den, 1e-300), kNmseCpu) << at << ": nmse against the CPU";
+    EXPECT_LE(num_b / std::max(den_b, 1e-300), kNmseBf16Ref)
+        << at << ": nmse against the CPU on bf16(x)";
+  }
+
+ private:
+  enum class RowInput { kAsIs, kBf16, kAbs };
+
+  // The CPU reference for one row (m = 1), on x as is, on bf16(x), or sum |x| |w| (alpha 1).
+  std::vector<float> cpu_row(Backend& cpu, int b, int r, RowInput input) {
+    std::vector<float> xr(x_.begin() + x_index(b, r), x_.begin() + x_index(b, r) + s_.k);
+    const size_t w_offset = size_t(b) * rows_w_ * ld_w_;
+    const Bf16* w = w_.data() + w_offset;
+    if (input == RowInput::kBf16) {
+      for (float& v : xr) v = round_bf16(v);
+    } else if (input == RowInput::kAbs) {
+      for (float& v : xr) v = std::fabs(v);
+      if (w_abs_.empty()) {  // |w|, made once per problem
+        w_abs_ = w_;
+        for (Bf16& v : w_abs_) v.bits &= 0x7FFF;
+      }
+      w = w_abs_.data() + w_offset;
+    }
+    std::vector<float> y(s_.n);
+    for (int c = 0; c < s_.n; ++c) y[c] = y0_[y_index(b, r, c)];
+    GemmParams p = params(1);
+    p.batch = 1;
+    p.x = xr.data(), p.ld_x = s_.k;
+    p.w = w;
+    p.y = y.data(), p.ld_y = s_.n;
+    if (input == RowInput::kAbs) p.alpha = 1.0f, p.output = GemmOutput::kOverwrite;
+    cpu.gemm(p);
+    return y;
+  }
+
+  Shape s_;
+  int max_m_;
+  int64_t ld_x_, ld_w_, ld_y_, rows_w_;
+  std::vector<Bf16> w_, w_abs_;
+  std::vector<float> x_, y0_;
+  std::unique_ptr<Guarded> w_dev_;
+};
+
+// Rows [0, m) of every batch entry of `small` equal those of `big`, bit for bit.
+::testing::AssertionResult same_rows(const Problem& pr, const std::vector<float>& small,
+                                     const std::vector<float>& big, int m) {
+  for (int b = 0; b < pr.shape().batch; ++b) {
+    for (int r = 0; r < m; ++r) {
+      const size_t at = pr.y_index(b, r, 0);
+      if (std::memcmp(&small[at], &big[at], size_t(pr.shape().n) * 4) != 0) {
+        return ::testing::AssertionFailure()
+               << pr.shape().name << ": batch " << b << " row " << r << " differs at m=" << m
+               << " from the same row in the largest run";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class ParityGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the parity tests need a GPU";
+    cpu_ = make_cpu_backend();
+    cuda_ = make_cuda_backend(0);
+  }
+  // Runs every m of `ms` (ascending), checks the last row of each run (every row when
+  // check_all_rows) against the CPU and every run's rows against the largest run bitwise, so a
+  // row checked in one run is checked in all.
+  void check_shape(const Shape& s, const std::vector<int>& ms, bool check_all_rows) {
+    Problem pr(s, ms.back(), 1000 + uint64_t(s.n) * 7 + uint64_t(s.k));
+    const std::vector<float> big = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, ms.back());
+    for (int m : ms) {
+      const std::vector<float> y =
+          m == ms.back() ? big : pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      EXPECT_TRUE(same_rows(pr, y, big, m));
+      std::vector<int> rows;
+      if (check_all_rows) {
+        for (int r = 0; r < m; ++r) rows.push_back(r);
+      } else {
+        rows = {m - 1};  // with m = 1 first, rows 0, 1, 2, 4, 7, 63, 255 over the default ms
+      }
+      for (int b : {0, s.batch - 1}) {
+        for (size_t i = 0; i < rows.size(); ++i) {
+          if (i > 0 && rows[i] == rows[i - 1]) continue;
+          pr.expect_row_matches_cpu(*cpu_, y, b, rows[i], s.name + " m=" + std::to_string(m));
+        }
+        if (s.batch == 1) break;
+      }
+      if (HasFailure()) return;  // one shape's first failure says enough
+    }
+  }
+
+  std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+// Odd and even k and n, tails of every tile, unaligned rows, both layouts, batches, alpha and
+// accumulate, at every tile config's m (<= 16, <= 64, larger) and across a split-K plan (k >=
+// 1024 with few columns). Every row is checked against the CPU.
+TEST_F(ParityGemm, RandomShapesWithinTheBound) {
+  const std::vector<int> ms = {1, 2, 3, 5, 8, 17, 64, 65, 130};
+  const std::vector<Shape> shapes = {
+      {"tiny", 8, 16},
+      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
+      {"tails", 100, 37, 1, WeightLayout::kNK, GemmOutput::kAccumulate, -1.5f, 0, 5, 1},
+      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.5f, 0, 8, 0},
+      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 1.0f, 1, 3, 3},
+      {"wide", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 0, 0, 0},
+      {"kn", 96, 80, 3, WeightLayout::kKN, GemmOutput::kOverwrite, 0.75f, 4, 8, 2},
+      {"kn-odd", 41, 23, 2, WeightLayout::kKN, GemmOutput::kAccumulate, 2.0f, 1, 1, 1},
+      {"nk-batched", 96, 136, 3, WeightLayout::kNK, GemmOutput::kAccumulate, 0.75f, 0, 0, 2},
+  };
+  for (const Shape& s : shapes) check_shape(s, ms, true);
+}
+
+// Every projection of a V3.2 layer (the v32 preset: hidden 7168, q_lora 1536, 128 heads, 64
+// index heads, intermediate 18432, vocab 32768), at the decode sizes. Row m-1 of each run is
+// checked against the CPU; every row against the m = 256 run.
+TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
+  const std::vector<int> ms = {1, 2, 3, 5, 8, 64, 256};
+  const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168},
+      {"q_b", 128 * 192, 1536},
+      {"kv_a", 576, 7168},
+      {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
+      {"kv_b up (per head)", 128, 512, 128},
+      {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
+      {"indexer wq_b", 64 * 128, 1536},
+      {"indexer wk", 128, 7168},
+      {"indexer weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, w_scale},
+      {"mlp gate / up", 18432, 7168},
+      {"mlp down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
+      {"lm_head", 32768, 7168},
+  };
+  for (const Shape& s : shapes) check_shape(s, ms, false);
+}
+
+// The bf16 copy of x a norm writes (GemmParams::x_bf16) gives the bits of the in-backend
+// conversion: the fusion never changes a result.
+TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
+  for (const Shape& s : {Shape{"q_a", 1536, 7168}, Shape{"odd", 37, 100, 1, WeightLayout::kNK,
+                                                         GemmOutput::kAccumulate, 0.5f, 3, 1, 2}}) {
+    Problem pr(s, 8, 77);
+    for (int m : {1, 8}) {
+      const auto converted = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, false);
+      const auto given = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, true);
+      EXPECT_EQ(std::memcmp(converted.data(), given.data(), converted.size() * 4), 0)
+          << s.name << " m=" << m;
+    }
+  }
+}
+
+// One probe row, alone, among 7 and among 255 rows of large garbage, at several positions and
+// at every graph bucket of the runner: its output row is the same bits every time.
+TEST_F(ParityGemm, ProbeRowIsBitwiseInvariantToItsBatch) {
+  struct Placement {
+    int m, position;
+  };
+  std::vector<Placement> placements = {{1, 0}, {7, 0}, {7, 3}, {7, 6}, {255, 0}, {255, 200}};
+  for (int bucket : default_buckets()) placements.push_back({bucket, bucket - 1});
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168},
+      {"kv_a (split)", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f},
+      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
+      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
+  };
+  for (const Shape& s : shapes) {
+    Problem pr(s, 256, 4242);
+    std::vector<std::vector<float>> probe(s.batch);  // [batch] the probe's row from row 0 of m=1
+    const std::vector<float> clean = pr.x(), clean_y0 = pr.y0();
+    for (const Placement& at : placements) {
+      std::vector<float>& x = pr.x();
+      for (int b = 0; b < s.batch; ++b) {
+        for (int r = 0; r < at.m; ++r) {
+          const size_t row = pr.x_index(b, r), probe_row = pr.x_index(b, 0);
+          for (int k = 0; k < s.k; ++k) {
+            x[row + k] = r == at.position ? clean[probe_row + k]
+                                          : hashed(9 + r, row + k, r % 2 ? 1e4f : 3.0f);
+          }
+        }
+      }
+      // The probe's accumulate input (y before the call) moves with it.
+      std::vector<float>& y0 = pr.y0();
+      for (int b = 0; b < s.batch; ++b) {
+        std::memcpy(&y0[pr.y_index(b, at.position, 0)], &clean_y0[pr.y_index(b, 0, 0)],
+                    size_t(s.n) * 4);
+      }
+      const std::vector<float> y = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, at.m);
+      y0 = clean_y0;
+      for (int b = 0; b < s.batch; ++b) {
+        const auto first = y.begin() + ptrdiff_t(pr.y_index(b, at.position, 0));
+        std::vector<float> row(first, first + s.n);
+        if (probe[b].empty()) {
+          probe[b] = row;
+          pr.expect_row_matches_cpu(*cpu_, y, b, at.position, s.name + " probe");
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(row.data(), probe[b].data(), row.size() * 4), 0)
+            << s.name << ": the probe at position " << at.position << " of m=" << at.m << " (batch "
+            << b << ") differs from the probe alone";
+      }
+    }
+    pr.x() = clean;
+  }
+}
+
+}  // namespace
+}  // namespace dsa::parity
