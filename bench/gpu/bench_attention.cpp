@@ -2,7 +2,8 @@
 //   indexer_logits/{fp8,bf16}/B=64/L=32768 and B=1/L=131072   64 heads x 128; floor: key + scale
 //       + page-table bytes
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
-//       written (k = 512: V4's indexer)
+//       written (k = 512: V4's indexer); with --topk-legacy also topk_legacy/... (the kernel
+//       DSA_CUDA_TOPK=legacy selects), timed in the same process
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -127,7 +129,8 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   ctx.add(std::move(r));
 }
 
-void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen) {
+// legacy: the kernel that DSA_CUDA_TOPK=legacy selects, as row topk_legacy/...
+void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen, bool legacy) {
   Backend& be = ctx.backend;
   const double set_bytes = double(rows) * len * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
@@ -146,16 +149,18 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
   p.page_table = table.data();
   p.rows = rows, p.k = kK, p.ld_logits = len, p.ld_page_table = pages_per_row;
   int64_t call = 0;
+  if (legacy) setenv("DSA_CUDA_TOPK", "legacy", 1);
   const double us = ctx.time_us(
       [&] {
         p.logits = logits.data() + (call++ % sets) * int64_t(rows) * len;
         be.topk(p);
       },
       rows == 1 ? 200 : 20);
+  if (legacy) unsetenv("DSA_CUDA_TOPK");
 
   BenchResult r;
-  r.name =
-      "topk/k=" + std::to_string(kK) + "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
+  r.name = std::string(legacy ? "topk_legacy" : "topk") + "/k=" + std::to_string(kK) +
+           "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
   r.us = us;
   r.bytes = set_bytes + double(rows) * kK * (4 + 8);
   r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
@@ -231,17 +236,31 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
 void run_attention_benches(BenchContext& ctx) {
   std::mt19937_64 gen(2025);
   std::puts("attention benches");
-  for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
-    bench_indexer(ctx, dtype, 64, 32768, gen);
-    bench_indexer(ctx, dtype, 1, 131072, gen);
-  }
-  for (int k : {2048, 512}) {
-    for (int len : {32768, 131072}) {
-      for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, k, gen);
+  auto wanted = [&](const char* family) {
+    return ctx.attention_only.empty() ||
+           std::find(ctx.attention_only.begin(), ctx.attention_only.end(), family) !=
+               ctx.attention_only.end();
+  };
+  if (wanted("indexer_logits")) {
+    for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
+      bench_indexer(ctx, dtype, 64, 32768, gen);
+      bench_indexer(ctx, dtype, 1, 131072, gen);
     }
   }
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-    for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+  if (wanted("topk")) {
+    for (int k : {2048, 512}) {
+      for (int len : {32768, 131072}) {
+        for (int rows : {1, 64, 256}) {
+          bench_topk(ctx, rows, len, k, gen, false);
+          if (ctx.topk_legacy) bench_topk(ctx, rows, len, k, gen, true);
+        }
+      }
+    }
+  }
+  if (wanted("sparse_mla")) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+    }
   }
 }
 
