@@ -399,10 +399,11 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
     }
   }
   // Long rows (CUDA slices them over a cluster of blocks): the shared-memory candidate path
-  // (normal values) and the all-global path (ties put far more than the candidate buffer into
-  // the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave slices empty.
+  // (normal values, ties) and the all-global path (few levels put far more than the candidate
+  // buffer into the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave
+  // slices empty.
   for (int k : {2048, 512}) {
-    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials, Values::kFewLevels}) {
       TopkCase c({6, k, 131072, v, true, false});
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
     }
