@@ -254,14 +254,14 @@ __device__ void emit_winners(const TopkParams& p, Shared& s, int row, const floa
 }
 
 // Sums every block's histogram of the cluster (kRanks blocks of kT threads) into each block's
-// own, bins [0, nbins). The loop is unrolled, so the remote loads can be in flight together.
+// own, bins [0, nbins). The loop is unrolled by 4, so remote loads are in flight together.
 template <int kT = kThreads, int kRanks = kSlices, typename Shared>
 __device__ void merge_hist(Shared& s, int nbins) {
   cg::cluster_group cluster = cg::this_cluster();
   constexpr int kPer = kMaxBins / kT;
   uint32_t sum[kPer] = {};
   cluster.sync();  // every block's histogram is complete
-#pragma unroll
+#pragma unroll 4
   for (int r = 0; r < kRanks; ++r) {
     const uint32_t* h = cluster.map_shared_rank(s.hist, unsigned(r));
 #pragma unroll
@@ -426,11 +426,16 @@ __device__ void top_digit_histogram(GatherShared& s, const float* row, bool alig
 __device__ void gather_ordered(GatherShared& s, const float* row, bool aligned, int64_t begin,
                                int64_t end, uint32_t bin, uint32_t& winners, uint32_t& candidates) {
   winners = 0, candidates = 0;
+  static_assert(kGPerThread == kPerThread, "load_keys reads kPerThread positions");
+  // The next step's keys are loaded before this step's scan: their latency overlaps it.
+  uint32_t key[kPerThread], next[kPerThread];
+  load_keys(row, aligned, begin + int64_t(threadIdx.x) * kGPerThread, end, next);
   for (int64_t base = begin; base < end; base += kGStep) {
     const int64_t t = base + int64_t(threadIdx.x) * kGPerThread;
-    static_assert(kGPerThread == kPerThread, "load_keys reads kPerThread positions");
-    uint32_t key[kPerThread];
-    load_keys(row, aligned, t, end, key);  // positions >= end are masked below
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) key[j] = next[j];
+    if (base + kGStep < end) load_keys(row, aligned, t + kGStep, end, next);  // block-uniform
+    // Positions >= end are masked below.
     uint32_t above = 0, in_bin = 0;
 #pragma unroll
     for (int j = 0; j < kGPerThread; ++j) {
