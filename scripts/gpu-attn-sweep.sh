@@ -4,8 +4,9 @@
 # (build-gpu/{lib,tests,bench,dsa}), in under 200 s (the step timeouts add up to 190 s):
 #   the top-k and indexer parity tests (every gathering variant, the legacy kernel, guards);
 #   compute-sanitizer memcheck over the top-k parity cases of moderate size;
-#   dsa_gpu_bench's top-k rows (default and DSA_CUDA_TOPK=legacy) and indexer rows, and the
-#   torch baselines of the same rows, joined by report.py.
+#   dsa_gpu_bench's top-k and indexer rows, each beside its former kernel (rows *_legacy/...:
+#   DSA_CUDA_TOPK=legacy, 2048-token indexer blocks), and the torch baselines of the same rows,
+#   joined by report.py.
 # Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md,
 # sweep.log, parity.json, bench.json, torch_attention.json, report.md.
 set -uo pipefail
@@ -25,7 +26,7 @@ step sanitizer-memcheck 35 "$SAN" --tool memcheck --error-exitcode 17 --print-li
   "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.TopkMatchesCpuExactly' \
   --gtest_brief=1
 step dsa_gpu_bench 50 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
-  --attention-only "$FAMILIES" --topk-legacy --json "$OUT/bench.json"
+  --attention-only "$FAMILIES" --legacy --json "$OUT/bench.json"
 step torch_attention 35 python3 bench/gpu/torch_attention.py --only "$FAMILIES" \
   --json "$OUT/torch_attention.json"
 if [[ -f $OUT/bench.json ]]; then

@@ -42,7 +42,9 @@ class BenchContext {
   double bf16_tflops = 0;             // a large bf16 GEMM through cuBLASLt
   // Attention families to run (indexer_logits, topk, sparse_mla); empty: all of them.
   std::vector<std::string> attention_only;
-  bool topk_legacy = false;  // also time the legacy top-k kernel (rows topk_legacy/...)
+  // Also time the former top-k and indexer kernels: rows topk_legacy/... and
+  // indexer_logits_legacy/... (see run_attention_benches).
+  bool legacy_rows = false;
 
   // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
   // repeats of `iters` calls between CUDA events.

@@ -379,6 +379,23 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
+// CUDA's tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one):
+// every size gives the same logits, in rows shorter and longer than a block.
+TEST_F(ParityAttention, IndexerLogitsEveryBlockSizeMatchesCpu) {
+  int cases = 0;
+  for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
+    setenv("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens, 1);
+    for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
+      IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << tokens << " tokens per block";
+      IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
+      EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
+          << tokens << " tokens per block";
+    }
+  }
+  unsetenv("DSA_CUDA_INDEXER_BLOCK_TOKENS");
+}
+
 TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {
   for (const auto& d : kIndexDtypes) {
     auto make = [&](int rows) -> std::unique_ptr<OpCase> {
