@@ -36,6 +36,7 @@
 // depends on the batch, the result does not: every variant computes the same exact selection.
 #include <cooperative_groups.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -600,31 +601,63 @@ int gather_ranks(const TopkParams& p) {
   return ranks;
 }
 
-// Launches `kernel` over rows * ranks blocks of `threads`, in clusters of `ranks` when > 1.
-cudaError_t launch_rows(void (*kernel)(TopkParams), const TopkParams& p, int ranks, int threads,
-                        size_t smem, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
+// The launch of rows * ranks blocks of `threads`, in clusters of `ranks` when > 1; `cluster`
+// holds the attribute that config points to.
+void row_launch_config(cudaLaunchConfig_t& config, cudaLaunchAttribute& cluster,
+                       const TopkParams& p, int ranks, int threads, size_t smem,
+                       cudaStream_t stream) {
+  config = {};
   config.gridDim = dim3(unsigned(p.rows) * unsigned(ranks));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(ranks);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(ranks);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
   config.numAttrs = ranks > 1 ? 1 : 0;
+}
+
+cudaError_t launch_rows(void (*kernel)(TopkParams), const TopkParams& p, int ranks, int threads,
+                        size_t smem, cudaStream_t stream) {
+  cudaLaunchConfig_t config;
+  cudaLaunchAttribute cluster;
+  row_launch_config(config, cluster, p, ranks, threads, smem, stream);
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, p);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 
+// Whether a cluster of kRanks gathering CTAs (1024 threads and ~156 KB each, one per SM) can be
+// resident on the current device; asked once per device. The attribute for the dynamic shared
+// memory is set here, before the question and every launch.
+template <int kRanks>
+bool gather_fits(const TopkParams& p) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked, 1: fits, 2: does not
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaFuncSetAttribute(topk_gather_kernel<kRanks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kGSharedBytes)) != cudaSuccess) {
+    return false;
+  }
+  if (kRanks == 1) return true;
+  if (device < kMaxDevices && known[device] != 0) return known[device] == 1;
+  cudaLaunchConfig_t config;
+  cudaLaunchAttribute cluster;
+  row_launch_config(config, cluster, p, kRanks, kGThreads, kGSharedBytes, nullptr);
+  int clusters = 0;
+  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, topk_gather_kernel<kRanks>,
+                                                   &config) == cudaSuccess &&
+                    clusters > 0;
+  if (!fits) (void)cudaGetLastError();  // a refused question leaves no error behind
+  if (device < kMaxDevices) known[device] = fits ? 1 : 2;
+  return fits;
+}
+
 template <int kRanks>
 cudaError_t launch_gather(const TopkParams& p, cudaStream_t stream) {
-  const cudaError_t e = cudaFuncSetAttribute(
-      topk_gather_kernel<kRanks>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGSharedBytes));
-  if (e != cudaSuccess) return e;
   return launch_rows(topk_gather_kernel<kRanks>, p, kRanks, kGThreads, kGSharedBytes, stream);
 }
 
@@ -650,16 +683,13 @@ cudaError_t topk(const TopkParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.k > kGMaxK || legacy_requested()) return launch_legacy(p, stream);
-  switch (gather_ranks(p)) {
-    case 8:
-      return launch_gather<8>(p, stream);
-    case 4:
-      return launch_gather<4>(p, stream);
-    case 2:
-      return launch_gather<2>(p, stream);
-    default:
-      return launch_gather<1>(p, stream);
-  }
+  // Fewer CTAs per row where a cluster would not fit (the result is the same).
+  const int ranks = gather_ranks(p);
+  if (ranks >= 8 && gather_fits<8>(p)) return launch_gather<8>(p, stream);
+  if (ranks >= 4 && gather_fits<4>(p)) return launch_gather<4>(p, stream);
+  if (ranks >= 2 && gather_fits<2>(p)) return launch_gather<2>(p, stream);
+  if (!gather_fits<1>(p)) return launch_legacy(p, stream);
+  return launch_gather<1>(p, stream);
 }
 
 }  // namespace dsa::cuda
