@@ -12,21 +12,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT"
-B=build-gpu
-export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/attn.log"
-STEPS="$OUT/steps.tsv"  # name, rc, seconds, note
-: > "$LOG"
-: > "$STEPS"
 # The parity cases of the three kernels (every sparse MLA split shape, sliced and unsliced top-k
 # rows, every indexer dtype); the batch-invariance families are too long under racecheck.
 SANITIZER_FILTER="${SANITIZER_FILTER:-ParityAttention.SparseMlaMatchesCpu:ParityAttention.TopkMatchesCpuExactly:ParityAttention.IndexerLogitsMatchCpu}"
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 
 source scripts/gpu-steps.sh
+steps_setup attn.log
 
 step nvidia-smi 10 nvidia-smi
 step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.*' \
@@ -46,18 +38,7 @@ if [[ -f $OUT/bench.json ]]; then
 fi
 
 {
-  echo "# GPU attention check"
-  echo
-  echo "| step | rc | s | note | gtest / sanitizer |"
-  echo "|---|---|---|---|---|"
-  while IFS=$'\t' read -r name rc secs note; do
-    section="$(awk -v n="=== $name: " 'index($0, n) == 1 {on = !on} on' "$LOG")"
-    facts="$(grep -hoE '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*\)' <<< "$section" | tr '\n' ' ')"
-    echo "| $name | $rc | $secs | $note | $facts |"
-  done < "$STEPS"
-  echo
-  grep -h '^\[  FAILED  \]' "$LOG" | sort -u | head -20
-  echo
+  steps_summary "GPU attention check"
   [[ -f $OUT/report.md ]] && cat "$OUT/report.md"
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"

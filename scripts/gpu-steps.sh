@@ -2,7 +2,24 @@
 # step NAME TIMEOUT_S COMMAND...: runs COMMAND under a timeout, appends its output to $LOG between
 # "=== NAME: ..." lines, counts a failure in $fails, records "name rc seconds note" in $STEPS
 # when that is set, and returns the command's status (124 or 137: it ran past the timeout).
+# steps_setup LOG_NAME: the device scripts' common setting (run from the repository root): OUT
+# (default ./gpu-out), B (the carried build), its libraries on LD_LIBRARY_PATH, and empty $LOG
+# (OUT/LOG_NAME) and $STEPS files.
+# steps_summary TITLE: prints a markdown table of the steps in $STEPS with the gtest counts and
+# sanitizer summaries found in each step's part of $LOG, then the failed tests.
 fails=0
+steps_setup() {
+  OUT="${OUT:-$PWD/gpu-out}"
+  mkdir -p "$OUT"
+  B=build-gpu
+  export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
+  export PYTHONUNBUFFERED=1
+  LOG="$OUT/$1"
+  STEPS="$OUT/steps.tsv"  # name, rc, seconds, note
+  : > "$LOG"
+  : > "$STEPS"
+}
+
 step() {
   local name="$1" limit="$2"
   shift 2
@@ -16,4 +33,20 @@ step() {
   [[ -n ${STEPS:-} ]] && printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$note" >> "$STEPS"
   echo "=== $name: rc=$rc $note in $((SECONDS - start))s" | tee -a "$LOG"
   return $rc
+}
+
+steps_summary() {
+  echo "# $1"
+  echo
+  echo "| step | rc | s | note | gtest / sanitizer |"
+  echo "|---|---|---|---|---|"
+  local name rc secs note section facts
+  while IFS=$'\t' read -r name rc secs note; do
+    section="$(awk -v n="=== $name: " 'index($0, n) == 1 {on = !on} on' "$LOG")"
+    facts="$(grep -hoE '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*\)' <<< "$section" | tr '\n' ' ')"
+    echo "| $name | $rc | $secs | $note | $facts |"
+  done < "$STEPS"
+  echo
+  grep -h '^\[  FAILED  \]' "$LOG" | sort -u | head -20
+  echo
 }

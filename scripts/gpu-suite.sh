@@ -13,22 +13,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT"
+source scripts/gpu-steps.sh
+steps_setup suite.log
 TMP="$(mktemp -d)"
-B=build-gpu
-export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/suite.log"
-STEPS="$TMP/steps.tsv"  # name, rc, seconds, note
-: > "$LOG"
+rm -f "$STEPS"
+STEPS="$TMP/steps.tsv"  # name, rc, seconds, note (kept out of OUT)
 : > "$STEPS"
 # Sparse MLA's and top-k's batch-invariance families (up to 256 rows of 2048 tokens, 40000
 # logits) are too long for racecheck's budget: their parity cases (every split shape of sparse
 # MLA, padded and short rows; sliced and unsliced top-k rows) stand in for them.
 SANITIZER_FILTER="${SANITIZER_FILTER:-ParityStore.LargeBatchMatchesCpu:ParityOps.Hadamard:ParityOps.Softmax:ParityOps.RmsNorm:ParityAttention.IndexerLogitsBatchInvariant:ParityAttention.SparseMlaMatchesCpu:ParityAttention.TopkMatchesCpuExactly}"
-
-source scripts/gpu-steps.sh
 
 step nvidia-smi 20 nvidia-smi
 # Tensor cores in the SASS of the kernels (the dsa program links all of them), per kernel.

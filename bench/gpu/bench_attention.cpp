@@ -3,6 +3,8 @@
 //       + page-table bytes
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
+// With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
+// indexer_logits_legacy/... (DSA_CUDA_INDEXER_BLOCK_TOKENS=2048), timed in the same process.
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -71,7 +74,16 @@ std::vector<int32_t> shuffled_pages(std::mt19937_64& gen, int64_t count) {
   return pages;
 }
 
-void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen) {
+// Runs fn with the environment variable `name` set to `value` (when name is not null).
+void with_env(const char* name, const char* value, const std::function<void()>& fn) {
+  if (name != nullptr) setenv(name, value, 1);
+  fn();
+  if (name != nullptr) unsetenv(name);
+}
+
+// legacy: 2048-token blocks, as row indexer_logits_legacy/...
+void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
+                   bool legacy) {
   constexpr int kHeads = 64;
   Backend& be = ctx.backend;
   const int64_t page_bytes = index_k_page_bytes(dtype);
@@ -103,16 +115,19 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   p.ld_q = kHeads * kIndexHeadDim, p.ld_w = kHeads, p.ld_page_table = pages_per_row;
   p.ld_logits = kLen;
   int64_t call = 0;
-  const double us = ctx.time_us(
-      [&] {
-        p.page_table = table.data() + (call++ % sets) * set_pages;
-        be.indexer_logits(p);
-      },
-      kRows == 1 ? 100 : 20);
+  double us = 0;
+  with_env(legacy ? "DSA_CUDA_INDEXER_BLOCK_TOKENS" : nullptr, "2048", [&] {
+    us = ctx.time_us(
+        [&] {
+          p.page_table = table.data() + (call++ % sets) * set_pages;
+          be.indexer_logits(p);
+        },
+        kRows == 1 ? 100 : 20);
+  });
 
   BenchResult r;
-  r.name = std::string("indexer_logits/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
-           "/L=" + std::to_string(kLen);
+  r.name = std::string(legacy ? "indexer_logits_legacy/" : "indexer_logits/") +
+           kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) + "/L=" + std::to_string(kLen);
   r.us = us;
   r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
   r.floor_us = ctx.hbm_floor_us(r.bytes);
@@ -127,7 +142,8 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   ctx.add(std::move(r));
 }
 
-void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen) {
+// legacy: the kernel that DSA_CUDA_TOPK=legacy selects, as row topk_legacy/...
+void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& gen, bool legacy) {
   Backend& be = ctx.backend;
   const double set_bytes = double(rows) * len * 4;
   const int sets = BenchContext::rotation_sets(set_bytes);
@@ -146,16 +162,19 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
   p.page_table = table.data();
   p.rows = rows, p.k = kK, p.ld_logits = len, p.ld_page_table = pages_per_row;
   int64_t call = 0;
-  const double us = ctx.time_us(
-      [&] {
-        p.logits = logits.data() + (call++ % sets) * int64_t(rows) * len;
-        be.topk(p);
-      },
-      rows == 1 ? 200 : 20);
+  double us = 0;
+  with_env(legacy ? "DSA_CUDA_TOPK" : nullptr, "legacy", [&] {
+    us = ctx.time_us(
+        [&] {
+          p.logits = logits.data() + (call++ % sets) * int64_t(rows) * len;
+          be.topk(p);
+        },
+        rows == 1 ? 200 : 20);
+  });
 
   BenchResult r;
-  r.name =
-      "topk/k=" + std::to_string(kK) + "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
+  r.name = std::string(legacy ? "topk_legacy" : "topk") + "/k=" + std::to_string(kK) +
+           "/B=" + std::to_string(rows) + "/L=" + std::to_string(len);
   r.us = us;
   r.bytes = set_bytes + double(rows) * kK * (4 + 8);
   r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
@@ -231,17 +250,34 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
 void run_attention_benches(BenchContext& ctx) {
   std::mt19937_64 gen(2025);
   std::puts("attention benches");
-  for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
-    bench_indexer(ctx, dtype, 64, 32768, gen);
-    bench_indexer(ctx, dtype, 1, 131072, gen);
-  }
-  for (int k : {2048, 512}) {
-    for (int len : {32768, 131072}) {
-      for (int rows : {1, 64, 256}) bench_topk(ctx, rows, len, k, gen);
+  auto wanted = [&](const char* family) {
+    return ctx.attention_only.empty() ||
+           std::find(ctx.attention_only.begin(), ctx.attention_only.end(), family) !=
+               ctx.attention_only.end();
+  };
+  if (wanted("indexer_logits")) {
+    for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
+      for (int rows : {64, 1}) {
+        const int len = rows == 1 ? 131072 : 32768;
+        bench_indexer(ctx, dtype, rows, len, gen, false);
+        if (ctx.legacy_rows) bench_indexer(ctx, dtype, rows, len, gen, true);
+      }
     }
   }
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-    for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+  if (wanted("topk")) {
+    for (int k : {2048, 512}) {
+      for (int len : {32768, 131072}) {
+        for (int rows : {1, 64, 256}) {
+          bench_topk(ctx, rows, len, k, gen, false);
+          if (ctx.legacy_rows) bench_topk(ctx, rows, len, k, gen, true);
+        }
+      }
+    }
+  }
+  if (wanted("sparse_mla")) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+    }
   }
 }
 

@@ -40,6 +40,11 @@ class BenchContext {
   double empty_launch_us = 0;  // one empty kernel, graph-launched back to back (time_graph_us)
   double empty_stream_launch_us = 0;  // the same kernel launched on the stream one by one
   double bf16_tflops = 0;             // a large bf16 GEMM through cuBLASLt
+  // Attention families to run (indexer_logits, topk, sparse_mla); empty: all of them.
+  std::vector<std::string> attention_only;
+  // Also time the former top-k and indexer kernels: rows topk_legacy/... and
+  // indexer_logits_legacy/... (see run_attention_benches).
+  bool legacy_rows = false;
 
   // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
   // repeats of `iters` calls between CUDA events.

@@ -194,10 +194,21 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-store", skip_store, "do not run the store benches");
   app.add_flag("--skip-attention", skip_attention, "do not run the attention benches");
   app.add_flag("--skip-gemm", skip_gemm, "do not run the GEMM benches");
+  std::vector<std::string> attention_only;
+  app.add_option("--attention-only", attention_only,
+                 "run only these attention families (indexer_logits, topk, sparse_mla)")
+      ->check(CLI::IsMember({"indexer_logits", "topk", "sparse_mla"}))
+      ->delimiter(',');
+  bool legacy_rows = false;
+  app.add_flag("--legacy", legacy_rows,
+               "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer blocks "
+               "(2048 tokens): rows topk_legacy/... and indexer_logits_legacy/...");
   CLI11_PARSE(app, argc, argv);
   try {
     auto backend = dsa::make_cuda_backend(device);
     dsa::bench::BenchContext ctx(*backend, dsa::cuda_stream(*backend));
+    ctx.attention_only = attention_only;
+    ctx.legacy_rows = legacy_rows;
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);
     ctx.empty_launch_us = dsa::bench::measure_empty_launch_us(ctx);

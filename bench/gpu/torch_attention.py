@@ -129,22 +129,34 @@ def bench_sparse_mla(dtype, rows, device):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--json"]
-    if len(args) != 1:
-        sys.exit("usage: torch_attention.py [--json] OUT.json")
+    # --only FAMILIES: a comma-separated subset of indexer_logits, topk, sparse_mla.
+    argv = [a for a in sys.argv[1:] if a != "--json"]
+    families = {"indexer_logits", "topk", "sparse_mla"}
+    if "--only" in argv:
+        i = argv.index("--only")
+        if i + 1 >= len(argv) or not set(argv[i + 1].split(",")) <= families:
+            sys.exit(f"--only takes a comma-separated subset of {sorted(families)}")
+        families = set(argv[i + 1].split(","))
+        del argv[i:i + 2]
+    if len(argv) != 1:
+        sys.exit("usage: torch_attention.py [--only FAMILIES] [--json] OUT.json")
+    args = argv
     device = torch.device("cuda")
     torch.manual_seed(0)
     rows = []
-    for dtype in ("fp8", "bf16"):
-        rows.append(bench_indexer(dtype, 64, 32768, device))
-        rows.append(bench_indexer(dtype, 1, 131072, device))
-    for k in (2048, 512):
-        for length in (32768, 131072):
+    if "indexer_logits" in families:
+        for dtype in ("fp8", "bf16"):
+            rows.append(bench_indexer(dtype, 64, 32768, device))
+            rows.append(bench_indexer(dtype, 1, 131072, device))
+    if "topk" in families:
+        for k in (2048, 512):
+            for length in (32768, 131072):
+                for b in (1, 64, 256):
+                    rows.append(bench_topk(b, length, k, device))
+    if "sparse_mla" in families:
+        for dtype in ("bf16", "fp8"):
             for b in (1, 64, 256):
-                rows.append(bench_topk(b, length, k, device))
-    for dtype in ("bf16", "fp8"):
-        for b in (1, 64, 256):
-            rows.append(bench_sparse_mla(dtype, b, device))
+                rows.append(bench_sparse_mla(dtype, b, device))
     for name, us in rows:
         print(f"  {name:<44} {us:10.2f} us")
     with open(args[0], "w") as f:

@@ -20,6 +20,7 @@
 //   top-k positions and slots: exact, bytes.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -137,7 +138,9 @@ class IndexerCase final : public OpCase {
 
 // ---- top-k -------------------------------------------------------------------------------------
 
-enum class Values { kNormal, kTies, kSpecials };
+// kFewLevels: three values, so a long row's threshold bin holds far more keys than CUDA gathers
+// into shared memory (it takes the passes from global memory instead).
+enum class Values { kNormal, kTies, kSpecials, kFewLevels };
 
 struct TopkSpec {
   int rows, k, len;
@@ -148,6 +151,7 @@ struct TopkSpec {
 
 float draw_logit(testing::Rng& rng, Values v) {
   if (v == Values::kNormal) return rng.normal(3.0f);
+  if (v == Values::kFewLevels) return float(rng.integer(-1, 1));
   const float tie = float(rng.integer(-6, 6)) * 0.25f;  // 13 levels: ties everywhere
   if (v == Values::kTies) return tie;
   switch (rng.integer(0, 49)) {
@@ -173,7 +177,7 @@ class TopkCase final : public OpCase {
   explicit TopkCase(TopkSpec s) : s_(s) {}
   std::string name() const override { return "topk"; }
   std::string vars() const override {
-    static const char* kValueNames[] = {"normal", "ties", "specials"};
+    static const char* kValueNames[] = {"normal", "ties", "specials", "few_levels"};
     return "rows=" + std::to_string(s_.rows) + ",k=" + std::to_string(s_.k) +
            ",len=" + std::to_string(s_.len) + ",values=" + kValueNames[int(s_.values)] +
            (s_.with_slots ? ",slots" : "") + (s_.odd_stride ? ",odd_stride" : "");
@@ -330,7 +334,13 @@ class SparseMlaCase final : public OpCase {
 
 // ---- tests -------------------------------------------------------------------------------------
 
-class ParityAttention : public ParityTest {};
+class ParityAttention : public ParityTest {
+ protected:
+  ::testing::AssertionResult topk_matches(const TopkSpec& spec, uint64_t seed) {
+    TopkCase c(spec);
+    return check_parity(c, cpu(), cuda(), seed);
+  }
+};
 
 struct DtypeVariant {
   KvDtype dtype;
@@ -369,6 +379,23 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
+// CUDA's tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one):
+// every size gives the same logits, in rows shorter and longer than a block.
+TEST_F(ParityAttention, IndexerLogitsEveryBlockSizeMatchesCpu) {
+  int cases = 0;
+  for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
+    setenv("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens, 1);
+    for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
+      IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << tokens << " tokens per block";
+      IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
+      EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
+          << tokens << " tokens per block";
+    }
+  }
+  unsetenv("DSA_CUDA_INDEXER_BLOCK_TOKENS");
+}
+
 TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {
   for (const auto& d : kIndexDtypes) {
     auto make = [&](int rows) -> std::unique_ptr<OpCase> {
@@ -389,10 +416,11 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
     }
   }
   // Long rows (CUDA slices them over a cluster of blocks): the shared-memory candidate path
-  // (normal values) and the all-global path (ties put far more than the candidate buffer into
-  // the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave slices empty.
+  // (normal values, ties) and the all-global path (few levels put far more than the candidate
+  // buffer into the threshold's bin), at V3.2's k and V4's; rows of exactly k and k + 1 leave
+  // slices empty.
   for (int k : {2048, 512}) {
-    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials}) {
+    for (Values v : {Values::kNormal, Values::kTies, Values::kSpecials, Values::kFewLevels}) {
       TopkCase c({6, k, 131072, v, true, false});
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), 600 + cases++));
     }
@@ -405,6 +433,39 @@ TEST_F(ParityAttention, TopkMatchesCpuExactly) {
   // kernels too (1 and 7 rows sliced, 64 and 256 not).
   TopkCase many_long({40, 2048, 20001, Values::kTies, true, false});
   EXPECT_TRUE(check_parity(many_long, cpu(), cuda(), 750));
+}
+
+// The shapes that pick each variant of CUDA's gathering kernel on a 132-SM GPU: 8 CTAs per row
+// (6 rows), 4 (20 rows of 64K), 2 (64 rows) and 1 (70 rows), the serving shapes B = 64 at
+// L = 32K and 128K, and threshold bins too large to gather (few levels), sliced and whole.
+TEST_F(ParityAttention, TopkGatherVariantsMatchCpu) {
+  int cases = 0;
+  const TopkSpec specs[] = {
+      {20, 2048, 65536, Values::kNormal, true, false},
+      {20, 512, 65536, Values::kSpecials, false, true},
+      {64, 2048, 32768, Values::kNormal, true, false},
+      {64, 512, 131072, Values::kNormal, true, false},
+      {64, 2048, 32768, Values::kTies, true, false},
+      {6, 2048, 131072, Values::kFewLevels, true, false},
+      {70, 512, 65536, Values::kFewLevels, true, false},
+      {70, 2048, 20001, Values::kSpecials, true, true},
+  };
+  for (const TopkSpec& spec : specs) EXPECT_TRUE(topk_matches(spec, 800 + cases++));
+}
+
+// DSA_CUDA_TOPK=legacy selects the three-pass kernels (kept for comparison): still exact, in
+// both their variants (one block per row, and a cluster of 8 per long row).
+TEST_F(ParityAttention, TopkLegacyKernelMatchesCpu) {
+  setenv("DSA_CUDA_TOPK", "legacy", 1);
+  int cases = 0;
+  const TopkSpec specs[] = {
+      {7, 2048, 5000, Values::kSpecials, true, true},
+      {6, 2048, 131072, Values::kTies, true, false},
+      {6, 512, 131072, Values::kNormal, true, false},
+      {40, 2048, 20001, Values::kTies, true, false},
+  };
+  for (const TopkSpec& spec : specs) EXPECT_TRUE(topk_matches(spec, 900 + cases++));
+  unsetenv("DSA_CUDA_TOPK");
 }
 
 TEST_F(ParityAttention, TopkBatchInvariant) {

@@ -1,11 +1,15 @@
 // The indexer's logits over a paged index-K cache (DESIGN §1.5) on tensor cores.
 //
-// One block of 8 warps per (row, chunk of kBlockTokens tokens). The row's query is prepared once
-// per block in shared memory, already laid out as mma A fragments (bf16, or e4m3 quantized per
-// head exactly like the CPU and widened to f16); the head weights (times s_q for fp8) sit beside
-// it. Each warp then takes groups of 32 tokens (always inside one page) and streams their keys
-// straight from global memory into B-fragment registers with 16-byte loads: no shared-memory
-// staging for keys.
+// One block of 8 warps per (row, chunk of block_tokens tokens). block_tokens (512 to 8192) is the
+// largest that still gives two blocks per SM: few long blocks amortize the per-block query setup
+// at large batches, many short ones spread a single long row over the GPU. Every token's logit
+// is computed alone, so the chunking never changes a bit. DSA_CUDA_INDEXER_BLOCK_TOKENS (a power
+// of two in [512, 8192]) overrides the choice; 2048 is the former fixed size. The row's query is
+// prepared once per block in shared memory, already laid out as mma A fragments (bf16, or e4m3
+// quantized per head exactly like the CPU and widened to f16); the head weights (times s_q for fp8)
+// sit beside it. Each warp then takes groups of 32 tokens (always inside one page) and streams
+// their keys straight from global memory into B-fragment registers with 16-byte loads: no
+// shared-memory staging for keys.
 //
 // The k (dim) order inside an mma is a free permutation as long as A and B agree, so each lane
 // owns the bytes [u*64 + c*16, +16) of a token row (c = lane % 4, u = one 16-byte load), which
@@ -24,6 +28,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/launch.h"
 #include "dsa/token_codec.h"
@@ -35,8 +40,9 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroupTokens = 32;  // tokens per warp iteration: 4 n-tiles of 8
 constexpr int kNTiles = kGroupTokens / 8;
-constexpr int kBlockTokens = 2048;  // tokens per block (32 pages)
-constexpr int kMaxHeads = 64;       // heads padded to 16; up to 4 m-tiles
+constexpr int kMinBlockTokens = 512;   // a multiple of kWarps * kGroupTokens
+constexpr int kMaxBlockTokens = 8192;  // 128 pages
+constexpr int kMaxHeads = 64;          // heads padded to 16; up to 4 m-tiles
 constexpr int kMaxMTiles = kMaxHeads / 16;
 
 // Key bytes per token and 32-bit words each lane holds per token, by cache dtype.
@@ -293,7 +299,8 @@ __device__ void bad_page_group(const IndexerLogitsParams& p, int64_t t0, int64_t
 }
 
 template <KvDtype D>
-__global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsParams p) {
+__global__ void __launch_bounds__(kThreads)
+    indexer_logits_kernel(IndexerLogitsParams p, int block_tokens) {
   using Shape = KeyShape<D>;
   constexpr bool kStaged = D == KvDtype::kFp8;
   const int row = blockIdx.y;
@@ -301,16 +308,17 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsP
   // nothing outside the row's buffers is touched.
   const int64_t seq_len =
       min(int64_t(p.seq_lens[row]), min(p.ld_logits, p.ld_page_table * kPageSize));
-  const int64_t block_t0 = int64_t(blockIdx.x) * kBlockTokens;
+  const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
   if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
-  const int64_t block_end = min(seq_len, block_t0 + kBlockTokens);
+  const int64_t block_end = min(seq_len, block_t0 + block_tokens);
 
   __shared__ SharedQuery s;
-  __shared__ int32_t block_pages[kBlockTokens / kPageSize];  // the block's page ids
-  extern __shared__ __align__(16) uint8_t staged[];          // fp8: [warp][stage][kStageBytes]
+  __shared__ int32_t block_pages[kMaxBlockTokens / kPageSize];  // the block's page ids
+  extern __shared__ __align__(16) uint8_t staged[];             // fp8: [warp][stage][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
-  if (threadIdx.x < kBlockTokens / kPageSize && block_t0 + threadIdx.x * kPageSize < block_end) {
+  static_assert(kMaxBlockTokens / kPageSize <= kThreads, "one page id per thread");
+  if (threadIdx.x < block_tokens / kPageSize && block_t0 + threadIdx.x * kPageSize < block_end) {
     block_pages[threadIdx.x] = pages[block_t0 / kPageSize + threadIdx.x];
   }
   const int heads_padded = (p.heads + 15) / 16 * 16;
@@ -378,6 +386,27 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_kernel(IndexerLogitsP
   }
 }
 
+// Tokens per block: the override, or the largest size that keeps two blocks per SM.
+int block_tokens_for(const IndexerLogitsParams& p) {
+  if (const char* v = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS")) {
+    const int forced = std::atoi(v);
+    if (forced >= kMinBlockTokens && forced <= kMaxBlockTokens && (forced & (forced - 1)) == 0) {
+      return forced;
+    }
+  }
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    sms = 0;
+  }
+  int tokens = kMaxBlockTokens;
+  while (tokens > kMinBlockTokens &&
+         int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens) < 2 * int64_t(sms)) {
+    tokens /= 2;
+  }
+  return tokens;
+}
+
 }  // namespace
 
 cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream) {
@@ -385,15 +414,17 @@ cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream) {
   if (p.heads <= 0 || p.heads > kMaxHeads || p.rows > 65535 || p.ld_logits <= 0) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(unsigned((p.ld_logits + kBlockTokens - 1) / kBlockTokens), unsigned(p.rows));
+  const int block_tokens = block_tokens_for(p);
+  const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if (p.pool.dtype == KvDtype::kBf16) {
-    indexer_logits_kernel<KvDtype::kBf16><<<grid, kThreads, 0, stream>>>(p);
+    indexer_logits_kernel<KvDtype::kBf16><<<grid, kThreads, 0, stream>>>(p, block_tokens);
   } else {
     const cudaError_t e =
         cudaFuncSetAttribute(indexer_logits_kernel<KvDtype::kFp8>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedSmemBytes);
     if (e != cudaSuccess) return e;
-    indexer_logits_kernel<KvDtype::kFp8><<<grid, kThreads, kStagedSmemBytes, stream>>>(p);
+    indexer_logits_kernel<KvDtype::kFp8>
+        <<<grid, kThreads, kStagedSmemBytes, stream>>>(p, block_tokens);
   }
   return cudaGetLastError();
 }
