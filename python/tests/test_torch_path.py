@@ -258,3 +258,23 @@ def test_the_auditor_keeps_its_pools_alive_and_audits_them(torch, rng):
     del auditor
     gc.collect()
     assert alive() is None, "and let go of them with it"
+
+
+def test_switched_off_every_tensor_crosses_by_dlpack_with_the_same_bytes(torch, rng):
+    k = rng.standard_normal((2, 128)).astype(np.float32)
+    args = (torch.Tensor(np.array([64, 65], np.int64)), torch.Tensor(k),
+            torch.Tensor(np.array([2], np.int32)))
+    pools = []
+    for attributes in (True, False):
+        _dsa.set_torch_attributes(attributes)
+        try:
+            pool = np.zeros((4, 64, 128), np.uint16)
+            dsa.store_index_k(torch.Tensor(pool, torch.uint16), *args,
+                              errors=torch.Tensor(np.zeros(1, np.int32)))
+            assert _dsa.read_arrays(*args) == 3
+            pools.append(pool)
+        finally:
+            _dsa.set_torch_attributes(True)
+        assert torch.Tensor.exports == (0 if attributes else 5 + 3)
+    np.testing.assert_array_equal(pools[0], pools[1])
+    np.testing.assert_array_equal(pools[0].reshape(-1, 128)[65], bf16_bits(k[1]))

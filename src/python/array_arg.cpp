@@ -152,10 +152,15 @@ bool read_ints(PyObject* obj, PyObject* name, bool call, int expect, std::vector
   return ok;
 }
 
+bool g_torch_attributes = true;
+
 }  // namespace
 
+void set_torch_attributes(bool enabled) { g_torch_attributes = enabled; }
+bool torch_attributes() { return g_torch_attributes; }
+
 ArrayArg::ArrayArg(pyb::handle obj, const char* name, bool keep) : name_(name) {
-  if (!from_torch(obj)) from_capsule(obj);
+  if (!g_torch_attributes || !from_torch(obj)) from_capsule(obj);
   if (keep) kept_ = pyb::reinterpret_borrow<pyb::object>(obj);
 }
 
@@ -195,9 +200,11 @@ bool ArrayArg::from_torch(pyb::handle obj) {
   }
   Py_DECREF(dtype);
   // Another dtype (refused by every op, with a message DLPack's description words best), a tensor
-  // that requires grad or has its negative bit set (torch refuses to export those): DLPack.
+  // that requires grad or has its negative bit set (torch refuses to export those): DLPack. Of the
+  // dtypes read here only float32 can carry the negative bit (the .imag of a conjugated complex64
+  // view), so only float32 pays for the method call.
   if (code == nullptr || read_flag(o, kRequiresGrad, false) != 0 ||
-      read_flag(o, kIsNeg, true) != 0) {
+      (code->code == dlpack::kFloat && read_flag(o, kIsNeg, true) != 0)) {
     return false;
   }
   Place place;

@@ -102,6 +102,11 @@ class ArrayArg {
   pybind11::object kept_;                     // the array itself, when asked to keep it
 };
 
+// Whether plain torch tensors are read by their attributes (the default) or, switched off, cross by
+// DLPack like every other array: for profiles that compare the two, and tests.
+void set_torch_attributes(bool enabled);
+bool torch_attributes();
+
 // The CUDA stream an op on arrays at `place` runs on: `stream` when given; else, on CUDA, torch's
 // current stream of that device when torch is imported (read through torch's C entry point, so
 // `torch.cuda.stream(...)` and graph capture are followed on every call), else the legacy default

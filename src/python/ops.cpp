@@ -260,11 +260,20 @@ uintptr_t default_stream(pyb::handle ref) {
   return caller_stream(std::nullopt, a.place());
 }
 
+// Reads every argument as an op would and drops the views: the per-array cost, for profiles.
+size_t read_arrays(const pyb::args& arrays) {
+  for (const pyb::handle a : arrays) ArrayArg(a, "array");
+  return arrays.size();
+}
+
 }  // namespace
 
 void bind_ops(pyb::module_& m) {
   m.def("array_info", &array_info, "array"_a, "name"_a = "array");
   m.def("default_stream", &default_stream, "ref"_a);
+  m.def("read_arrays", &read_arrays);
+  m.def("set_torch_attributes", &set_torch_attributes, "enabled"_a);
+  m.def("torch_attributes", &torch_attributes);
   m.def("store_index_k", &store_index_k, "pool"_a, "slots"_a, "k"_a, "n_real"_a, "errors"_a,
         "layout"_a, "ue8m0"_a, "guard"_a, "stream"_a);
   m.def("store_latent_kv", &store_latent_kv, "pool"_a, "slots"_a, "latent"_a, "k_rope"_a,
