@@ -75,12 +75,18 @@ def test_release_and_padding(rng):
     assert auditor.watched == 0 and auditor.verify() == []
 
 
-def test_sample_checks_at_most_the_sample(rng):
+def thousand_watched(rng):
+    """One layer with slots 64..1063 written and recorded for owner 5."""
     p = pools(layers=1, pages=20)
     auditor = dsa.SlotAuditor(p)
     slots = list(range(64, 64 + 1000))
     fill(p, slots, rng)
     auditor.record(slots, [5] * len(slots))
+    return p, auditor
+
+
+def test_sample_checks_at_most_the_sample(rng):
+    p, auditor = thousand_watched(rng)
     before = auditor.audited
     assert auditor.verify("sample", sample=50, seed=3) == []
     assert 0 < auditor.audited - before <= 50
@@ -91,11 +97,7 @@ def test_sample_checks_at_most_the_sample(rng):
 
 
 def test_a_sample_is_fixed_by_seed_and_step_and_spread_over_the_slots(rng):
-    p = pools(layers=1, pages=20)
-    auditor = dsa.SlotAuditor(p)
-    slots = list(range(64, 64 + 1000))
-    fill(p, slots, rng)
-    auditor.record(slots, [5] * len(slots))
+    p, auditor = thousand_watched(rng)
     p[0][1].reshape(-1, 128)[64:1064, 0] ^= 1  # every slot changed: a sample finds what it checks
 
     def sampled(seed, step):
