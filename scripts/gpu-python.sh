@@ -2,9 +2,11 @@
 # The Python module on the GPU. Runs ON the device, from the repository root, with
 # build-gpu/lib and build-gpu/py carried (scripts/gpu-build.sh made them here). Builds dsa._dsa for
 # the device's python3 (torch's) against the carried static libraries, then runs the Python tests
-# (CPU and CUDA), the incident in plain torch, and the store/auditor bench. Files written to $OUT:
-# python.log, pytest.xml, incident_torch.md, py_store_bench.json, py_store_bench.md,
-# py_call_profile.md.
+# (CPU and CUDA), the incident in plain torch, the host-time profile of one store call (before and
+# after the attribute path) and the store/auditor bench. Files written to $OUT: python.log,
+# pytest.xml, incident_torch.md, py_store_bench.json, py_store_bench.md, py_call_profile.md. The
+# tables, the pytest summary and the tail of the log when a step failed also go to stdout, so a
+# run whose $OUT is lost still shows them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +55,16 @@ if step build 300 bash -c build; then
   step py_call_profile 120 "$PY" bench/gpu/py_call_profile.py --markdown "$OUT/py_call_profile.md"
   step py_store_bench 300 "$PY" bench/gpu/py_store_bench.py --json "$OUT/py_store_bench.json" \
     --markdown "$OUT/py_store_bench.md"
+fi
+echo
+grep -E "^[0-9]+ (passed|failed)|^FAILED|^ERROR" "$LOG" | tail -n 20
+for table in incident_torch.md py_call_profile.md py_store_bench.md; do
+  [[ -f $OUT/$table ]] && { echo; cat "$OUT/$table"; }
+done
+if [[ $fails -ne 0 ]]; then
+  echo
+  echo "--- the last 80 lines of $LOG:"
+  tail -n 80 "$LOG"
 fi
 echo "gpu-python: $fails step(s) failed" | tee -a "$LOG"
 [[ $fails -eq 0 ]]

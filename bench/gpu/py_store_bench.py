@@ -3,7 +3,13 @@
 - dsa.store_index_k vs the incident's torch line ``pool.view(-1, 128)[loc] = k`` (index_put_) at
   decode sizes (1-256 tokens) and at 1M tokens, eagerly and inside a torch CUDA graph;
 - SlotAuditor.verify of all live slots of a 1M-token pool (index-K + latent, bf16), and of an
-  always-on sample of 256 slots.
+  always-on sample of 256 slots: its host time by phase, and its cost as a share of a decode step
+  (the V3.2-dims decode steps of bench/results/2026-12-03-h200-decode.md, one layer, context 4096,
+  graph replay, --gemm fast: one layer's audit against one layer's step, the harshest comparison).
+
+The eager dsa bf16 store is also timed "before": the same build with torch tensors crossing by
+DLPack (_dsa.set_torch_attributes(False)) and the stream found by torch.cuda.current_stream, as
+the wrapper did before tensors were read by their attributes.
 
 Inputs: dsa takes float32 k (its activations), the torch line bf16 k (what engines hold); both
 write the same bf16 bytes. Eager times include each call's host work (Python, DLPack, launch), as
@@ -22,11 +28,15 @@ import time
 import torch
 
 import dsa
+from dsa import _dsa
 
 DEV = torch.device("cuda")
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1 << 20]
 POOL_TOKENS = 1 << 20
 PER_GRAPH = 20
+# ms per decode step, V3.2 dims, one layer, context 4096, graph, --gemm fast, on the H200
+# (bench/results/2026-12-03-h200-decode.md): the denominators of the audit's share.
+DECODE_STEP_MS = {"B=1": 0.911, "B=64": 1.026, "B=256": 2.663}
 
 
 def cuda_time_us(fn, iters):
@@ -74,12 +84,21 @@ def store_rows(pool_bf16, pool_fp8):
         def dsa_fp8():
             dsa.store_index_k(pool_fp8, slots, k32, n_real, layout="fp8", errors=errors)
 
+        def dsa_bf16_before():
+            dsa.store_index_k(pool_bf16, slots, k32, n_real, errors=errors,
+                              stream=torch.cuda.current_stream(pool_bf16.device.index).cuda_stream)
+
         iters = 200 if n <= 256 else 20
         row = {"tokens": n}
         for name, fn in (("torch_index_put", torch_line), ("dsa_bf16", dsa_bf16),
                          ("dsa_fp8", dsa_fp8)):
             row[f"{name}_eager_us"] = cuda_time_us(fn, iters)
             row[f"{name}_graph_us"] = graph_time_us(fn, max(iters // 10, 5))
+        _dsa.set_torch_attributes(False)
+        try:
+            row["dsa_bf16_eager_before_us"] = cuda_time_us(dsa_bf16_before, iters)
+        finally:
+            _dsa.set_torch_attributes(True)
         torch.cuda.synchronize()
         assert int(errors) == 0, "a store raised the error counter"
         moved = n * (128 * 4 + 128 * 2 + 8)
@@ -106,11 +125,25 @@ def audit_rows():
     assert auditor.verify("all") == []  # first call uploads the expected digests once
     for what, kw, reps in (("all", {}, 10), ("sample", {"sample": 256}, 200)):
         torch.cuda.synchronize()
+        phases = {}
         t0 = time.perf_counter()
-        for _ in range(reps):
-            found = auditor.verify(what, **kw)
+        for i in range(reps):
+            found = auditor.verify(what, **kw, seed=i)
+            for name, us in auditor.last_verify_us.items():
+                phases[name] = phases.get(name, 0.0) + us / reps
         out[f"verify_{what}_us"] = (time.perf_counter() - t0) * 1e6 / reps
+        out[f"verify_{what}_phases_us"] = phases
         assert found == []
+    # the sample's device time alone (CUDA events around the verify, which waits for it)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(200):
+        auditor.verify("sample", sample=256, seed=i)
+    end.record()
+    end.synchronize()
+    out["verify_sample_device_us"] = start.elapsed_time(end) * 1000.0 / 200
+    out["verify_sample_share_of_step"] = {
+        step: out["verify_sample_us"] / (ms * 1000.0) for step, ms in DECODE_STEP_MS.items()}
     index_k.view(-1, 128)[12345 + 64] = 0
     (f,) = auditor.verify("all")
     out["clobber_found"] = [f.layer, f.pool, f.slot, f.owner]
@@ -123,19 +156,38 @@ def audit_rows():
 def markdown(stores, audit, device):
     lines = [f"## dsa from torch on {device} (torch {torch.__version__})", "",
              "| tokens | torch index_put_ eager / graph µs | dsa bf16 eager / graph µs | "
-             "dsa fp8 eager / graph µs | graph: torch/dsa bf16 |", "|---|---|---|---|---|"]
+             "dsa fp8 eager / graph µs | dsa bf16 eager before (DLPack) µs | eager: torch/dsa bf16 | "
+             "graph: torch/dsa bf16 |", "|---|---|---|---|---|---|---|"]
     for r in stores:
-        ratio = r["torch_index_put_graph_us"] / r["dsa_bf16_graph_us"]
+        eager = r["torch_index_put_eager_us"] / r["dsa_bf16_eager_us"]
+        graph = r["torch_index_put_graph_us"] / r["dsa_bf16_graph_us"]
         lines.append(
             f"| {r['tokens']} | {r['torch_index_put_eager_us']:.1f} / "
             f"{r['torch_index_put_graph_us']:.1f} | {r['dsa_bf16_eager_us']:.1f} / "
             f"{r['dsa_bf16_graph_us']:.1f} | {r['dsa_fp8_eager_us']:.1f} / "
-            f"{r['dsa_fp8_graph_us']:.1f} | {ratio:.2f}x |")
+            f"{r['dsa_fp8_graph_us']:.1f} | {r['dsa_bf16_eager_before_us']:.1f} | {eager:.2f}x | "
+            f"{graph:.2f}x |")
+    slower = [r["tokens"] for r in stores
+              if r["dsa_bf16_eager_us"] >= r["torch_index_put_eager_us"]
+              or r["dsa_bf16_graph_us"] >= r["torch_index_put_graph_us"]]
+    lines += ["", "Guarded store faster than the torch line at every size, eager and graph: "
+              + ("yes" if not slower else f"NO (tokens {slower})")]
+    phases = " + ".join(f"{k} {v:.1f}" for k, v in audit["verify_sample_phases_us"].items()
+                        if k != "total")
+    shares = ", ".join(f"{100 * v:.2f}% of the {k} step ({ms:.3f} ms)"
+                       for (k, v), ms in zip(audit["verify_sample_share_of_step"].items(),
+                                             DECODE_STEP_MS.values()))
     lines += ["", f"SlotAuditor on a 1M-token layer (index-K + latent bf16, "
               f"{audit['watched_slots']} live slots): verify all {audit['verify_all_us']:.0f} µs "
-              f"({audit['verify_all_GBps']:.0f} GB/s), sampled verify (256 slots) "
-              f"{audit['verify_sample_us']:.1f} µs, record of 1M slots "
-              f"{audit['record_1M_ms']:.0f} ms; a planted clobber found as {audit['clobber_found']}."]
+              f"({audit['verify_all_GBps']:.0f} GB/s), record of 1M slots "
+              f"{audit['record_1M_ms']:.0f} ms; a planted clobber found as {audit['clobber_found']}.",
+              "",
+              f"Sampled verify (256 slots, both pools): **{audit['verify_sample_us']:.1f} µs** per "
+              f"call from Python ({audit['verify_sample_device_us']:.1f} µs by CUDA events); in the "
+              f"extension: {phases} µs (wait = the device's work and the round trip).",
+              "",
+              f"As a share of a decode step (V3.2 dims, one layer, context 4096, graph, --gemm fast, "
+              f"bench/results/2026-12-03-h200-decode.md): {shares}. Goal: < 2%."]
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +205,7 @@ def main():
     audit = audit_rows()
     device = torch.cuda.get_device_name()
     md = markdown(stores, audit, device)
-    print(md)
+    print(md, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "torch": torch.__version__, "stores": stores,

@@ -1,13 +1,17 @@
 """dsa.cpp for Python engines: the guarded cache writers, the DSA kernels and the slot auditor,
 on arrays the caller owns.
 
-Arrays cross by DLPack, zero-copy: torch tensors (CPU or CUDA) and numpy arrays (CPU). Nothing is
+Arrays cross zero-copy: a torch tensor (CPU or CUDA) is read through its attributes (data_ptr,
+dtype, shape, stride, device: cheaper than a DLPack export), numpy arrays and anything else by
+DLPack. With ``n_real`` and ``errors`` given as device scalars, a store costs one extension call
+and one kernel launch of host time. Nothing is
 ever copied or converted behind your back: an array of the wrong dtype, shape, strides or device
 is refused with a TypeError or ValueError that names the argument and what it needs. numpy has no
 bfloat16, so wherever bf16 is expected a uint16 array is accepted and read as bf16 bit patterns.
 
 CUDA work runs on the caller's stream: ``stream=None`` means torch's current stream of the pool's
-device (when torch is imported), else the legacy default stream; pass an integer
+device (when torch is imported; looked up on every call, so ``torch.cuda.stream(...)`` and graph
+capture are followed), else the legacy default stream; pass an integer
 ``cudaStream_t`` handle to choose another. dsa inserts no cross-stream synchronization: the arrays
 must be ready on that stream, as for any op issued on it. Every store op enqueues one kernel and
 allocates nothing when ``n_real`` and ``errors`` are given as device arrays, so it can be captured
@@ -68,20 +72,6 @@ _STORE_RULES = """
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
-
-
-def _stream(ref: Any, stream: Optional[int]) -> int:
-    """The stream handle for an op on ref's device: the caller's, or torch's current stream."""
-    if stream is not None:
-        return int(stream)
-    _require_array(ref, "pool")
-    kind, index = ref.__dlpack_device__()
-    if kind != 2:  # not CUDA: the CPU backend ignores the stream
-        return 0
-    torch = _sys.modules.get("torch")
-    if torch is not None:
-        return int(torch.cuda.current_stream(index).cuda_stream)
-    return 0
 
 
 def _require_array(x: Any, name: str) -> None:
@@ -161,12 +151,14 @@ def store_index_k(
     Returns:
         ``errors``, the device error counter.
     """
-    _require_array(pool, "pool")
-    errors = _errors(errors, pool)
-    _dsa.store_index_k(
-        pool, slots, k, _n_real(n_real, pool), errors, layout, bool(ue8m0), guard,
-        _stream(pool, stream),
-    )
+    # The fast path (device scalars given) goes straight to the extension, which reads torch
+    # tensors by their attributes, checks everything and finds torch's current stream itself.
+    if errors is None or isinstance(n_real, int):
+        _require_array(pool, "pool")
+        errors = _errors(errors, pool)
+        n_real = _n_real(n_real, pool)
+    _dsa.store_index_k(pool, slots, k, n_real, errors, layout, bool(ue8m0), guard,
+                       None if stream is None else int(stream))
     return errors
 
 
@@ -200,12 +192,12 @@ def store_latent_kv(
     Returns:
         ``errors``, the device error counter.
     """
-    _require_array(pool, "pool")
-    errors = _errors(errors, pool)
-    _dsa.store_latent_kv(
-        pool, slots, latent, k_rope, _n_real(n_real, pool), errors, layout, bool(ue8m0),
-        _stream(pool, stream),
-    )
+    if errors is None or isinstance(n_real, int):
+        _require_array(pool, "pool")
+        errors = _errors(errors, pool)
+        n_real = _n_real(n_real, pool)
+    _dsa.store_latent_kv(pool, slots, latent, k_rope, n_real, errors, layout, bool(ue8m0),
+                         None if stream is None else int(stream))
     return errors
 
 
@@ -241,7 +233,8 @@ def indexer_logits(
     Returns:
         ``logits``.
     """
-    _dsa.indexer_logits(q, w, page_table, seq_lens, pool, logits, layout, _stream(pool, stream))
+    _dsa.indexer_logits(q, w, page_table, seq_lens, pool, logits, layout,
+                        None if stream is None else int(stream))
     return logits
 
 
@@ -272,7 +265,7 @@ def topk(
         ``out_positions``.
     """
     _dsa.topk(logits, seq_lens, int(k), out_positions, out_slots, page_table,
-              _stream(logits, stream))
+              None if stream is None else int(stream))
     return out_positions
 
 
@@ -304,7 +297,8 @@ def sparse_mla(
     Returns:
         ``out``.
     """
-    _dsa.sparse_mla(q, indices, pool, out, float(scale), lse, layout, _stream(pool, stream))
+    _dsa.sparse_mla(q, indices, pool, out, float(scale), lse, layout,
+                    None if stream is None else int(stream))
     return out
 
 
@@ -416,7 +410,7 @@ class SlotAuditor:
         if values is not None:
             values = self._values_per_pool(values)
         at = self.step + 1 if step is None else int(step)
-        self._impl.record(slots_h, owners_h, values, at, _stream(self._ref, stream))
+        self._impl.record(slots_h, owners_h, values, at, None if stream is None else int(stream))
         if step is None:  # a refused record does not advance the counter
             self.step = at
 
@@ -437,7 +431,7 @@ class SlotAuditor:
                 a step's top-k reads); unwatched slots among them are ignored.
         """
         step = self.step if step is None else int(step)
-        s = _stream(self._ref, stream)
+        s = None if stream is None else int(stream)
         if isinstance(what, str):
             if what == "all":
                 raw = self._impl.verify_all(step, s)
@@ -448,6 +442,12 @@ class SlotAuditor:
         else:
             raw = self._impl.verify_slots(_host_int64(what, "what"), step, s)
         return [Finding(*f) for f in raw]
+
+    @property
+    def last_verify_us(self) -> dict:
+        """The host time of the last verify by phase (µs): pick, stage, launch, wait (the device's
+        work and the round trip), findings, total. For profiles."""
+        return dict(self._impl.last_verify_us())
 
     @property
     def watched(self) -> int:

@@ -1,6 +1,6 @@
 # Type stubs of the dsa package. Arrays are anything that speaks DLPack (torch tensors on CPU or
 # CUDA, numpy arrays on the CPU); uint16 stands for bf16 bit patterns wherever bf16 is expected.
-from typing import Any, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 Array = Any  # a DLPack array: torch.Tensor or numpy.ndarray
 Layout = Literal["bf16", "fp8"]
@@ -107,6 +107,8 @@ class SlotAuditor:
         step: Optional[int] = None,
         stream: Optional[int] = None,
     ) -> List[Finding]: ...
+    @property
+    def last_verify_us(self) -> Dict[str, float]: ...
     @property
     def watched(self) -> int: ...
     @property

@@ -75,12 +75,18 @@ def test_release_and_padding(rng):
     assert auditor.watched == 0 and auditor.verify() == []
 
 
-def test_sample_checks_at_most_the_sample(rng):
+def thousand_watched(rng):
+    """One layer with slots 64..1063 written and recorded for owner 5."""
     p = pools(layers=1, pages=20)
     auditor = dsa.SlotAuditor(p)
     slots = list(range(64, 64 + 1000))
     fill(p, slots, rng)
     auditor.record(slots, [5] * len(slots))
+    return p, auditor
+
+
+def test_sample_checks_at_most_the_sample(rng):
+    p, auditor = thousand_watched(rng)
     before = auditor.audited
     assert auditor.verify("sample", sample=50, seed=3) == []
     assert 0 < auditor.audited - before <= 50
@@ -88,6 +94,21 @@ def test_sample_checks_at_most_the_sample(rng):
     found = auditor.verify("sample", sample=50, seed=3)
     assert 0 < len(found) <= 50 and all(f.owner == 5 for f in found)
     assert len(auditor.verify("all")) == 1000
+
+
+def test_a_sample_is_fixed_by_seed_and_step_and_spread_over_the_slots(rng):
+    p, auditor = thousand_watched(rng)
+    p[0][1].reshape(-1, 128)[64:1064, 0] ^= 1  # every slot changed: a sample finds what it checks
+
+    def sampled(seed, step):
+        return {f.slot for f in auditor.verify("sample", sample=100, seed=seed, step=step)}
+
+    first = sampled(3, 1)
+    assert first == sampled(3, 1), "the same seed and step check the same slots"
+    assert first != sampled(3, 2) and first != sampled(4, 1)
+    assert 90 <= len(first) <= 100  # a few draws may repeat; none is lost
+    seen = set().union(*(sampled(3, step) for step in range(40)))
+    assert min(seen) < 64 + 100 and max(seen) >= 64 + 900 and len(seen) > 900
 
 
 def test_fp8_pools_are_watched(rng):

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
 #include <utility>
 
 namespace dsa::py {
@@ -37,13 +38,222 @@ std::string Place::label() const {
   return fmt::format("DLPack device type {} (index {})", type, id);
 }
 
-ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
+namespace {
+
+// What the attribute path needs from the torch module: its tensor types, the dtypes dsa reads
+// (identity-compared) with their DLPack codes, and the C entry point of the current stream. Read
+// once per torch module object (sys.modules["torch"]); the references are kept for the process.
+struct TorchRefs {
+  struct DtypeCode {
+    PyObject* dtype;
+    uint8_t code, bits;
+  };
+  PyObject* module = nullptr;
+  PyObject* tensor_type = nullptr;
+  PyObject* parameter_type = nullptr;
+  std::array<DtypeCode, 6> dtypes{};
+  int n_dtypes = 0;
+  PyObject* raw_stream = nullptr;  // torch._C._cuda_getCurrentRawStream, when this torch has it
+};
+
+PyObject* interned(const char* s) {
+  PyObject* str = PyUnicode_InternFromString(s);
+  if (str == nullptr) throw pyb::error_already_set();
+  return str;  // kept for the process
+}
+
+// sys.modules["torch"], borrowed; null when torch is not imported.
+PyObject* torch_module() {
+  static PyObject* const key = interned("torch");
+  PyObject* mod = PyDict_GetItemWithError(PyImport_GetModuleDict(), key);
+  if (mod == nullptr && PyErr_Occurred()) throw pyb::error_already_set();
+  return mod;
+}
+
+// getattr(obj, name) as a new reference, or null (error cleared) when it has none.
+PyObject* attr_or_null(PyObject* obj, const char* name) {
+  PyObject* a = PyObject_GetAttrString(obj, name);
+  if (a == nullptr) PyErr_Clear();
+  return a;
+}
+
+// The refs of the torch imported now; null when torch is not imported or lacks what the attribute
+// path reads (then every array crosses by DLPack).
+const TorchRefs* torch_refs() {
+  static TorchRefs refs;  // leaked: holds references for the life of the process
+  PyObject* mod = torch_module();
+  if (mod == nullptr) return nullptr;
+  if (mod == refs.module) return &refs;
+  TorchRefs fresh;
+  fresh.tensor_type = attr_or_null(mod, "Tensor");
+  if (fresh.tensor_type == nullptr || !PyType_Check(fresh.tensor_type)) {
+    Py_XDECREF(fresh.tensor_type);
+    return nullptr;  // torch half-imported, or no torch: asked again next call
+  }
+  if (PyObject* nn = attr_or_null(mod, "nn")) {
+    fresh.parameter_type = attr_or_null(nn, "Parameter");
+    Py_DECREF(nn);
+  }
+  static constexpr std::array<std::tuple<const char*, uint8_t, uint8_t>, 6> kDtypes = {{
+      {"float32", dlpack::kFloat, 32},
+      {"bfloat16", dlpack::kBfloat, 16},
+      {"uint16", dlpack::kUInt, 16},
+      {"uint8", dlpack::kUInt, 8},
+      {"int32", dlpack::kInt, 32},
+      {"int64", dlpack::kInt, 64},
+  }};
+  for (const auto& [name, code, bits] : kDtypes) {
+    if (PyObject* d = attr_or_null(mod, name)) fresh.dtypes[fresh.n_dtypes++] = {d, code, bits};
+  }
+  if (PyObject* c = attr_or_null(mod, "_C")) {
+    fresh.raw_stream = attr_or_null(c, "_cuda_getCurrentRawStream");
+    Py_DECREF(c);
+  }
+  Py_INCREF(mod);
+  fresh.module = mod;
+  refs = fresh;  // a previous torch module's references are kept (a few objects, rarely)
+  return &refs;
+}
+
+// A new reference to getattr(obj, name) (call: obj.name()); null with the error cleared on failure.
+PyObject* read(PyObject* obj, PyObject* name, bool call) {
+  PyObject* out = call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+  if (out == nullptr) PyErr_Clear();
+  return out;
+}
+
+// A truth value read from obj: 1, 0, or -1 when unreadable.
+int read_flag(PyObject* obj, PyObject* name, bool call) {
+  PyObject* v = read(obj, name, call);
+  if (v == nullptr) return -1;
+  const int truth = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  if (truth < 0) PyErr_Clear();
+  return truth;
+}
+
+// A tuple of ints read from obj into *out; false when it is none (or not of length `expect`, when
+// expect >= 0).
+bool read_ints(PyObject* obj, PyObject* name, bool call, int expect, std::vector<int64_t>* out) {
+  PyObject* v = read(obj, name, call);
+  if (v == nullptr) return false;
+  bool ok = PyTuple_Check(v) && (expect < 0 || PyTuple_GET_SIZE(v) == expect);
+  if (ok) {
+    out->resize(size_t(PyTuple_GET_SIZE(v)));
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(v); ++i) {
+      (*out)[size_t(i)] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
+      if ((*out)[size_t(i)] == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        ok = false;
+      }
+    }
+  }
+  Py_DECREF(v);
+  return ok;
+}
+
+bool g_torch_attributes = true;
+
+}  // namespace
+
+void set_torch_attributes(bool enabled) { g_torch_attributes = enabled; }
+bool torch_attributes() { return g_torch_attributes; }
+
+ArrayArg::ArrayArg(pyb::handle obj, const char* name, bool keep) : name_(name) {
+  if (!g_torch_attributes || !from_torch(obj)) from_capsule(obj);
+  if (keep) kept_ = pyb::reinterpret_borrow<pyb::object>(obj);
+}
+
+int64_t* ArrayArg::resize_dims(int ndim) {
+  ndim_ = ndim;
+  if (ndim <= kInlineDims) {
+    heap_dims_.clear();
+    return inline_dims_.data();
+  }
+  heap_dims_.assign(2 * size_t(ndim), 0);
+  return heap_dims_.data();
+}
+
+bool ArrayArg::from_torch(pyb::handle obj) {
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kRequiresGrad = interned("requires_grad");
+  static PyObject* const kIsNeg = interned("is_neg");
+  static PyObject* const kIsCuda = interned("is_cuda");
+  static PyObject* const kIsCpu = interned("is_cpu");
+  static PyObject* const kGetDevice = interned("get_device");
+  static PyObject* const kShape = interned("shape");
+  static PyObject* const kStride = interned("stride");
+  static PyObject* const kDataPtr = interned("data_ptr");
+  const TorchRefs* torch = torch_refs();
+  if (torch == nullptr) return false;
+  PyObject* o = obj.ptr();
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(o));
+  if (type != torch->tensor_type &&
+      (torch->parameter_type == nullptr || type != torch->parameter_type)) {
+    return false;  // numpy, a tensor subclass, anything else: DLPack
+  }
+  PyObject* dtype = read(o, kDtype, false);
+  if (dtype == nullptr) return false;
+  const TorchRefs::DtypeCode* code = nullptr;
+  for (int i = 0; i < torch->n_dtypes; ++i) {
+    if (torch->dtypes[size_t(i)].dtype == dtype) code = &torch->dtypes[size_t(i)];
+  }
+  Py_DECREF(dtype);
+  // Another dtype (refused by every op, with a message DLPack's description words best), a tensor
+  // that requires grad or has its negative bit set (torch refuses to export those): DLPack. Of the
+  // dtypes read here only float32 can carry the negative bit (the .imag of a conjugated complex64
+  // view), so only float32 pays for the method call.
+  if (code == nullptr || read_flag(o, kRequiresGrad, false) != 0 ||
+      (code->code == dlpack::kFloat && read_flag(o, kIsNeg, true) != 0)) {
+    return false;
+  }
+  Place place;
+  const int cuda = read_flag(o, kIsCuda, false);
+  if (cuda < 0) return false;
+  if (cuda) {
+    PyObject* index = read(o, kGetDevice, true);
+    if (index == nullptr) return false;
+    const long id = PyLong_AsLong(index);
+    Py_DECREF(index);
+    if (id < 0) {
+      PyErr_Clear();
+      return false;
+    }
+    place = {dlpack::kCuda, int32_t(id)};
+  } else if (read_flag(o, kIsCpu, false) != 1) {
+    return false;  // meta, mps, xpu, ...: DLPack says what it is
+  }
+  thread_local std::vector<int64_t> shape, strides;
+  if (!read_ints(o, kShape, false, -1, &shape) ||
+      !read_ints(o, kStride, true, int(shape.size()), &strides)) {
+    return false;
+  }
+  PyObject* ptr = read(o, kDataPtr, true);
+  if (ptr == nullptr) return false;
+  void* data = PyLong_AsVoidPtr(ptr);
+  Py_DECREF(ptr);
+  if (data == nullptr && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  int64_t* dims = resize_dims(int(shape.size()));
+  for (int i = 0; i < ndim_; ++i) {
+    dims[i] = shape[size_t(i)];
+    dims[ndim_ + i] = strides[size_t(i)];
+  }
+  data_ = data;
+  place_ = place;
+  dl_dtype_ = {code->code, code->bits, 1};
+  return true;
+}
+
+void ArrayArg::from_capsule(pyb::handle obj) {
   if (obj.is_none() || !pyb::hasattr(obj, "__dlpack__") ||
       !pyb::hasattr(obj, "__dlpack_device__")) {
     throw pyb::type_error(fmt::format(
         "argument '{}' must be an array that speaks DLPack (a torch tensor, or a numpy array on "
         "the CPU), got {}",
-        name, type_name(obj)));
+        name_, type_name(obj)));
   }
   const auto device = obj.attr("__dlpack_device__")().cast<pyb::tuple>();
   const int type = device[0].cast<int>();
@@ -52,30 +262,50 @@ ArrayArg::ArrayArg(pyb::handle obj, const char* name) : name_(name) {
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, dlpack::kCapsuleName)) {
     throw pyb::type_error(
-        fmt::format("argument '{}': __dlpack__() did not return an unused \"{}\" capsule", name,
+        fmt::format("argument '{}': __dlpack__() did not return an unused \"{}\" capsule", name_,
                     dlpack::kCapsuleName));
   }
   managed_ = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(raw, dlpack::kCapsuleName));
   if (managed_ == nullptr) throw pyb::error_already_set();
   // The capsule is consumed: its destructor must not free what this object now owns.
   if (PyCapsule_SetName(raw, dlpack::kUsedCapsuleName) != 0) throw pyb::error_already_set();
+  const dlpack::Tensor& t = managed_->dl_tensor;
+  data_ = static_cast<uint8_t*>(t.data) + t.byte_offset;
+  place_ = {t.device.type, t.device.id};
+  dl_dtype_ = t.dtype;
+  int64_t* dims = resize_dims(t.ndim);
+  int64_t compact = 1;
+  for (int i = ndim_ - 1; i >= 0; --i) {
+    dims[i] = t.shape[i];
+    dims[ndim_ + i] = t.strides ? t.strides[i] : compact;
+    compact *= t.shape[i];
+  }
   try {
     need_place_kind();
   } catch (...) {
     if (managed_->deleter) managed_->deleter(managed_);
+    managed_ = nullptr;
     throw;
   }
 }
 
 ArrayArg::ArrayArg(ArrayArg&& other) noexcept
-    : name_(other.name_), managed_(std::exchange(other.managed_, nullptr)) {}
+    : name_(other.name_),
+      data_(other.data_),
+      place_(other.place_),
+      dl_dtype_(other.dl_dtype_),
+      ndim_(other.ndim_),
+      inline_dims_(other.inline_dims_),
+      heap_dims_(std::move(other.heap_dims_)),
+      managed_(std::exchange(other.managed_, nullptr)),
+      kept_(std::move(other.kept_)) {}
 
 ArrayArg::~ArrayArg() {
   if (managed_ && managed_->deleter) managed_->deleter(managed_);
 }
 
 Dtype ArrayArg::dtype() const {
-  const dlpack::DataType d = t().dtype;
+  const dlpack::DataType d = dl_dtype_;
   if (d.lanes != 1) return Dtype::kOther;
   switch (d.code) {
     case dlpack::kFloat:
@@ -91,13 +321,6 @@ Dtype ArrayArg::dtype() const {
   }
 }
 
-int64_t ArrayArg::stride(int i) const {
-  if (t().strides) return t().strides[i];
-  int64_t s = 1;
-  for (int j = i + 1; j < ndim(); ++j) s *= dim(j);
-  return s;
-}
-
 int64_t ArrayArg::numel() const {
   int64_t n = 1;
   for (int i = 0; i < ndim(); ++i) n *= dim(i);
@@ -105,7 +328,7 @@ int64_t ArrayArg::numel() const {
 }
 
 std::string ArrayArg::describe() const {
-  const dlpack::DataType d = t().dtype;
+  const dlpack::DataType d = dl_dtype_;
   static constexpr const char* kCodeNames[] = {"int",    "uint",    "float", "opaque",
                                                "bfloat", "complex", "bool"};
   std::string type = d.code < 7 ? fmt::format("{}{}", kCodeNames[d.code], d.bits)
@@ -206,6 +429,23 @@ int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const Arra
 
 void missing(const char* name, const char* what) {
   throw pyb::type_error(fmt::format("argument '{}' is required: {}", name, what));
+}
+
+uintptr_t caller_stream(std::optional<uintptr_t> stream, Place place) {
+  if (stream) return *stream;
+  if (!place.cuda() || torch_module() == nullptr) return 0;
+  const TorchRefs* torch = torch_refs();
+  if (torch != nullptr && torch->raw_stream != nullptr) {
+    PyObject* index = PyLong_FromLong(place.id);
+    if (index == nullptr) throw pyb::error_already_set();
+    PyObject* handle = PyObject_CallOneArg(torch->raw_stream, index);
+    Py_DECREF(index);
+    if (handle == nullptr) throw pyb::error_already_set();
+    return pyb::reinterpret_steal<pyb::object>(handle).cast<uintptr_t>();
+  }
+  // An older torch: the public spelling.
+  const pyb::object mod = pyb::reinterpret_borrow<pyb::object>(torch_module());
+  return mod.attr("cuda").attr("current_stream")(place.id).attr("cuda_stream").cast<uintptr_t>();
 }
 
 }  // namespace dsa::py

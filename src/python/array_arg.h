@@ -1,14 +1,24 @@
-// One argument handed over by DLPack: a borrowed, zero-copy view of the caller's array, and the
-// checks every binding runs on it. A failed check raises TypeError (wrong kind or dtype) or
-// ValueError (shape, strides, device, alignment) naming the argument and what it needs. Nothing is
-// ever copied or converted: an array that does not fit is refused.
+// One argument: a borrowed, zero-copy view of the caller's array, and the checks every binding
+// runs on it. A failed check raises TypeError (wrong kind or dtype) or ValueError (shape, strides,
+// device, alignment) naming the argument and what it needs. Nothing is ever copied or converted: an
+// array that does not fit is refused.
+//
+// Two ways in, one view. A plain torch tensor (torch.Tensor or nn.Parameter, CPU or CUDA, of a
+// dtype dsa reads, not requiring grad, no negative bit) is read through its attributes --
+// data_ptr(), dtype, shape, stride(), device -- which costs well under a microsecond; exporting it
+// by DLPack costs several (torch's __dlpack__ is Python code that builds a capsule). Every other
+// array, and any tensor outside that set, crosses by DLPack, so what torch refuses to export stays
+// refused.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "python/dlpack.h"
 
@@ -32,9 +42,11 @@ struct Place {
 
 class ArrayArg {
  public:
-  // Takes `obj.__dlpack__()` (`stream=-1` for a CUDA array: the op runs on the caller's stream,
-  // which the caller orders). TypeError when obj speaks no DLPack.
-  ArrayArg(pybind11::handle obj, const char* name);
+  // A plain torch tensor is read by its attributes; anything else by `obj.__dlpack__()`
+  // (`stream=-1` for a CUDA array: the op runs on the caller's stream, which the caller orders).
+  // TypeError when obj speaks no DLPack. `keep`: hold a reference to obj for the ArrayArg's life
+  // (an argument of the current call needs none: the caller holds it).
+  ArrayArg(pybind11::handle obj, const char* name, bool keep = false);
   ArrayArg(ArrayArg&& other) noexcept;
   ArrayArg(const ArrayArg&) = delete;
   ArrayArg& operator=(const ArrayArg&) = delete;
@@ -42,13 +54,14 @@ class ArrayArg {
   ~ArrayArg();
 
   const char* name() const { return name_; }
-  Place place() const { return {t().device.type, t().device.id}; }
+  Place place() const { return place_; }
   Dtype dtype() const;
-  int ndim() const { return t().ndim; }
-  int64_t dim(int i) const { return t().shape[i]; }
-  int64_t stride(int i) const;  // in elements, also for a compact array without strides
+  int ndim() const { return ndim_; }
+  int64_t dim(int i) const { return dims()[i]; }
+  int64_t stride(int i) const { return dims()[ndim_ + i]; }  // in elements
   int64_t numel() const;
-  void* data() const { return static_cast<uint8_t*>(t().data) + t().byte_offset; }
+  void* data() const { return data_; }
+  bool from_dlpack() const { return managed_ != nullptr; }  // false: read from torch attributes
   template <typename T>
   T* as() const {
     return static_cast<T*>(data());
@@ -68,13 +81,37 @@ class ArrayArg {
   void need_place_kind() const;  // CPU or CUDA memory
 
  private:
-  const dlpack::Tensor& t() const { return managed_->dl_tensor; }
+  static constexpr int kInlineDims = 8;
+  bool from_torch(pybind11::handle obj);  // false: not a tensor the attribute path reads
+  void from_capsule(pybind11::handle obj);
+  int64_t* resize_dims(int ndim);  // [ndim] shape then [ndim] strides
+  const int64_t* dims() const {
+    return heap_dims_.empty() ? inline_dims_.data() : heap_dims_.data();
+  }
   [[noreturn]] void type_error(const std::string& need) const;
   [[noreturn]] void value_error(const std::string& need) const;
 
   const char* name_;
-  dlpack::ManagedTensor* managed_ = nullptr;
+  void* data_ = nullptr;
+  Place place_;
+  dlpack::DataType dl_dtype_{};
+  int ndim_ = 0;
+  std::array<int64_t, 2 * kInlineDims> inline_dims_{};
+  std::vector<int64_t> heap_dims_;            // only past kInlineDims dimensions
+  dlpack::ManagedTensor* managed_ = nullptr;  // the consumed DLPack export, released on destruction
+  pybind11::object kept_;                     // the array itself, when asked to keep it
 };
+
+// Whether plain torch tensors are read by their attributes (the default) or, switched off, cross by
+// DLPack like every other array: for profiles that compare the two, and tests.
+void set_torch_attributes(bool enabled);
+bool torch_attributes();
+
+// The CUDA stream an op on arrays at `place` runs on: `stream` when given; else, on CUDA, torch's
+// current stream of that device when torch is imported (read through torch's C entry point, so
+// `torch.cuda.stream(...)` and graph capture are followed on every call), else the legacy default
+// stream 0. The CPU backend ignores it.
+uintptr_t caller_stream(std::optional<uintptr_t> stream, Place place);
 
 // Rows of `width` float32 values, at least `rows` of them, on ref's device; returns the row stride.
 int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref);

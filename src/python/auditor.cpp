@@ -3,7 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <random>
+#include <chrono>
+#include <cstring>
 
 namespace dsa::py {
 namespace pyb = pybind11;
@@ -12,7 +13,7 @@ PoolAuditor::PoolAuditor(const pyb::list& pools, bool ue8m0) {
   if (pools.empty()) throw pyb::value_error("argument 'pools' must name at least one pool");
   for (const pyb::handle item : pools) {
     const auto pair = item.cast<pyb::tuple>();
-    arrays_.emplace_back(pair[1], "pools");
+    arrays_.emplace_back(pair[1], "pools", /*keep=*/true);
     const ArrayArg& a = arrays_.back();
     const PoolLayout layout = infer_pool_layout(a);
     Pool p{pair[0].cast<int>(), layout, pool_view(a, layout.kind, layout.dtype, ue8m0), {}, {}};
@@ -157,7 +158,7 @@ std::vector<uint64_t> PoolAuditor::value_digests(Backend& backend, RowValues& va
 }
 
 void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
-                         const pyb::object& values, int64_t step, uintptr_t stream) {
+                         const pyb::object& values, int64_t step, std::optional<uintptr_t> stream) {
   if (slots.size() != owners.size()) {
     throw pyb::value_error(
         fmt::format("argument 'owners' needs one owner per slot: {} slots, {} "
@@ -188,7 +189,7 @@ void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<in
   RowValues parsed = from_values ? parse_values(values, rows) : RowValues{};
   if (valid.empty()) return;
   const size_t n = valid.size(), np = pools_.size();
-  auto backend = backend_for(place_, stream);
+  auto backend = backend_for(place_, caller_stream(stream, place_));
   // digests[p * width + at(i)] is pool p's expected digest of valid[i].
   const std::vector<uint64_t> digests =
       from_values ? value_digests(*backend, parsed, rows) : pool_digests(*backend, valid);
@@ -236,14 +237,28 @@ void PoolAuditor::release_owner(int64_t owner) {
   release(theirs);
 }
 
-std::vector<Finding> PoolAuditor::compare(Backend& backend, const int64_t* d_slots,
-                                          const std::vector<const uint64_t*>& d_expected,
-                                          const std::vector<int64_t>& host_slots, int64_t step) {
-  const size_t n = host_slots.size(), np = pools_.size();
-  int32_t* d_mismatches = d_mismatches_.reserve(backend, place_, np);
+void PoolAuditor::tick(Phase p) {
+  clock_[p] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (p == kStart) std::fill(clock_.begin() + 1, clock_.end(), clock_[kStart]);
+}
+
+std::vector<std::pair<std::string, double>> PoolAuditor::last_verify_us() const {
+  static constexpr const char* kNames[] = {"pick", "stage", "launch", "wait", "findings"};
+  std::vector<std::pair<std::string, double>> out;
+  for (int p = kPicked; p <= kDone; ++p) {
+    out.emplace_back(kNames[p - 1], 1e6 * (clock_[size_t(p)] - clock_[size_t(p - 1)]));
+  }
+  out.emplace_back("total", 1e6 * (clock_[kDone] - clock_[kStart]));
+  return out;
+}
+
+std::vector<Finding> PoolAuditor::compare(Backend& backend, int32_t* d_mismatches,
+                                          const int64_t* d_slots, const uint64_t* const* d_expected,
+                                          const int64_t* host_slots, size_t n, int64_t step) {
+  const size_t np = pools_.size();
   uint64_t* d_digests = d_digests_.reserve(backend, place_, n);
   uint8_t* d_flags = d_flags_.reserve(backend, place_, n);
-  backend.fill(d_mismatches, 0, np * sizeof(int32_t));
   auto params = [&](size_t p) {
     AuditSlotsParams a;
     a.slots = d_slots;
@@ -257,8 +272,11 @@ std::vector<Finding> PoolAuditor::compare(Backend& backend, const int64_t* d_slo
     return a;
   };
   for (size_t p = 0; p < np; ++p) backend.audit_slots(params(p));
-  std::vector<int32_t> counts(np);
-  backend.copy_to_host(counts.data(), d_mismatches, np * sizeof(int32_t));
+  tick(kLaunched);
+  // The counters come back into pinned memory: one wait for the device.
+  auto* counts = reinterpret_cast<int32_t*>(h_stage_.reserve(backend, place_, (np + 1) / 2));
+  backend.copy_to_host(counts, d_mismatches, np * sizeof(int32_t));
+  tick(kWaited);
   audited_ += int64_t(n);
 
   std::vector<Finding> findings;
@@ -275,26 +293,29 @@ std::vector<Finding> PoolAuditor::compare(Backend& backend, const int64_t* d_slo
       findings.emplace_back(pools_[p].layer, kind, s, owner_[s], written_[s], step);
     }
   }
+  tick(kDone);
   return findings;
 }
 
-std::vector<Finding> PoolAuditor::verify_all(int64_t step, uintptr_t stream) {
+std::vector<Finding> PoolAuditor::verify_all(int64_t step, std::optional<uintptr_t> stream) {
+  tick(kStart);
   const size_t n = live_.size();
   if (n == 0) return {};
-  auto backend = backend_for(place_, stream);
+  auto backend = backend_for(place_, caller_stream(stream, place_));
+  tick(kPicked);
   if (d_live_.size() < n) {
     d_live_.reserve(*backend, place_, n);
     dirty_lo_ = 0;
     dirty_hi_ = int64_t(n);
   }
-  std::vector<const uint64_t*> expected;
+  expected_ptrs_.clear();
   for (Pool& p : pools_) {
     if (p.d_expected.size() < n) {
       p.d_expected.reserve(*backend, place_, d_live_.size());
       dirty_lo_ = 0;
       dirty_hi_ = int64_t(n);
     }
-    expected.push_back(p.d_expected.data());
+    expected_ptrs_.push_back(p.d_expected.data());
   }
   const int64_t lo = dirty_lo_, hi = std::min<int64_t>(dirty_hi_, int64_t(n));
   if (lo < hi) {
@@ -306,31 +327,45 @@ std::vector<Finding> PoolAuditor::verify_all(int64_t step, uintptr_t stream) {
     }
   }
   dirty_lo_ = dirty_hi_ = 0;
-  return compare(*backend, d_live_.data(), expected, live_, step);
+  int32_t* d_mismatches = d_mismatches_.reserve(*backend, place_, pools_.size());
+  backend->fill(d_mismatches, 0, pools_.size() * sizeof(int32_t));
+  tick(kStaged);
+  return compare(*backend, d_mismatches, d_live_.data(), expected_ptrs_.data(), live_.data(), n,
+                 step);
 }
 
 std::vector<Finding> PoolAuditor::verify_positions(const std::vector<int64_t>& positions,
-                                                   int64_t step, uintptr_t stream) {
+                                                   int64_t step, std::optional<uintptr_t> stream) {
   const size_t m = positions.size(), np = pools_.size();
   if (m == 0) return {};
-  auto backend = backend_for(place_, stream);
-  std::vector<int64_t> slots(m);
-  std::vector<uint64_t> expected(m * np);
+  auto backend = backend_for(place_, caller_stream(stream, place_));
+  tick(kPicked);
+  // One upload from pinned memory, in 8-byte words: the zeroed int32 counters [np] (padded),
+  // the slots [m], then each pool's expected digests [m].
+  const size_t head = (np + 1) / 2, words = head + m + np * m;
+  uint64_t* h = h_stage_.reserve(*backend, place_, words);
+  uint64_t* d = d_stage_.reserve(*backend, place_, words);
+  std::memset(h, 0, head * sizeof(uint64_t));
+  auto* slots = reinterpret_cast<int64_t*>(h + head);
+  uint64_t* expected = h + head + m;
   for (size_t i = 0; i < m; ++i) {
-    slots[i] = live_[positions[i]];
-    for (size_t p = 0; p < np; ++p) expected[p * m + i] = pools_[p].expected[positions[i]];
+    const int64_t at = positions[i];
+    slots[i] = live_[size_t(at)];
+    for (size_t p = 0; p < np; ++p) expected[p * m + i] = pools_[p].expected[size_t(at)];
   }
-  int64_t* d_slots = d_slots_.reserve(*backend, place_, m);
-  uint64_t* d_expected = d_listed_expected_.reserve(*backend, place_, m * np);
-  backend->copy_to_device(d_slots, slots.data(), m * sizeof(int64_t));
-  backend->copy_to_device(d_expected, expected.data(), expected.size() * sizeof(uint64_t));
-  std::vector<const uint64_t*> per_pool;
-  for (size_t p = 0; p < np; ++p) per_pool.push_back(d_expected + p * m);
-  return compare(*backend, d_slots, per_pool, slots, step);
+  backend->copy_to_device(d, h, words * sizeof(uint64_t));
+  expected_ptrs_.clear();
+  for (size_t p = 0; p < np; ++p) expected_ptrs_.push_back(d + head + m + p * m);
+  tick(kStaged);
+  // The counters come back over h's head, after the upload has read it (same stream, in order);
+  // the slots stay in h for the findings.
+  return compare(*backend, reinterpret_cast<int32_t*>(d),
+                 reinterpret_cast<const int64_t*>(d + head), expected_ptrs_.data(), slots, m, step);
 }
 
 std::vector<Finding> PoolAuditor::verify_slots(const std::vector<int64_t>& slots, int64_t step,
-                                               uintptr_t stream) {
+                                               std::optional<uintptr_t> stream) {
+  tick(kStart);
   std::vector<int64_t> positions;
   for (int64_t s : slots) {
     if (s >= 0 && s < capacity_ && owner_[s] >= 0) positions.push_back(pos_[s]);
@@ -341,16 +376,25 @@ std::vector<Finding> PoolAuditor::verify_slots(const std::vector<int64_t>& slots
 }
 
 std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, int64_t step,
-                                                uintptr_t stream) {
+                                                std::optional<uintptr_t> stream) {
+  tick(kStart);
   if (count < 0)
     throw pyb::value_error(fmt::format("argument 'sample' must be >= 0, got {}", count));
   const int64_t n = int64_t(live_.size());
   if (count >= n) return verify_all(step, stream);
-  std::mt19937_64 rng(seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull));
-  std::uniform_int_distribution<int64_t> pick(0, n - 1);
-  std::vector<int64_t> positions;
-  positions.resize(size_t(count));
-  for (int64_t& p : positions) p = pick(rng);
+  // splitmix64 from a start that hashes (seed, step), each draw taken modulo n (bias below
+  // n / 2^64): a few ns a draw, where seeding a Mersenne twister cost microseconds. The start is
+  // hashed because splitmix64 walks its state by a fixed stride: nearby starts (seed ^ step)
+  // would draw overlapping sequences.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  uint64_t state = mix(seed ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull));
+  auto next = [&] { return mix(state += 0x9E3779B97F4A7C15ull); };
+  std::vector<int64_t> positions(static_cast<size_t>(count));
+  for (int64_t& p : positions) p = int64_t(next() % uint64_t(n));
   std::sort(positions.begin(), positions.end());
   positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
   return verify_positions(positions, step, stream);

@@ -9,14 +9,19 @@
 //
 // Host state is indexed by slot; the device keeps a mirror of the watched slots and their expected
 // digests, uploaded incrementally (only positions changed since the last verify), so verifying all
-// of a large pool costs one kernel per pool and one 4-byte read per pool.
+// of a large pool costs one kernel per pool and one 4-byte read per pool. A verify of listed or
+// sampled slots stages them, their expected digests and the zeroed mismatch counters in pinned host
+// memory: one asynchronous copy up, one kernel per pool, one copy of the counters down -- a single
+// wait for the device per verify (a copy from pageable memory costs a wait of its own).
 #pragma once
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -28,10 +33,11 @@
 
 namespace dsa::py {
 
-// Device memory kept between calls. Allocated through the backend of the call that needs it, and
-// freed through a backend made for the moment (a caller-stream backend holds the thread's device
-// only while it lives).
-template <typename T>
+// Memory kept between calls: device memory, or (kHost) pinned host memory the device copies from
+// and to without a wait. Allocated through the backend of the call that needs it, and freed through
+// a backend made for the moment (a caller-stream backend holds the thread's device only while it
+// lives).
+template <typename T, bool kHost = false>
 class DeviceScratch {
  public:
   DeviceScratch() = default;
@@ -48,7 +54,7 @@ class DeviceScratch {
     if (n <= size_) return data_;
     release();
     const size_t grown = n < 2 * size_ ? 2 * size_ : n;
-    data_ = static_cast<T*>(backend.allocate(grown * sizeof(T)));
+    data_ = allocate(backend, grown);
     size_ = grown;
     place_ = place;
     return data_;
@@ -58,14 +64,30 @@ class DeviceScratch {
 
  private:
   void release() {
-    if (data_) backend_for(place_, 0)->deallocate(data_);
+    if (data_) {
+      if constexpr (kHost) {
+        backend_for(place_, 0)->deallocate_host(data_);
+      } else {
+        backend_for(place_, 0)->deallocate(data_);
+      }
+    }
     data_ = nullptr;
     size_ = 0;
+  }
+  T* allocate(Backend& backend, size_t n) {
+    if constexpr (kHost) {
+      return static_cast<T*>(backend.allocate_host(n * sizeof(T)));
+    } else {
+      return static_cast<T*>(backend.allocate(n * sizeof(T)));
+    }
   }
   T* data_ = nullptr;
   size_t size_ = 0;
   Place place_;
 };
+
+template <typename T>
+using PinnedScratch = DeviceScratch<T, true>;
 
 // layer, pool ("index_k" | "latent"), slot, owner, step written, step detected
 using Finding = std::tuple<int, std::string, int64_t, int64_t, int64_t, int64_t>;
@@ -81,19 +103,24 @@ class PoolAuditor {
   // for the rows of `slots`: float32 [rows, 128] for an index-K pool, a pair (float32 [rows, 512]
   // c, float32 [rows, 64] k_rope) for a latent pool.
   void record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
-              const pybind11::object& values, int64_t step, uintptr_t stream);
+              const pybind11::object& values, int64_t step, std::optional<uintptr_t> stream);
   void release(const std::vector<int64_t>& slots);
   void release_owner(int64_t owner);
 
-  std::vector<Finding> verify_all(int64_t step, uintptr_t stream);
+  std::vector<Finding> verify_all(int64_t step, std::optional<uintptr_t> stream);
   std::vector<Finding> verify_slots(const std::vector<int64_t>& slots, int64_t step,
-                                    uintptr_t stream);
-  std::vector<Finding> verify_sample(int64_t count, uint64_t seed, int64_t step, uintptr_t stream);
+                                    std::optional<uintptr_t> stream);
+  std::vector<Finding> verify_sample(int64_t count, uint64_t seed, int64_t step,
+                                     std::optional<uintptr_t> stream);
 
   int64_t watched() const { return int64_t(live_.size()); }
   int64_t capacity() const { return capacity_; }
   int64_t audited() const { return audited_; }
   std::vector<std::string> describe_pools() const;
+  // The host time of the last verify by phase, in microseconds: pick (choosing the slots), stage
+  // (filling the pinned upload and enqueueing it), launch (enqueueing the kernels), wait (the copy
+  // of the counters down: the device's work and the round trip), findings, total.
+  std::vector<std::pair<std::string, double>> last_verify_us() const;
 
  private:
   struct Pool {
@@ -116,12 +143,13 @@ class PoolAuditor {
   std::vector<uint64_t> value_digests(Backend& backend, RowValues& values, int rows);
   void forget_at(int64_t slot);
   void mark_dirty(int64_t pos);
-  // Runs the compare of slots[0, n) (device) against expected[p] (device) for every pool.
-  std::vector<Finding> compare(Backend& backend, const int64_t* d_slots,
-                               const std::vector<const uint64_t*>& d_expected,
-                               const std::vector<int64_t>& host_slots, int64_t step);
+  // Runs the compare of d_slots[0, n) against d_expected[p] for every pool; d_mismatches [pools]
+  // is zeroed (queued) by the caller. host_slots [n] name the slots for findings.
+  std::vector<Finding> compare(Backend& backend, int32_t* d_mismatches, const int64_t* d_slots,
+                               const uint64_t* const* d_expected, const int64_t* host_slots,
+                               size_t n, int64_t step);
   std::vector<Finding> verify_positions(const std::vector<int64_t>& positions, int64_t step,
-                                        uintptr_t stream);
+                                        std::optional<uintptr_t> stream);
 
   std::vector<ArrayArg> arrays_;  // keeps the caller's pools alive
   std::vector<Pool> pools_;
@@ -133,9 +161,15 @@ class PoolAuditor {
   std::vector<int64_t> live_;            // watched slots, in no order
   int64_t dirty_lo_ = 0, dirty_hi_ = 0;  // live_ positions not yet mirrored on the device
   int64_t audited_ = 0;
+  enum Phase { kStart, kPicked, kStaged, kLaunched, kWaited, kDone, kPhases };
+  std::array<double, kPhases> clock_{};  // seconds, of the last verify
+  void tick(Phase p);
 
   DeviceScratch<int64_t> d_live_, d_slots_;
-  DeviceScratch<uint64_t> d_digests_, d_listed_expected_;
+  DeviceScratch<uint64_t> d_digests_, d_stage_;
+  PinnedScratch<uint64_t>
+      h_stage_;  // a listed verify's upload; [0, pools) int32 counters come back
+  std::vector<const uint64_t*> expected_ptrs_;
   DeviceScratch<uint8_t> d_flags_;
   DeviceScratch<int32_t> d_mismatches_, d_n_real_;
 };

@@ -1,5 +1,6 @@
 // The `dsa._dsa` extension: the raw bindings. python/dsa/__init__.py wraps them with defaults
-// (torch's current stream, n_real as an int, a fresh error counter) and the documentation.
+// (n_real as an int, a fresh error counter) and the documentation; a stream of None is torch's
+// current stream (array_arg.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -28,7 +29,8 @@ void bind_auditor(pyb::module_& m) {
       .def_property_readonly("watched", &PoolAuditor::watched)
       .def_property_readonly("capacity", &PoolAuditor::capacity)
       .def_property_readonly("audited", &PoolAuditor::audited)
-      .def("describe_pools", &PoolAuditor::describe_pools);
+      .def("describe_pools", &PoolAuditor::describe_pools)
+      .def("last_verify_us", &PoolAuditor::last_verify_us);
 }
 
 }  // namespace dsa::py

@@ -4,6 +4,9 @@
 // The user-facing documentation of each lives in python/dsa/__init__.py.
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
 
 #include "dsa/backend.h"
 #include "python/array_arg.h"
@@ -66,7 +69,7 @@ StoreGuard parse_guard(const std::string& guard, KvDtype layout) {
 
 void store_index_k(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle k_obj,
                    pyb::handle n_real_obj, pyb::handle errors_obj, const std::string& layout,
-                   bool ue8m0, const std::string& guard, uintptr_t stream) {
+                   bool ue8m0, const std::string& guard, std::optional<uintptr_t> stream) {
   const KvDtype dtype = parse_layout(layout, "layout");
   const StoreGuard g = parse_guard(guard, dtype);
   ArrayArg pool(pool_obj, "pool"), slots(slots_obj, "slots"), k(k_obj, "k");
@@ -77,12 +80,12 @@ void store_index_k(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle k_ob
   p.ld_k = need_f32_rows(k, kIndexHeadDim, p.batch.rows, pool);
   p.k = k.as<float>();
   p.guard = g;
-  backend_for(pool.place(), stream)->store_index_k(p);
+  backend_for(pool.place(), caller_stream(stream, pool.place()))->store_index_k(p);
 }
 
 void store_latent_kv(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle latent_obj,
                      pyb::handle k_rope_obj, pyb::handle n_real_obj, pyb::handle errors_obj,
-                     const std::string& layout, bool ue8m0, uintptr_t stream) {
+                     const std::string& layout, bool ue8m0, std::optional<uintptr_t> stream) {
   const KvDtype dtype = parse_layout(layout, "layout");
   ArrayArg pool(pool_obj, "pool"), slots(slots_obj, "slots");
   ArrayArg latent(latent_obj, "latent"), k_rope(k_rope_obj, "k_rope");
@@ -94,7 +97,7 @@ void store_latent_kv(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle la
   p.ld_rope = need_f32_rows(k_rope, kRopeDim, p.batch.rows, pool);
   p.latent = latent.as<float>();
   p.k_rope = k_rope.as<float>();
-  backend_for(pool.place(), stream)->store_latent_kv(p);
+  backend_for(pool.place(), caller_stream(stream, pool.place()))->store_latent_kv(p);
 }
 
 // rows x heads x width float32 with packed heads; returns the row stride.
@@ -107,7 +110,7 @@ int64_t need_heads(const ArrayArg& a, int64_t width, const ArrayArg& ref) {
 
 void indexer_logits(pyb::handle q_obj, pyb::handle w_obj, pyb::handle page_table_obj,
                     pyb::handle seq_lens_obj, pyb::handle pool_obj, pyb::handle logits_obj,
-                    const std::string& layout, uintptr_t stream) {
+                    const std::string& layout, std::optional<uintptr_t> stream) {
   const KvDtype dtype = parse_layout(layout, "layout");
   ArrayArg q(q_obj, "q"), w(w_obj, "w"), page_table(page_table_obj, "page_table");
   ArrayArg seq_lens(seq_lens_obj, "seq_lens"), pool(pool_obj, "pool"), logits(logits_obj, "logits");
@@ -144,11 +147,11 @@ void indexer_logits(pyb::handle q_obj, pyb::handle w_obj, pyb::handle page_table
   p.page_table = page_table.as<int32_t>();
   p.seq_lens = seq_lens.as<int32_t>();
   p.logits = logits.as<float>();
-  backend_for(pool.place(), stream)->indexer_logits(p);
+  backend_for(pool.place(), caller_stream(stream, pool.place()))->indexer_logits(p);
 }
 
 void topk(pyb::handle logits_obj, pyb::handle seq_lens_obj, int k, pyb::handle positions_obj,
-          pyb::handle slots_obj, pyb::handle page_table_obj, uintptr_t stream) {
+          pyb::handle slots_obj, pyb::handle page_table_obj, std::optional<uintptr_t> stream) {
   ArrayArg logits(logits_obj, "logits"), seq_lens(seq_lens_obj, "seq_lens");
   ArrayArg positions(positions_obj, "out_positions");
   if (k <= 0) throw pyb::value_error(fmt::format("argument 'k' must be > 0, got {}", k));
@@ -188,15 +191,15 @@ void topk(pyb::handle logits_obj, pyb::handle seq_lens_obj, int k, pyb::handle p
     p.ld_page_table = page_table.need_rows(page_table.dim(1));
     p.out_slots = out_slots.as<int64_t>();
     p.page_table = page_table.as<int32_t>();
-    backend_for(logits.place(), stream)->topk(p);
+    backend_for(logits.place(), caller_stream(stream, logits.place()))->topk(p);
     return;
   }
-  backend_for(logits.place(), stream)->topk(p);
+  backend_for(logits.place(), caller_stream(stream, logits.place()))->topk(p);
 }
 
 void sparse_mla(pyb::handle q_obj, pyb::handle indices_obj, pyb::handle pool_obj,
                 pyb::handle out_obj, float scale, pyb::handle lse_obj, const std::string& layout,
-                uintptr_t stream) {
+                std::optional<uintptr_t> stream) {
   const KvDtype dtype = parse_layout(layout, "layout");
   ArrayArg q(q_obj, "q"), indices(indices_obj, "indices"), pool(pool_obj, "pool");
   ArrayArg out(out_obj, "out");
@@ -230,15 +233,47 @@ void sparse_mla(pyb::handle q_obj, pyb::handle indices_obj, pyb::handle pool_obj
     lse.need_dim(0, p.rows, "rows, like q");
     lse.need_dim(1, p.heads, "heads, like q");
     p.lse = lse.as<float>();
-    backend_for(pool.place(), stream)->sparse_mla(p);
+    backend_for(pool.place(), caller_stream(stream, pool.place()))->sparse_mla(p);
     return;
   }
-  backend_for(pool.place(), stream)->sparse_mla(p);
+  backend_for(pool.place(), caller_stream(stream, pool.place()))->sparse_mla(p);
+}
+
+// What an array looks like to dsa, for tests and profiles: how it crossed ("torch" attributes or
+// "dlpack"), and the view the checks run on.
+pyb::dict array_info(pyb::handle obj, const char* name) {
+  const ArrayArg a(obj, name);
+  pyb::list shape, strides;
+  for (int i = 0; i < a.ndim(); ++i) {
+    shape.append(a.dim(i));
+    strides.append(a.stride(i));
+  }
+  return pyb::dict("path"_a = a.from_dlpack() ? "dlpack" : "torch",
+                   "dtype"_a = std::string(dtype_label(a.dtype())), "shape"_a = pyb::tuple(shape),
+                   "strides"_a = pyb::tuple(strides), "device"_a = a.place().label(),
+                   "data"_a = reinterpret_cast<uintptr_t>(a.data()), "describe"_a = a.describe());
+}
+
+// The stream an op on `ref` would run on with stream=None.
+uintptr_t default_stream(pyb::handle ref) {
+  const ArrayArg a(ref, "ref");
+  return caller_stream(std::nullopt, a.place());
+}
+
+// Reads every argument as an op would and drops the views: the per-array cost, for profiles.
+size_t read_arrays(const pyb::args& arrays) {
+  for (const pyb::handle a : arrays) ArrayArg(a, "array");
+  return arrays.size();
 }
 
 }  // namespace
 
 void bind_ops(pyb::module_& m) {
+  m.def("array_info", &array_info, "array"_a, "name"_a = "array");
+  m.def("default_stream", &default_stream, "ref"_a);
+  m.def("read_arrays", &read_arrays);
+  m.def("set_torch_attributes", &set_torch_attributes, "enabled"_a);
+  m.def("torch_attributes", &torch_attributes);
   m.def("store_index_k", &store_index_k, "pool"_a, "slots"_a, "k"_a, "n_real"_a, "errors"_a,
         "layout"_a, "ue8m0"_a, "guard"_a, "stream"_a);
   m.def("store_latent_kv", &store_latent_kv, "pool"_a, "slots"_a, "latent"_a, "k_rope"_a,

@@ -10,21 +10,30 @@ namespace dsa {
 
 // 64-bit multiply-xorshift over little-endian 4-byte words (every layout's token is a whole number
 // of words: 256, 132, 1152 and 656 bytes). Not cryptographic: it catches accidental overwrites.
+// digest_word is one step; a kernel may read the words however it likes (e.g. 16 bytes at a time)
+// as long as it feeds them in order from kDigestSeed and ends with digest_final.
+inline constexpr uint64_t kDigestSeed = 0xCBF29CE484222325ull;
+
+DSA_HD uint64_t digest_word(uint64_t h, uint32_t w) {
+  h = (h ^ w) * 0x100000001B3ull;
+  return h ^ (h >> 29);
+}
+
+DSA_HD uint64_t digest_final(uint64_t h) { return h ^ (h >> 31); }
+
 DSA_HD uint64_t digest_words(uint64_t h, const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i + 4 <= bytes; i += 4) {
-    const uint32_t w = uint32_t(p[i]) | uint32_t(p[i + 1]) << 8 | uint32_t(p[i + 2]) << 16 |
-                       uint32_t(p[i + 3]) << 24;
-    h = (h ^ w) * 0x100000001B3ull;
-    h ^= h >> 29;
+    h = digest_word(h, uint32_t(p[i]) | uint32_t(p[i + 1]) << 8 | uint32_t(p[i + 2]) << 16 |
+                           uint32_t(p[i + 3]) << 24);
   }
   return h;
 }
 
 DSA_HD uint64_t slot_digest(const SlotBytes& b) {
-  uint64_t h = 0xCBF29CE484222325ull;
+  uint64_t h = kDigestSeed;
   h = digest_words(h, b.first, b.first_len);
   if (b.second) h = digest_words(h, b.second, b.second_len);
-  return h ^ (h >> 31);
+  return digest_final(h);
 }
 
 // The digest a slot will have once these values are stored in a pool of this layout: the values

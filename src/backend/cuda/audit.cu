@@ -6,13 +6,44 @@
 namespace dsa::cuda {
 namespace {
 
+// Asks L2 for every 128-byte line of [p, p + bytes) at once, so the walk below waits on memory
+// about once per token rather than once per line. Only for a small n (a sampled or listed verify,
+// where one thread's latency is the kernel's time): with a million slots in flight the prefetched
+// lines would outnumber L2 and evict each other, and the many threads hide the latency anyway.
+constexpr int kPrefetchMaxSlots = 4096;
+
+__device__ void prefetch_l2(const uint8_t* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+  }
+}
+
+// digest_words of one run, 16 bytes per load where the run allows (every pool token is 16-byte
+// aligned and a multiple of 16 bytes long; the fp8 index-K scale, one word, is not): the same
+// little-endian words in the same order, so the same digest as slot_digest.
+__device__ uint64_t digest_run(uint64_t h, const uint8_t* p, int64_t bytes) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) != 0 || bytes % 16 != 0) {
+    return digest_words(h, p, bytes);
+  }
+  const uint4* v = reinterpret_cast<const uint4*>(p);
+#pragma unroll 8
+  for (int64_t i = 0; i < bytes / 16; ++i) {
+    const uint4 q = v[i];
+    h = digest_word(digest_word(digest_word(digest_word(h, q.x), q.y), q.z), q.w);
+  }
+  return h;
+}
+
 // One thread per slot: a digest walks one token's bytes (at most 1152) in order.
 __global__ void audit_slots_kernel(AuditSlotsParams p) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const SlotBytes bytes = p.kind == PoolKind::kLatent ? latent_slot_bytes(p.pool, p.slots[i])
                                                       : index_k_slot_bytes(p.pool, p.slots[i]);
-  const uint64_t d = slot_digest(bytes);
+  if (p.n <= kPrefetchMaxSlots) prefetch_l2(bytes.first, bytes.first_len);
+  uint64_t h = digest_run(kDigestSeed, bytes.first, bytes.first_len);
+  if (bytes.second) h = digest_run(h, bytes.second, bytes.second_len);
+  const uint64_t d = digest_final(h);
   p.digests[i] = d;
   if (p.expected) {
     const bool bad = d != p.expected[i];
