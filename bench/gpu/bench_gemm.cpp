@@ -6,6 +6,12 @@
 // flops at the cuBLASLt bf16 rate). Both modes are timed the same way: graph-launched back to
 // back, weights rotating over > 3x L2 when one set would fit in it. extra.vs_cublaslt is the
 // invariant time over the cuBLASLt time of the same shape (the target is <= 1.3).
+//
+// --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
+// (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
+// projection the split count (one for all B) and tiles with the least worst ratio to cuBLASLt,
+// as kShapeTable lines for src/backend/cuda/gemm_tensor.cu:
+//   gemm-sweep/<projection>/B=<rows>/<tile>/s=<splits>[/reduce-kernel]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -291,7 +297,12 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       ctx.add(std::move(res));
       cell.runs.push_back(r);
     };
-    for (size_t si = 0; si < splits.size(); ++si) {
+    // The default split count first, then the others from 1 up.
+    std::vector<size_t> order(splits.size());
+    for (size_t si = 0; si < splits.size(); ++si) order[si] = si;
+    std::stable_partition(order.begin(), order.end(),
+                          [&](size_t si) { return splits[si] == cell.default_splits; });
+    for (size_t si : order) {
       for (int tile : sweep_tiles(rows)) {
         if (ctx.elapsed_s() > deadline_s) break;
         try_run(tile, si, -1);
@@ -345,18 +356,22 @@ void run_gemm_benches(BenchContext& ctx) {
 
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
   std::mt19937_64 gen(77);
-  const double deadline_s = ctx.elapsed_s() + options.budget_s;
   std::printf("gemm sweep: %d tile configurations, budget %.0f s\n",
               cuda::gemm_invariant_tile_count(), options.budget_s);
   std::vector<const Projection*> swept;
-  std::vector<SweepCell> cells;  // [projection][B]
   for (const Projection& pr : kV32) {
-    if (!options.only.empty() &&
-        std::find(options.only.begin(), options.only.end(), pr.name) == options.only.end()) {
-      continue;
+    if (options.only.empty() ||
+        std::find(options.only.begin(), options.only.end(), pr.name) != options.only.end()) {
+      swept.push_back(&pr);
     }
-    sweep_projection(ctx, pr, gen, deadline_s, cells);
-    swept.push_back(&pr);
+  }
+  // Projection i may sweep until its share of the budget has passed (time one leaves unused
+  // goes to the next), so an over-long sweep still covers every projection.
+  const double start_s = ctx.elapsed_s();
+  std::vector<SweepCell> cells;  // [projection][B]
+  for (size_t i = 0; i < swept.size(); ++i) {
+    const double deadline_s = start_s + options.budget_s * double(i + 1) / double(swept.size());
+    sweep_projection(ctx, *swept[i], gen, deadline_s, cells);
   }
   constexpr int kB = int(std::size(kRows));
   // Per projection: the split count (one for every B: the invariance) whose worst ratio over B
