@@ -193,7 +193,9 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
-  const int m0 = int(blockIdx.y) * C::kBM, n0 = int(blockIdx.x) * C::kBN;
+  // m tiles are the fastest grid index: the CTAs that share a weight tile run side by side, so
+  // its second reader finds it in L2 (x, the small operand, is what is read again).
+  const int m0 = int(blockIdx.x) * C::kBM, n0 = int(blockIdx.y) * C::kBN;
   const int k_begin = s * p.slice_k;
   const int k_end = min(p.k, k_begin + p.slice_k);
   const int k_len = k_end - k_begin;
@@ -306,6 +308,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
   __threadfence();
   __syncthreads();
   unsigned* counter = p.counters + (int64_t(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  // (one counter per (batch entry, n tile, m tile): the same for every slice of the tile)
   if (threadIdx.x == 0) {
     last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
     if (last) *counter = 0;  // every slice has arrived: zero again for the next launch
@@ -355,7 +358,7 @@ cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  const dim3 grid(ceil_div(p.n, C::kBN), ceil_div(p.m, C::kBM), unsigned(p.batch * p.splits));
+  const dim3 grid(ceil_div(p.m, C::kBM), ceil_div(p.n, C::kBN), unsigned(p.batch * p.splits));
   gemm_tensor_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -514,7 +517,7 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   const SplitPlan plan = split_plan(p.n, p.k, p.batch, tuning);
   const TileEntry& tile = kTiles[pick_tile(p.m, p.n, p.k, p.batch, tuning)];
   const int64_t tiles_n = ceil_div(p.n, tile.bn), tiles_m = ceil_div(p.m, tile.bm);
-  if (int64_t(p.batch) * plan.splits > 65535 || tiles_m > 65535) {
+  if (int64_t(p.batch) * plan.splits > 65535 || tiles_n > 65535) {
     return cudaErrorInvalidValue;  // grid.z and grid.y limits
   }
   if (plan.splits > 1 && !scratch) return cudaErrorInvalidValue;
