@@ -274,6 +274,7 @@ class CudaBackend final : public Backend {
   void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
     gemm_scratch(x_elements);
     gemm_partials(cuda::gemm_invariant_scratch_floats_bound(max_rows));
+    check(cuda::gemm_invariant_prepare(), "gemm_invariant_prepare()");
   }
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");

@@ -344,20 +344,28 @@ __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
   *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
 }
 
+// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (on the current
+// one; gemm_invariant_prepare does it for every tile before any capture).
 template <class C>
-cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
+cudaError_t opt_in(bool force) {
   static std::atomic<uint64_t> opted_in{0};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
+  if (force || !(opted_in.load(std::memory_order_relaxed) & bit)) {
     err = cudaFuncSetAttribute(gemm_tensor_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes);
     if (err != cudaSuccess) return err;
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
+  return cudaSuccess;
+}
+
+template <class C>
+cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
+  const cudaError_t err = opt_in<C>(false);
+  if (err != cudaSuccess) return err;
   const dim3 grid(ceil_div(p.m, C::kBM), ceil_div(p.n, C::kBN), unsigned(p.batch * p.splits));
   gemm_tensor_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
@@ -366,11 +374,12 @@ cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
 struct TileEntry {
   const char* name;
   cudaError_t (*launch)(const TcParams&, cudaStream_t);
+  cudaError_t (*opt_in)(bool force);
   int bm, bn;
 };
 template <class C>
 constexpr TileEntry entry(const char* name) {
-  return {name, &launch_tiles<C>, C::kBM, C::kBN};
+  return {name, &launch_tiles<C>, &opt_in<C>, C::kBM, C::kBN};
 }
 // The tile configurations, by index (GemmInvariantTuning::tile and the default table name them
 // by it). Every one runs the same chains (header comment, 2.), so the choice is free per call.
@@ -493,6 +502,14 @@ int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tu
 }
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
   return pick_tile(m, n, k, batch, tuning);
+}
+
+cudaError_t gemm_invariant_prepare() {
+  for (const TileEntry& tile : kTiles) {
+    const cudaError_t err = tile.opt_in(true);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning) {

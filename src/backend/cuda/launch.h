@@ -24,6 +24,9 @@ cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
                            float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream);
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning);
+// Lets every tile configuration use its shared memory on the current device; gemm_invariant
+// does it itself on first use, this does it ahead of a graph capture.
+cudaError_t gemm_invariant_prepare();
 // The most gemm_invariant_scratch_floats returns for any shape with m <= max_rows under the
 // default tuning.
 size_t gemm_invariant_scratch_floats_bound(int max_rows);
