@@ -398,6 +398,8 @@ constexpr TileEntry kTiles[] = {
     entry<TileConfig<2, 4, 4, 8, 32, 4>>("128x256.k32.s4"),   // 10: 256, 120 KiB
     entry<TileConfig<2, 4, 4, 8, 64, 3>>("128x256.k64.s3"),   // 11: 256, 162 KiB
     entry<TileConfig<4, 2, 4, 8, 64, 3>>("256x128.k64.s3"),   // 12: 256, 162 KiB
+    entry<TileConfig<1, 8, 1, 4, 64, 4>>("16x256.k64.s4"),    // 13: 256, 153 KiB
+    entry<TileConfig<2, 4, 2, 8, 64, 3>>("64x256.k64.s3"),    // 14: 256, 135 KiB
 };
 constexpr int kTileCount = int(std::size(kTiles));
 
