@@ -11,7 +11,9 @@
 #    the engine driven directly (bench-engine) on the same workload; TTFT p50 at concurrency 1.
 # 3. RSS of the server over 10,000 requests.
 # Environment: OUT (default ./gpu-out), SESSIONS (60), CONCURRENCY (60), SKIP_MATRIX=1,
-# SKIP_PERF=1, SKIP_PREFIX=1, PAGES (200: the pool runs full, as in a serving deployment).
+# SKIP_PERF=1, SKIP_PREFIX=1, PAGES (200: the pool runs full, as in a serving deployment),
+# PREFIX_PAGES (1000: room for the 60 conversations' histories, up to 1024 tokens each, so the
+# cache's hit rate measures the cache rather than the pool's size; 200 pages evict most of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +29,8 @@ CONCURRENCY="${CONCURRENCY:-60}"
 PAGES="${PAGES:-200}"
 : > "$LOG"
 : > "$SUMMARY"
-MODEL=(--backend cuda --preset tiny --max-rows 64 --pages "$PAGES")
+BACKEND="${BACKEND:-cuda}"  # cpu: a slow smoke run of this script on a machine without a GPU
+MODEL=(--backend "$BACKEND" --preset tiny --max-rows 64 --pages "$PAGES")
 
 # serve PORT ARGS...: starts a server in the background, sets SERVER_PID, and waits until /health
 # answers 200; fails at once (rc 1) when the server exits first, e.g. on a bad flag.
@@ -67,41 +70,60 @@ bench() {  # bench NAME TIMEOUT ARGS...: runs bench-serve (serve() already waite
 if [[ -z ${SKIP_MATRIX:-} ]]; then
   echo "## Client-side incident table (dsa serve + dsa bench-serve --check; prefix cache on, the default)" >> "$SUMMARY"
   echo >> "$SUMMARY"
-  echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) |" >> "$SUMMARY"
-  echo "|---|---|---|---|---|" >> "$SUMMARY"
+  echo "| condition | corrupted sessions (k/N, %) | replayed requests | output tok/s | TTFT p50 (ms) | auditor findings |" >> "$SUMMARY"
+  echo "|---|---|---|---|---|---|" >> "$SUMMARY"
   # No tool definitions: they take ~900 of the tiny model's 1024 positions in its 1024-id
   # tokenizer, which would leave each session one turn.
   WORKLOAD=(--sessions "$SESSIONS" --concurrency "$CONCURRENCY" --turns 2..4 --input-len 48
             --output-len 24 --range-ratio 0.5 --no-tools --check)
+  # cell KDT MODE FAULTS [SERVER FLAGS...]: one row of the table, against the reference on :8100.
+  cell() {
+    local kdt="$1" mode="$2" faults="$3"
+    shift 3
+    local extra=("$@") name="matrix-$kdt-$mode-$faults${*// /}"
+    [[ $faults == incident ]] && extra+=(--inject incident --allow-fault-injection)
+    serve 8000 --index-k "$kdt" --mode "$mode" "${extra[@]}"
+    bench "$name" 540 --url http://127.0.0.1:8000 --check-url http://127.0.0.1:8100 \
+      "${WORKLOAD[@]}"
+    local findings
+    findings="$(curl -s http://127.0.0.1:8000/metrics | awk '/^dsa:auditor_findings_total/ {print $2}')"
+    stop "$SERVER_PID"
+    python3 - "$TMP/$name.json" "$kdt" "$mode" "$faults" "$findings" "$*" >> "$SUMMARY" <<'PY'
+import json, sys
+path, kdt, mode, faults, findings, flags = sys.argv[1:7]
+cond = f"{kdt} index-K + {mode} + {'incident faults' if faults == 'incident' else 'guarded'}"
+if flags:
+    cond += f" ({flags})"
+elif faults == "incident" and mode == "graph" and kdt == "bf16":
+    cond = f"**{cond}**"
+try:
+    j = json.load(open(path))
+except Exception as e:
+    print(f"| {cond} | no result ({e}) | | | | |"); sys.exit()
+c = j["check"]
+pct = 100.0 * c["corrupted"] / max(c["total"], 1)
+audited = "--audit" in flags
+print(f"| {cond} | {c['corrupted']}/{c['total']} ({pct:.0f}%) | {c['replayed_requests']} | "
+      f"{j['output_throughput']:.0f} | {j['ttft_ms']['median']:.2f} | "
+      f"{(findings or '?') if audited else ''} |")
+PY
+  }
   for kdt in bf16 fp8; do
     serve 8100 --index-k "$kdt" --mode eager  # the reference: guarded, eager, replays alone
     REF_PID=$SERVER_PID
     for mode in eager graph; do
       for faults in guarded incident; do
-        extra=()
-        [[ $faults == incident ]] && extra=(--inject incident --allow-fault-injection)
-        serve 8000 --index-k "$kdt" --mode "$mode" "${extra[@]}"
-        name="matrix-$kdt-$mode-$faults"
-        bench "$name" 540 --url http://127.0.0.1:8000 --check-url http://127.0.0.1:8100 \
-          "${WORKLOAD[@]}"
-        stop "$SERVER_PID"
-        python3 - "$TMP/$name.json" "$kdt" "$mode" "$faults" >> "$SUMMARY" <<'PY'
-import json, sys
-path, kdt, mode, faults = sys.argv[1:5]
-try:
-    j = json.load(open(path))
-except Exception as e:
-    print(f"| {kdt} index-K + {mode} + {faults} | no result ({e}) | | | |"); sys.exit()
-c = j["check"]
-pct = 100.0 * c["corrupted"] / max(c["total"], 1)
-cond = f"{kdt} index-K + {mode} + {'incident faults' if faults == 'incident' else 'guarded'}"
-if faults == "incident" and mode == "graph" and kdt == "bf16":
-    cond = f"**{cond}**"
-print(f"| {cond} | {c['corrupted']}/{c['total']} ({pct:.0f}%) | {c['replayed_requests']} | "
-      f"{j['output_throughput']:.0f} | {j['ttft_ms']['median']:.2f} |")
-PY
+        cell "$kdt" "$mode" "$faults"
       done
     done
+    if [[ $kdt == bf16 ]]; then
+      # The incident's cell without the prefix cache, and both with the auditor counting the
+      # clobbered slots: the corruption rate and the blast radius (sessions per clobbered slot)
+      # with shared pages and without.
+      cell bf16 graph incident --no-prefix-cache
+      cell bf16 graph incident --audit
+      cell bf16 graph incident --audit --no-prefix-cache
+    fi
     stop "$REF_PID"
   done
   echo >> "$SUMMARY"
@@ -144,8 +166,9 @@ fi
 #    (TTFT p50 at turns >= 3 should fall by >= 3x; prefill tokens per turn ~ the new tokens).
 #    Runs once `dsa serve` has --no-prefix-cache (the engine's EngineOptions::prefix_cache).
 if [[ -z ${SKIP_PREFIX:-} ]] && "$DSA" serve --help 2>/dev/null | grep -q -- --no-prefix-cache; then
-  echo "## Prefix cache: 60 agent sessions, 4..8 turns (graph, guarded)" >> "$SUMMARY"
+  echo "## Prefix cache: $SESSIONS agent sessions, 4..8 turns (graph, guarded, ${PREFIX_PAGES:-1000} pages)" >> "$SUMMARY"
   echo '```' >> "$SUMMARY"
+  MODEL=(--backend "$BACKEND" --preset tiny --max-rows 64 --pages "${PREFIX_PAGES:-1000}")
   for variant in on off; do
     flags=(--mode graph)
     [[ $variant == off ]] && flags+=(--no-prefix-cache)

@@ -91,4 +91,8 @@ void PageAllocator::release_cached(int32_t page) {
   move(page, PageState::kCached, PageState::kFree, "release_cached");
 }
 
+void PageAllocator::to_owned(int32_t page) {
+  move(page, PageState::kCached, PageState::kOwned, "to_owned");
+}
+
 }  // namespace dsa

@@ -48,6 +48,16 @@ int32_t PageTable::share_next(int32_t page) {
   return old;
 }
 
+int32_t PageTable::take_first_owned() {
+  require(shared_ < int64_t(pages_.size()), ErrorCode::kInvalidArgument,
+          "take_first_owned: the table's {} pages are all shared", pages_.size());
+  const int32_t page = pages_[size_t(shared_)];
+  pages_.erase(pages_.begin() + shared_);
+  return page;
+}
+
+void PageTable::append_owned(int32_t page) { pages_.push_back(page); }
+
 std::vector<int32_t> PageTable::take_shared() {
   require(shared_ == int64_t(pages_.size()), ErrorCode::kInvalidArgument,
           "take_shared with {} owned pages still in the table", int64_t(pages_.size()) - shared_);

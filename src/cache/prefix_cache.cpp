@@ -135,6 +135,98 @@ void PrefixCache::release(PageTable& table) {
   for (auto it = shared.rbegin(); it != shared.rend(); ++it) unref(*it);
 }
 
+int32_t PrefixCache::tail_page(int64_t n_written, const PageTable& table) {
+  const int64_t j = table.shared_pages();
+  const int64_t t = n_written - j * kPageSize;
+  if (t <= 0 || t >= kPageSize || j >= int64_t(table.pages().size())) return 0;
+  return table.pages()[size_t(j)];
+}
+
+int32_t PrefixCache::keep_tail(std::span<const int32_t> tokens, int64_t n_written, PageTable& table,
+                               std::vector<int32_t>& freed) {
+  const int64_t j = table.shared_pages();
+  if (!tail_page(n_written, table) || int64_t(tokens.size()) < n_written) return 0;
+  const int32_t parent = j > 0 ? table.pages()[size_t(j - 1)] : 0;
+  uint64_t parent_serial = 0;
+  if (parent) {
+    const Node& p = nodes_.at(parent);
+    if (p.poisoned) return 0;
+    parent_serial = p.serial;
+  }
+  std::vector<int32_t>& siblings = tail_index_[parent_serial];
+  if (siblings.size() >= kTailsPerParent) evict_tail(siblings.front(), freed);
+
+  const int32_t page = table.take_first_owned();
+  allocator_.to_cached(page);  // throws unless the table owned it
+  Tail& tail = tails_[page];
+  tail.parent = parent;
+  tail.parent_serial = parent_serial;
+  tail.tokens.assign(tokens.begin() + j * kPageSize, tokens.begin() + n_written);
+  tail.lru = lru_.insert(lru_.end(), page);
+  tail_index_[parent_serial].push_back(page);  // `siblings` may be gone with evict_tail
+  if (parent) nodes_.at(parent).tails.push_back(page);
+  return page;
+}
+
+PrefixCache::TailMatch PrefixCache::match_tail(std::span<const int32_t> tokens,
+                                               std::span<const int32_t> pages,
+                                               int64_t max_tokens) const {
+  const uint64_t parent_serial = pages.empty() ? 0 : nodes_.at(pages.back()).serial;
+  const int64_t base = int64_t(pages.size()) * kPageSize;
+  const int64_t limit =
+      std::min({max_tokens, int64_t(tokens.size()) - base, int64_t(kPageSize) - 1});
+  TailMatch best;
+  auto it = tail_index_.find(parent_serial);
+  if (limit <= 0 || it == tail_index_.end()) return best;
+  const std::span<const int32_t> want = tokens.subspan(size_t(base), size_t(limit));
+  for (int32_t page : it->second) {
+    const Tail& tail = tails_.at(page);
+    const int64_t n = int64_t(tail.tokens.size());
+    if (n > best.tokens && n <= int64_t(want.size()) &&
+        std::equal(tail.tokens.begin(), tail.tokens.end(), want.begin())) {
+      best = {page, n};
+    }
+  }
+  return best;
+}
+
+void PrefixCache::take_tail(int32_t page, PageTable& table) {
+  auto it = tails_.find(page);
+  require(it != tails_.end() && !it->second.poisoned, ErrorCode::kInvalidArgument,
+          "prefix cache: page {} is not a live tail", page);
+  require(table.shared_pages() == int64_t(table.pages().size()), ErrorCode::kInvalidArgument,
+          "prefix cache: a tail goes only after a table's shared pages, this one owns {}",
+          int64_t(table.pages().size()) - table.shared_pages());
+  const int32_t last = table.empty() ? 0 : table.pages().back();
+  require(last == it->second.parent, ErrorCode::kInvalidArgument,
+          "prefix cache: tail page {} continues page {}, the table ends with page {}", page,
+          it->second.parent, last);
+  unindex_tail(page);
+  if (it->second.parent) std::erase(nodes_.at(it->second.parent).tails, page);
+  lru_.erase(it->second.lru);
+  tails_.erase(it);
+  allocator_.to_owned(page);
+  table.append_owned(page);
+}
+
+void PrefixCache::unindex_tail(int32_t page) {
+  const Tail& tail = tails_.at(page);
+  auto it = tail_index_.find(tail.parent_serial);
+  if (it == tail_index_.end()) return;
+  std::erase(it->second, page);
+  if (it->second.empty()) tail_index_.erase(it);
+}
+
+void PrefixCache::evict_tail(int32_t page, std::vector<int32_t>& freed) {
+  unindex_tail(page);
+  const Tail& tail = tails_.at(page);
+  if (tail.parent) std::erase(nodes_.at(tail.parent).tails, page);
+  lru_.erase(tail.lru);
+  tails_.erase(page);
+  allocator_.release_cached(page);
+  freed.push_back(page);
+}
+
 void PrefixCache::evict_subtree(int32_t page, std::vector<int32_t>& freed) {
   Node& n = nodes_.at(page);
   require(n.refs == 0, ErrorCode::kInternal,
@@ -142,6 +234,7 @@ void PrefixCache::evict_subtree(int32_t page, std::vector<int32_t>& freed) {
           "references)",
           page, n.refs);
   while (!n.children.empty()) evict_subtree(n.children.back(), freed);
+  while (!n.tails.empty()) evict_tail(n.tails.back(), freed);
   lru_.erase(n.lru);
   if (n.indexed) index_.erase(n.key);
   if (n.parent) std::erase(nodes_.at(n.parent).children, page);
@@ -152,11 +245,24 @@ void PrefixCache::evict_subtree(int32_t page, std::vector<int32_t>& freed) {
 
 int64_t PrefixCache::evict(int64_t n, std::vector<int32_t>& freed) {
   const size_t before = freed.size();
-  while (int64_t(freed.size() - before) < n && !lru_.empty()) evict_subtree(lru_.front(), freed);
+  while (int64_t(freed.size() - before) < n && !lru_.empty()) {
+    if (tails_.count(lru_.front())) {
+      evict_tail(lru_.front(), freed);
+    } else {
+      evict_subtree(lru_.front(), freed);
+    }
+  }
   return int64_t(freed.size() - before);
 }
 
 void PrefixCache::poison(int32_t page) {
+  if (auto t = tails_.find(page); t != tails_.end()) {
+    if (t->second.poisoned) return;
+    unindex_tail(page);
+    t->second.poisoned = true;
+    lru_.splice(lru_.begin(), lru_, t->second.lru);
+    return;
+  }
   auto it = nodes_.find(page);
   if (it == nodes_.end() || it->second.poisoned) return;
   Node& n = it->second;
@@ -166,7 +272,7 @@ void PrefixCache::poison(int32_t page) {
   if (n.refs == 0) lru_.splice(lru_.begin(), lru_, n.lru);
 }
 
-int32_t PrefixCache::refcount(int32_t page) const {
+int32_t PrefixCache::refcount(int32_t page) const {  // 0 for a tail too: never shared
   auto it = nodes_.find(page);
   return it == nodes_.end() ? 0 : it->second.refs;
 }
@@ -175,9 +281,9 @@ void PrefixCache::check_invariants() const {
   auto broken = [](bool ok, std::string what) {
     require(ok, ErrorCode::kInternal, "prefix cache invariant broken: {}", what);
   };
-  broken(int64_t(nodes_.size()) == allocator_.cached_pages(),
-         fmt::format("{} nodes but the allocator holds {} pages as cached", nodes_.size(),
-                     allocator_.cached_pages()));
+  broken(int64_t(nodes_.size() + tails_.size()) == allocator_.cached_pages(),
+         fmt::format("{} nodes and {} tails but the allocator holds {} pages as cached",
+                     nodes_.size(), tails_.size(), allocator_.cached_pages()));
   size_t unreferenced = 0;
   int64_t references = 0;
   for (const auto& [page, n] : nodes_) {
@@ -203,9 +309,38 @@ void PrefixCache::check_invariants() const {
   }
   broken(references == references_,
          fmt::format("{} references counted, {} recorded", references, references_));
+  size_t indexed_tails = 0;
+  for (const auto& [page, tail] : tails_) {
+    broken(allocator_.state(page) == PageState::kCached && !nodes_.count(page),
+           fmt::format("tail page {} is {} in the allocator", page,
+                       page_state_name(allocator_.state(page))));
+    broken(!tail.tokens.empty() && tail.tokens.size() < size_t(kPageSize),
+           fmt::format("tail page {} holds {} tokens", page, tail.tokens.size()));
+    broken(!tail.parent ||
+               (nodes_.count(tail.parent) && nodes_.at(tail.parent).serial == tail.parent_serial &&
+                std::count(nodes_.at(tail.parent).tails.begin(), nodes_.at(tail.parent).tails.end(),
+                           page) == 1),
+           fmt::format("tail page {} is not listed once under its parent {}", page, tail.parent));
+    indexed_tails += !tail.poisoned;
+  }
+  size_t listed_tails = 0;
+  for (const auto& [serial, pages] : tail_index_) {
+    broken(!pages.empty(), "an empty tail list in the index");
+    for (int32_t page : pages) {
+      broken(tails_.count(page) && !tails_.at(page).poisoned &&
+                 tails_.at(page).parent_serial == serial,
+             fmt::format("the tail index names page {}, not a live tail under it", page));
+    }
+    listed_tails += pages.size();
+  }
+  broken(listed_tails == indexed_tails,
+         fmt::format("{} live tails, {} in the index", indexed_tails, listed_tails));
+  unreferenced += tails_.size();
   broken(unreferenced == lru_.size(),
          fmt::format("{} unreferenced pages but {} on the LRU list", unreferenced, lru_.size()));
-  for (int32_t page : lru_) broken(nodes_.at(page).refs == 0, "a referenced page on the LRU list");
+  for (int32_t page : lru_) {
+    broken(tails_.count(page) || nodes_.at(page).refs == 0, "a referenced page on the LRU list");
+  }
   for (const auto& [key, page] : index_) {
     broken(nodes_.count(page) && nodes_.at(page).indexed, "the index names a dead node");
   }

@@ -160,6 +160,7 @@ bool Engine::grow(Request& r, int64_t n_tokens) {
 void Engine::preempt(Request& r) {
   spdlog::debug("engine: preempting request {} ({} tokens cached, {} pages)", r.id, r.n_cached,
                 r.pages.pages().size());
+  keep_tail(r);  // its re-admission may take it back
   release_pages(r.pages);
   r.n_cached = 0;
   r.prefill_end = int64_t(r.seq.size());  // recompute the prompt and every generated token
@@ -209,6 +210,7 @@ Engine::Admission Engine::admit(Request& r, int budget, int64_t* chunk_rows) {
       r.n_cached = 0;
     }
     if (looked_up) {  // give the cached pages back; the next attempt looks them up again
+      keep_tail(r);
       release_pages(r.pages);
       r.n_cached = 0;
     }
@@ -239,6 +241,7 @@ void Engine::finish(Request& r, FinishReason reason) {
   if (r.session >= 0) {
     end_turn(r, completed);  // keeps or releases the pages, per the session's policy
   } else {
+    keep_tail(r);
     release_pages(r.pages);  // its last audit may still mark r corrupted
   }
   RequestOutput out;

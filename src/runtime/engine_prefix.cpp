@@ -49,15 +49,15 @@ int64_t Engine::drop_cached_pages() {
 }
 
 // At admission, for a request with no pages: shares the cached pages of its longest cached prefix
-// of whole pages, leaving at least its last token to prefill (its logits are needed). Every page
-// reused is verified by the auditor first; a changed page is reported (naming everyone sharing
-// it), poisoned, and the request takes only the pages before it.
+// of whole pages, then the longest tail it continues whole, leaving at least its last
+// token to prefill (its logits are needed). Every page reused is verified by the auditor first; a
+// changed page is reported (naming everyone sharing it), poisoned, and the request takes only the
+// pages before it (and no tail).
 void Engine::share_cached_prefix(Request& r) {
   const int64_t max_pages = (r.prefill_end - 1) / kPageSize;
-  if (max_pages <= 0) return;
-  std::vector<int32_t> pages = prefix_->match(r.seq, max_pages);
-  if (pages.empty()) return;
-  if (auditor_) {
+  std::vector<int32_t> pages = prefix_->match(r.seq, std::max<int64_t>(max_pages, 0));
+  bool intact = true;
+  if (auditor_ && !pages.empty()) {
     const PhaseScope scope(timer_, StepPhase::kAudit);
     std::vector<AuditFinding> findings = auditor_->verify(pages_slots(pages), runner_steps_);
     if (!findings.empty()) {
@@ -70,10 +70,48 @@ void Engine::share_cached_prefix(Request& r) {
           first_bad, r.id, (bad - pages.begin()) * kPageSize);
       report_findings(std::move(findings));
       pages.erase(bad, pages.end());
+      intact = false;
     }
   }
   prefix_->share(pages, r.pages);
   r.n_cached = int64_t(pages.size()) * kPageSize;
+  if (!intact) return;
+
+  const PrefixCache::TailMatch tail =
+      prefix_->match_tail(r.seq, pages, r.prefill_end - 1 - r.n_cached);
+  if (!tail.page) return;
+  if (auditor_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
+    std::vector<AuditFinding> findings = auditor_->verify(page_slots(tail.page), runner_steps_);
+    if (!findings.empty()) {  // reported and poisoned; the request prefills those tokens itself
+      report_findings(std::move(findings));
+      return;
+    }
+  }
+  prefix_->take_tail(tail.page, r.pages);
+  if (auditor_) auditor_->adopt(page_slots(tail.page), owner_of(r));
+  r.n_cached += tail.tokens;
+}
+
+// Before a request's pages are released: its last, partly filled page stays in the prefix cache
+// as a tail when it is intact (verified now: the release would have verified it too), for the
+// next turn of its conversation to continue.
+void Engine::keep_tail(Request& r) {
+  if (!prefix_ || r.corrupted) return;
+  const int32_t page = PrefixCache::tail_page(r.n_cached, r.pages);
+  if (!page) return;
+  if (auditor_) {
+    const PhaseScope scope(timer_, StepPhase::kAudit);
+    report_findings(auditor_->verify(page_slots(page), runner_steps_));
+    if (r.corrupted) return;
+  }
+  std::vector<int32_t> freed;
+  if (!prefix_->keep_tail(r.seq, r.n_cached, r.pages, freed)) return;
+  if (!freed.empty()) {
+    unwatch(freed);
+    stats_.prefix_cache_evictions += int64_t(freed.size());
+  }
+  if (auditor_) auditor_->adopt(page_slots(page), kPrefixCacheOwner);
 }
 
 // After a runner step: every page of these requests that is now full (all 64 tokens written)

@@ -62,6 +62,7 @@ void Engine::end_turn(Request& r, bool completed) {
     r.pages = PageTable();
     s.n_cached = r.n_cached;
   } else {
+    keep_tail(r);
     release_pages(r.pages);
     s.n_cached = 0;
   }

@@ -1,6 +1,7 @@
 // The prefix cache on its own (no model): matching whole pages of the same prefix, swapping
 // duplicates, least-recently-used eviction of unreferenced pages, poisoning, the host-side store
-// check, and exact accounting under a long random workload.
+// check, tails (a finished request's partly filled last page, handed to the one request that
+// continues it), and exact accounting under a long random workload.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,6 +174,125 @@ TEST(PrefixCache, StoreCheckRefusesCachedFreeAndReservedPages) {
 // A long random workload against a small pool: tables look up, write, share and release random
 // prefixes of a few base sequences; eviction makes room. The identity and the cache's invariants
 // hold after every operation, and at the end every page is free.
+TEST(PrefixCache, ATailIsKeptAndTakenByTheOneRequestThatContinuesIt) {
+  PageAllocator a(32);
+  PrefixCache cache(a);
+  Rng rng(7);
+  const auto tokens = tokens_of(rng, 2 * kPageSize + 20);
+  PageTable t = write_and_share(cache, a, tokens);
+  const int32_t tail = t.pages()[2];
+  EXPECT_EQ(PrefixCache::tail_page(int64_t(tokens.size()), t), tail);
+  EXPECT_EQ(PrefixCache::tail_page(2 * kPageSize, t), 0);  // nothing written past the full pages
+  std::vector<int32_t> freed;
+  EXPECT_EQ(cache.keep_tail(tokens, int64_t(tokens.size()), t, freed), tail);
+  EXPECT_TRUE(freed.empty());
+  EXPECT_EQ(a.state(tail), PageState::kCached);
+  EXPECT_EQ(t.pages().size(), 2u);
+  EXPECT_EQ(cache.refcount(tail), 0);
+  EXPECT_TRUE(cache.contains(tail));
+  cache.release(t);
+  EXPECT_EQ(a.used_pages(), 0);
+  EXPECT_EQ(a.cached_pages(), 3);
+  expect_identity(a);
+  cache.check_invariants();
+
+  // The next turn resends the history and adds 30 tokens.
+  auto next = tokens;
+  const auto more = tokens_of(rng, 30);
+  next.insert(next.end(), more.begin(), more.end());
+  const auto pages = cache.match(next, (int64_t(next.size()) - 1) / kPageSize);
+  ASSERT_EQ(pages.size(), 2u);
+  PrefixCache::TailMatch m = cache.match_tail(next, pages, int64_t(next.size()) - 1 - 128);
+  EXPECT_EQ(m.page, tail);
+  EXPECT_EQ(m.tokens, 20);
+  EXPECT_EQ(cache.match_tail(next, pages, 19).page, 0);  // more than the request may skip
+  EXPECT_EQ(cache.match_tail(next, std::span(pages).first(1), 100).page, 0);  // another parent
+  auto forked = next;
+  forked[2 * kPageSize + 5] ^= 1;
+  EXPECT_EQ(cache.match_tail(forked, pages, 100).page, 0);  // agrees with only 5 of its tokens
+  forked = next;
+  forked[2 * kPageSize + 20] ^= 1;
+  EXPECT_EQ(cache.match_tail(forked, pages, 100).page, tail);  // differs only after it
+
+  PageTable u;
+  EXPECT_THROW(cache.take_tail(tail, u), Error);  // the table does not end with the tail's parent
+  cache.share(pages, u);
+  cache.take_tail(tail, u);
+  EXPECT_EQ(u.pages().back(), tail);
+  EXPECT_EQ(u.shared_pages(), 2);
+  EXPECT_EQ(a.state(tail), PageState::kOwned);
+  EXPECT_EQ(cache.tails(), 0);
+  EXPECT_EQ(cache.match_tail(next, pages, 100).page, 0);  // one taker only
+  EXPECT_THROW(cache.take_tail(tail, u), Error);
+  expect_identity(a);
+  cache.check_invariants();
+  // The taker fills the page; it joins the cache as a full page like any other.
+  ASSERT_TRUE(u.reserve(3 * kPageSize, a));
+  auto filled = next;
+  filled.resize(3 * kPageSize, 5);
+  EXPECT_EQ(cache.insert_next(filled, u).outcome, PrefixCache::Insert::kInserted);
+  EXPECT_EQ(cache.refcount(tail), 1);
+  cache.release(u);
+  cache.check_invariants();
+}
+
+TEST(PrefixCache, TailsAreEvictedFirstWithTheirParentAndWhenPoisoned) {
+  PageAllocator a(64);
+  PrefixCache cache(a);
+  Rng rng(8);
+  const auto base = tokens_of(rng, kPageSize);
+  std::vector<int32_t> kept;
+  std::vector<int32_t> freed;
+  // Ten requests end 1..10 tokens into page 1 under the same page 0: the first two are dropped
+  // (at most kTailsPerParent under one parent).
+  for (int i = 0; i < 10; ++i) {
+    auto tokens = base;
+    const auto tail = tokens_of(rng, 1 + i);
+    tokens.insert(tokens.end(), tail.begin(), tail.end());
+    PageTable t = write_and_share(cache, a, tokens);
+    kept.push_back(cache.keep_tail(tokens, int64_t(tokens.size()), t, freed));
+    EXPECT_NE(kept.back(), 0);
+    cache.release(t);
+    cache.check_invariants();
+  }
+  EXPECT_EQ(freed, std::vector<int32_t>(kept.begin(), kept.begin() + 2));
+  EXPECT_EQ(cache.tails(), int64_t(PrefixCache::kTailsPerParent));
+  expect_identity(a);
+  // A root tail: a request shorter than a page.
+  const auto short_prompt = tokens_of(rng, 10);
+  PageTable s;
+  ASSERT_TRUE(s.reserve(10, a));
+  const int32_t root_tail = cache.keep_tail(short_prompt, 10, s, freed);
+  EXPECT_NE(root_tail, 0);
+  EXPECT_EQ(cache.match_tail(short_prompt, {}, 9).page, 0);  // its last token is not skipped
+  auto longer = short_prompt;
+  longer.push_back(3);
+  EXPECT_EQ(cache.match_tail(longer, {}, 10).page, root_tail);
+  // A poisoned tail is never matched and goes first.
+  cache.poison(root_tail);
+  EXPECT_EQ(cache.match_tail(longer, {}, 10).page, 0);
+  cache.check_invariants();
+  freed.clear();
+  EXPECT_EQ(cache.evict(1, freed), 1);
+  EXPECT_EQ(freed, std::vector<int32_t>{root_tail});
+  // Tails are older than their parent (kept before it was released): the oldest goes first.
+  freed.clear();
+  cache.evict(1, freed);
+  EXPECT_EQ(freed, std::vector<int32_t>{kept[2]});
+  cache.check_invariants();
+  // A poisoned parent goes first, and takes every tail under it.
+  const int32_t parent = cache.match(base, 1).at(0);
+  cache.poison(parent);
+  freed.clear();
+  cache.evict(1, freed);
+  EXPECT_EQ(freed.size(), PrefixCache::kTailsPerParent);  // the parent and its 7 tails
+  EXPECT_EQ(freed.back(), parent);
+  EXPECT_EQ(cache.tails(), 0);
+  EXPECT_EQ(a.cached_pages(), 0);
+  expect_identity(a);
+  cache.check_invariants();
+}
+
 TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
   constexpr int64_t kPages = 48;
   PageAllocator a(kPages);
@@ -181,11 +301,20 @@ TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
   std::vector<std::vector<int32_t>> bases;
   for (int i = 0; i < 4; ++i) bases.push_back(tokens_of(rng, 6 * kPageSize));
   std::vector<std::pair<PageTable, std::vector<int32_t>>> live;
-  int64_t hits = 0, swaps = 0, evicted = 0;
+  int64_t hits = 0, swaps = 0, evicted = 0, tails_kept = 0, tails_taken = 0;
+  std::vector<std::vector<int32_t>> ended;  // recent requests' tokens: later turns continue them
   for (int op = 0; op < 20000; ++op) {
     if (!live.empty() && (rng.integer(0, 2) == 0 || live.size() > 12)) {
       const size_t i = size_t(rng.integer(0, int64_t(live.size()) - 1));
-      cache.release(live[i].first);
+      auto& [table, written] = live[i];
+      if (rng.integer(0, 1) == 0) {
+        std::vector<int32_t> freed;
+        tails_kept += cache.keep_tail(written, int64_t(written.size()), table, freed) != 0;
+        evicted += int64_t(freed.size());
+        ended.push_back(written);
+        if (ended.size() > 8) ended.erase(ended.begin());
+      }
+      cache.release(table);
       live.erase(live.begin() + long(i));
     } else {
       // A base's prefix with a random tail: pages shared where the prefix matches.
@@ -194,12 +323,23 @@ TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
                                   base.begin() + rng.integer(1, int64_t(base.size())));
       const auto tail = tokens_of(rng, int(rng.integer(0, 80)));
       tokens.insert(tokens.end(), tail.begin(), tail.end());
+      if (!ended.empty() && rng.integer(0, 2) == 0) {  // the next turn of an ended request
+        tokens = ended[size_t(rng.integer(0, int64_t(ended.size()) - 1))];
+        const auto more = tokens_of(rng, int(rng.integer(1, 40)));
+        tokens.insert(tokens.end(), more.begin(), more.end());
+      }
       PageTable t;
       // One in four was admitted before the others' pages were cached: it writes them again.
       const int64_t lookup = rng.integer(0, 3) == 0 ? 0 : (int64_t(tokens.size()) - 1) / kPageSize;
       const auto pages = cache.match(tokens, lookup);
       hits += int64_t(pages.size());
       cache.share(pages, t);
+      const PrefixCache::TailMatch m = cache.match_tail(
+          tokens, pages, int64_t(tokens.size()) - 1 - int64_t(pages.size()) * kPageSize);
+      if (m.page && lookup > 0) {
+        cache.take_tail(m.page, t);
+        ++tails_taken;
+      }
       std::vector<int32_t> freed;
       bool ok = true;
       while (!t.reserve(int64_t(tokens.size()), a)) {
@@ -217,6 +357,10 @@ TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
         swaps += cache.insert_next(tokens, t).outcome == PrefixCache::Insert::kSwapped;
       }
       if (rng.integer(0, 50) == 0) cache.poison(t.pages()[0]);
+      if (rng.integer(0, 50) == 0 && m.page) {  // a tail not taken, poisoned
+        const auto other = cache.match_tail(tokens, pages, kPageSize);
+        if (other.page) cache.poison(other.page);
+      }
       live.emplace_back(std::move(t), std::move(tokens));
     }
     ASSERT_EQ(a.free_pages() + a.used_pages() + a.cached_pages(), kPages - 1) << "op " << op;
@@ -226,6 +370,8 @@ TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
   EXPECT_GT(hits, 1000);
   EXPECT_GT(swaps, 0);
   EXPECT_GT(evicted, 1000);
+  EXPECT_GT(tails_kept, 1000);
+  EXPECT_GT(tails_taken, 100);
   for (auto& [t, tokens] : live) cache.release(t);
   std::vector<int32_t> freed;
   cache.evict(kPages, freed);

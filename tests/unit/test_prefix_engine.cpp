@@ -1,7 +1,7 @@
 // The engine with the prefix cache (DESIGN §8): the same greedy tokens with the cache on and off,
 // eagerly and through graphs; the auditor naming every request that shares a clobbered cached
-// page, and catching a changed page on reuse; eviction before preemption; and exact accounting
-// under a long random workload with aborts, preemptions and eviction.
+// page, and catching a changed page (or tail) on reuse; eviction before preemption; and exact
+// accounting under a long random workload with aborts, preemptions and eviction.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -49,6 +49,7 @@ class PrefixEngineTest : public ::testing::Test {
 struct AgentRun {
   std::map<std::pair<int, int>, std::vector<int32_t>> replies;  // (session, turn) -> tokens
   std::map<std::pair<int, int>, int> cached_tokens;
+  std::map<std::pair<int, int>, int> prompt_tokens;
   EngineStats stats;
 };
 
@@ -90,6 +91,7 @@ AgentRun run_agents(Tiny& tiny, const EngineOptions& o) {
       EXPECT_EQ(out.reason, FinishReason::kLength);
       run.replies[by_id.at(out.id)] = out.tokens;
       run.cached_tokens[by_id.at(out.id)] = out.cached_tokens;
+      run.prompt_tokens[by_id.at(out.id)] = out.prompt_tokens;
     }
   }
   for (int64_t s : sessions) e.close_session(s);
@@ -117,6 +119,15 @@ TEST_F(PrefixEngineTest, GreedyOutputsAreIdenticalWithTheCacheOnAndOffEagerAndGr
       }
     }
     EXPECT_GT(on.cached_tokens.at({1, 2}), off.cached_tokens.at({1, 2}));
+    // A resending session's next turn continues its last turn's tail too: it finds everything
+    // the last turn wrote (its prompt and the first three of its four tokens; the fourth was
+    // sampled, never written).
+    for (int i = 1; i < 4; ++i) {
+      for (int turn = 1; turn < 3; ++turn) {
+        EXPECT_EQ(on.cached_tokens.at({i, turn}), on.prompt_tokens.at({i, turn - 1}) + 3)
+            << "session " << i << " turn " << turn;
+      }
+    }
   }
   const AgentRun graph_off = run_agents(tiny_, options(false, RunMode::kGraph));
   EXPECT_EQ(graph_off.replies, off.replies);
@@ -177,7 +188,7 @@ TEST_F(PrefixEngineTest, AChangedCachedPageIsCaughtOnReuseAndRecomputed) {
   p.max_new_tokens = 6;
   e.submit(prompt, p);
   const auto first = finish_all(e).begin()->second;
-  EXPECT_EQ(cache->allocator().cached_pages(), 2);
+  EXPECT_EQ(cache->allocator().cached_pages(), 3);  // two full pages and the tail (25 tokens)
   // Nobody holds page 2 (the prompt's second page) now; change it, then ask again.
   clobber_index_k(tiny_, *cache, 2 * kPageSize + 40);
   e.submit(prompt, p);
@@ -187,11 +198,46 @@ TEST_F(PrefixEngineTest, AChangedCachedPageIsCaughtOnReuseAndRecomputed) {
   EXPECT_EQ(second.cached_tokens, kPageSize);
   EXPECT_EQ(second.tokens, first.tokens);
   e.check_page_accounting();
-  // The recomputed page replaced the poisoned one: a third request finds both pages again.
+  // The recomputed page replaced the poisoned one: a third request finds both pages again (not
+  // the second's tail, which holds its reply: a retry of the same prompt does not continue it).
   e.submit(prompt, p);
   const auto third = finish_all(e).begin()->second;
   EXPECT_EQ(third.cached_tokens, 2 * kPageSize);
   EXPECT_EQ(third.tokens, first.tokens);
+}
+
+// The next turn of a conversation continues the last turn's tail (its partly filled last page):
+// it computes only its new tokens, with the same output as without the cache; a tail changed
+// while it sat in the cache is caught when it is taken, and the turn recomputes those tokens.
+TEST_F(PrefixEngineTest, TheNextTurnContinuesTheTailAndAChangedTailIsCaught) {
+  Rng rng(45);
+  const auto prompt = random_tokens(rng, 100);
+  const auto message = random_tokens(rng, 5);
+  RequestParams p;
+  p.max_new_tokens = 6;
+  for (bool clobber : {false, true}) {
+    auto cache = tiny_.cache(32);
+    Engine e(*tiny_.model, *cache, options(true, RunMode::kGraph, true));
+    e.submit(prompt, p);
+    const auto first = finish_all(e).begin()->second;
+    const int32_t tail = 2;  // pages 1 and 2 hold the 105 tokens written (the lowest ids first)
+    EXPECT_EQ(cache->allocator().state(tail), PageState::kCached);
+    if (clobber) clobber_index_k(tiny_, *cache, tail * kPageSize + 10);
+    auto next = prompt;
+    next.insert(next.end(), first.tokens.begin(), first.tokens.end());
+    next.insert(next.end(), message.begin(), message.end());
+    e.submit(next, p);
+    const auto second = finish_all(e).begin()->second;
+    e.check_page_accounting();
+    EXPECT_FALSE(second.corrupted);
+    EXPECT_EQ(e.stats().audit_findings, clobber ? 1 : 0);
+    EXPECT_EQ(second.cached_tokens, clobber ? kPageSize : 105);  // 100 + 5 tokens written
+
+    auto plain_cache = tiny_.cache(32);
+    Engine plain(*tiny_.model, *plain_cache, options(false, RunMode::kEager));
+    plain.submit(next, p);
+    EXPECT_EQ(second.tokens, finish_all(plain).begin()->second.tokens) << "clobber " << clobber;
+  }
 }
 
 TEST_F(PrefixEngineTest, CachedPagesAreEvictedBeforeAnyoneIsPreempted) {

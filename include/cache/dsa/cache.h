@@ -26,11 +26,13 @@ class PageAllocator {
   bool allocate_n(int64_t n, std::vector<int32_t>& out);
   void release(int32_t page);  // kInvalidArgument on page 0, out of range, or not kOwned
 
-  // The prefix cache's transitions: an owned, full page becomes read-only cache property, and a
-  // cached page no request references goes back to the free list (eviction). Both throw
-  // kInvalidArgument when the page is not in the state they start from.
+  // The prefix cache's transitions: an owned page becomes read-only cache property, a cached page
+  // no request references goes back to the free list (eviction), and a cached partial page (a
+  // tail, which is never shared) is handed to the one request that continues it. Each throws
+  // kInvalidArgument when the page is not in the state it starts from.
   void to_cached(int32_t page);       // kOwned -> kCached
   void release_cached(int32_t page);  // kCached -> kFree
+  void to_owned(int32_t page);        // kCached -> kOwned
 
   PageState state(int32_t page) const;  // kReservedPage and out-of-range ids: kInvalidArgument
   // Whether a store may target the page: in [1, total) and kOwned. Never throws (the host-side
@@ -75,7 +77,9 @@ class PageTable {
   void append_shared(int32_t page);  // only while every page so far is shared
   int32_t share_next(int32_t page);  // page shared_pages() becomes `page`; returns the old
   void release_owned(PageAllocator& allocator);  // frees the owned pages, keeps the shared ones
-  std::vector<int32_t> take_shared();            // the shared pages, in order; the table is emptied
+  int32_t take_first_owned();          // removes page shared_pages() from the table and returns it
+  void append_owned(int32_t page);     // an owned page the table did not reserve (a handed-on tail)
+  std::vector<int32_t> take_shared();  // the shared pages, in order; the table is emptied
 
  private:
   std::vector<int32_t> pages_;

@@ -14,6 +14,17 @@
 // only the owned ones are ever written. A page joins the cache only when all 64 of its tokens are
 // written, so a partly filled page is never shared.
 //
+// Tails. The last, partly filled page of a finished request (its tail: t < 64 tokens written
+// after a chain of cached full pages) is kept too, but never shared: it is keyed under its
+// parent's serial with its t token ids, and a later request whose prompt continues that chain
+// with all t of them (and at least one token more) TAKES it: the page leaves the cache and
+// becomes the request's own, its first owned page. The request writes from row t on, so the rows
+// it takes are exactly what it would have computed (the kernels are batch-invariant). A tail has
+// one taker: a multi-turn conversation's next turn, which resends the whole history, continues
+// its previous turn's last page instead of recomputing up to 63 tokens. A request that agrees
+// with only part of a tail does not take it (it would leave the rest stale in its own page, and
+// would take the page from the conversation that continues it); it prefills those tokens.
+//
 // Eviction. Pages no table references sit on a least-recently-used list; a table releases its
 // shared pages deepest first, so a parent is always more recent than its children and the list's
 // head is a leaf. Evicting a node that still has children (possible only for a poisoned one) takes
@@ -70,6 +81,31 @@ class PrefixCache {
   // stays more recent than its children), owned pages go back to the allocator.
   void release(PageTable& table);
 
+  // Before release: keeps the table's tail, its page shared_pages() holding tokens
+  // [64 * shared_pages(), n_written) of `tokens`, when that range is not empty and shorter than a
+  // page and the last shared page is live (not poisoned). The page leaves the table as a cached,
+  // unreferenced tail (evictable, least recent before its parents). At most kTailsPerParent tails
+  // are kept under one parent: the oldest goes (its page id appended to `freed`). Returns the page
+  // kept, or 0.
+  static constexpr size_t kTailsPerParent = 8;
+  // The page keep_tail would keep (the table's page shared_pages() when it holds 1..63 of the
+  // n_written tokens), or 0. Changes nothing.
+  static int32_t tail_page(int64_t n_written, const PageTable& table);
+  int32_t keep_tail(std::span<const int32_t> tokens, int64_t n_written, PageTable& table,
+                    std::vector<int32_t>& freed);
+  struct TailMatch {
+    int32_t page = 0;    // 0: none
+    int64_t tokens = 0;  // the tail's token count: all of them equal the request's
+  };
+  // The longest tail under the chain `pages` (a match's result, shared by the table) whose tokens
+  // all equal tokens[64 * pages.size(), ...), at most max_tokens of them. Changes nothing.
+  TailMatch match_tail(std::span<const int32_t> tokens, std::span<const int32_t> pages,
+                       int64_t max_tokens) const;
+  // Hands a tail to the table, whose pages are all shared (a match's chain): the page becomes the
+  // table's first owned page and leaves the cache.
+  void take_tail(int32_t page, PageTable& table);
+  int64_t tails() const { return int64_t(tails_.size()); }
+
   // Frees at least n unreferenced cached pages, least recently used first, or all there are;
   // appends the freed page ids to `freed` and returns how many.
   int64_t evict(int64_t n, std::vector<int32_t>& freed);
@@ -78,8 +114,8 @@ class PrefixCache {
   void poison(int32_t page);
 
   int32_t refcount(int32_t page) const;  // 0 for a page not in the cache
-  bool contains(int32_t page) const { return nodes_.count(page) != 0; }
-  int64_t cached_pages() const { return int64_t(nodes_.size()); }
+  bool contains(int32_t page) const { return nodes_.count(page) != 0 || tails_.count(page) != 0; }
+  int64_t cached_pages() const { return int64_t(nodes_.size() + tails_.size()); }
   int64_t evictable_pages() const { return int64_t(lru_.size()); }
   int64_t references() const { return references_; }  // summed over every cached page
   // Checks the cache's own invariants (every node's page is kCached in the allocator, the LRU list
@@ -96,21 +132,34 @@ class PrefixCache {
     uint64_t parent_serial = 0;   // 0 for a prefix's first page
     std::vector<int32_t> tokens;  // [64]
     std::vector<int32_t> children;
+    std::vector<int32_t> tails;  // every tail kept under this page, poisoned or not
     int32_t refs = 0;
     bool poisoned = false;
     bool indexed = false;
     std::list<int32_t>::iterator lru;  // valid while refs == 0
   };
+  struct Tail {
+    int32_t parent = 0;  // the parent's page, 0 for a prefix's first page
+    uint64_t parent_serial = 0;
+    std::vector<int32_t> tokens;  // [1, 64)
+    bool poisoned = false;
+    std::list<int32_t>::iterator lru;  // always valid: a tail is never referenced
+  };
   const Node* find_child(uint64_t parent_serial, std::span<const int32_t> page_tokens) const;
   void unref(int32_t page);
   void evict_subtree(int32_t page, std::vector<int32_t>& freed);
+  void unindex_tail(int32_t page);                             // never matched again
+  void evict_tail(int32_t page, std::vector<int32_t>& freed);  // back to the allocator
 
   PageAllocator& allocator_;
   uint64_t next_serial_ = 1;
   int64_t references_ = 0;
   std::unordered_map<int32_t, Node> nodes_;      // cached page -> its node
   std::unordered_map<uint64_t, int32_t> index_;  // key -> page
-  std::list<int32_t> lru_;                       // unreferenced pages, least recent first
+  std::unordered_map<int32_t, Tail> tails_;      // tail page -> its tail
+  // parent serial -> its live (unpoisoned) tails' pages, oldest first
+  std::unordered_map<uint64_t, std::vector<int32_t>> tail_index_;
+  std::list<int32_t> lru_;  // unreferenced pages, least recent first
 };
 
 }  // namespace dsa

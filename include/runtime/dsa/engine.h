@@ -206,6 +206,7 @@ class Engine {
   std::vector<int64_t> sharers_of(int32_t page) const;
   void preempt(Request& r);
   void release_pages(PageTable& pages);
+  void keep_tail(Request& r);
   void unwatch(std::span<const int32_t> pages);
   void finish(Request& r, FinishReason reason);
   void end_turn(Request& r, bool completed);
