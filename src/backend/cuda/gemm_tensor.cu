@@ -411,21 +411,26 @@ struct ShapeChoice {
   int n, k, batch, splits;
   int tile[3];
 };
-constexpr int kClassTile[3] = {2, 6, 8};  // 16 x 64 k128, 64 x 128 k64, 128 x 128 k32
+constexpr int kClassTile[3] = {
+    2, 6, 6};  // 16 x 64 k128, 64 x 128 k64 (the sweep: it beat 128 x 128 at B = 256)
 constexpr ShapeChoice kShapeTable[] = {
-    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them).
-    {1536, 7168, 1, 0, {-1, -1, -1}},       // q_a
-    {128 * 192, 1536, 1, 0, {-1, -1, -1}},  // q_b
-    {576, 7168, 1, 0, {-1, -1, -1}},        // kv_a
-    {512, 128, 128, 0, {-1, -1, -1}},       // kv_b absorb (kKN)
-    {128, 512, 128, 0, {-1, -1, -1}},       // kv_b up
-    {7168, 128 * 128, 1, 0, {-1, -1, -1}},  // o
-    {64 * 128, 1536, 1, 0, {-1, -1, -1}},   // indexer wq_b
-    {128, 7168, 1, 0, {-1, -1, -1}},        // indexer wk
-    {64, 7168, 1, 0, {-1, -1, -1}},         // indexer weights_proj
-    {18432, 7168, 1, 0, {-1, -1, -1}},      // mlp gate / up
-    {7168, 18432, 1, 0, {-1, -1, -1}},      // mlp down
-    {32768, 7168, 1, 0, {-1, -1, -1}},      // lm_head
+    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them): the sweep of 2026-12-03 on the
+    // H200 (bench/results/2026-12-03-h200-gemm-sweep.md), one split count per shape with the
+    // smallest worst ratio to cuBLASLt over B = 1, 8, 64, 256. wk and weights_proj ran out of the
+    // sweep's budget: the formula's split count, the tile that won their B <= 64 runs, and for
+    // m > 64 the tile that won kv_a (the closest shape).
+    {1536, 7168, 1, 4, {2, 1, 6}},        // q_a
+    {128 * 192, 1536, 1, 1, {1, 6, 6}},   // q_b
+    {576, 7168, 1, 8, {2, 1, 5}},         // kv_a
+    {512, 128, 128, 1, {13, 9, 6}},       // kv_b absorb (kKN)
+    {128, 512, 128, 1, {4, 6, 12}},       // kv_b up
+    {7168, 128 * 128, 1, 2, {2, 6, 11}},  // o
+    {64 * 128, 1536, 1, 1, {2, 5, 6}},    // indexer wq_b
+    {128, 7168, 1, 0, {2, 2, 5}},         // indexer wk
+    {64, 7168, 1, 0, {2, 2, 5}},          // indexer weights_proj
+    {18432, 7168, 1, 2, {1, 6, 6}},       // mlp gate / up
+    {7168, 18432, 1, 2, {2, 6, 11}},      // mlp down
+    {32768, 7168, 1, 1, {13, 6, 11}},     // lm_head
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
 // bound below relies on it).
