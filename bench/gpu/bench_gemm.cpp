@@ -6,12 +6,22 @@
 // flops at the cuBLASLt bf16 rate). Both modes are timed the same way: graph-launched back to
 // back, weights rotating over > 3x L2 when one set would fit in it. extra.vs_cublaslt is the
 // invariant time over the cuBLASLt time of the same shape (the target is <= 1.3).
+//
+// --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
+// (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
+// projection the split count (one for all B) and tiles with the least worst ratio to cuBLASLt,
+// as kShapeTable lines for src/backend/cuda/gemm_tensor.cu:
+//   gemm-sweep/<projection>/B=<rows>/<tile>/s=<splits>[/reduce-kernel]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "bench_util.h"
 #include "dsa/error.h"
 
@@ -56,35 +66,69 @@ void fill_random(Backend& be, void* dst, size_t bytes, std::mt19937_64& gen) {
   be.synchronize();
 }
 
+// One projection's device buffers: weights rotating over `sets` copies, x (f32 and bf16) and y
+// with room for the largest B.
+struct ProjectionBuffers {
+  ProjectionBuffers(Backend& be, const Projection& pr, std::mt19937_64& gen)
+      : w_elems(int64_t(pr.batch) * pr.n * pr.k),
+        sets(BenchContext::rotation_sets(2.0 * double(w_elems))),
+        w(be, size_t(w_elems) * sets),
+        x(be, size_t(pr.batch) * kMaxRows * pr.k),
+        y(be, size_t(pr.batch) * kMaxRows * pr.n),
+        xb(be, size_t(pr.batch) * kMaxRows * pr.k) {
+    fill_random(be, w.data(), w.bytes(), gen);
+    fill_random(be, x.data(), x.bytes(), gen);
+    fill_random(be, xb.data(), xb.bytes(), gen);
+    be.fill(y.data(), 0, y.bytes());
+  }
+  static constexpr int kMaxRows = kRows[std::size(kRows) - 1];
+  int64_t w_elems;
+  int sets;
+  DeviceArray<Bf16> w;
+  DeviceArray<float> x, y;
+  DeviceArray<Bf16> xb;
+};
+
+// The call the model makes for `rows` rows (weights: the first set; callers rotate them).
+GemmParams projection_params(const Projection& pr, int rows, const ProjectionBuffers& buf) {
+  GemmParams p;
+  p.x = buf.x.data();
+  p.w = buf.w.data();
+  p.y = buf.y.data();
+  p.m = rows, p.n = pr.n, p.k = pr.k, p.batch = pr.batch;
+  p.layout = pr.layout;
+  p.output = pr.output;
+  p.ld_x = pr.k;
+  p.ld_w = pr.layout == WeightLayout::kNK ? pr.k : pr.n;
+  p.ld_y = pr.n;
+  p.batch_stride_x = int64_t(rows) * pr.k;
+  p.batch_stride_w = int64_t(pr.n) * pr.k;
+  p.batch_stride_y = int64_t(rows) * pr.n;
+  if (pr.bf16_copy) p.x_bf16 = buf.xb.data(), p.ld_x_bf16 = pr.k;
+  return p;
+}
+
+// Median microseconds of the call p, graph-launched `calls` times back to back with the weights
+// rotating over the buffers' sets.
+double time_projection(BenchContext& ctx, const GemmParams& p, const ProjectionBuffers& buf,
+                       int calls) {
+  int call = 0;
+  return ctx.time_graph_us(
+      [&] {
+        GemmParams q = p;
+        q.w = buf.w.data() + (call++ % buf.sets) * buf.w_elems;
+        ctx.backend.gemm(q);
+      },
+      calls);
+}
+
 void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
-  const int64_t w_elems = int64_t(pr.batch) * pr.n * pr.k;
-  const double w_bytes = 2.0 * double(w_elems);
-  const int sets = BenchContext::rotation_sets(w_bytes);
-  DeviceArray<Bf16> w(be, size_t(w_elems) * sets);
-  fill_random(be, w.data(), w.bytes(), gen);
-  const int max_rows = kRows[std::size(kRows) - 1];
-  const int64_t x_elems = int64_t(pr.batch) * max_rows * pr.k;
-  DeviceArray<float> x(be, size_t(x_elems)), y(be, size_t(pr.batch) * max_rows * pr.n);
-  DeviceArray<Bf16> xb(be, size_t(x_elems));
-  fill_random(be, x.data(), x.bytes(), gen);
-  fill_random(be, xb.data(), xb.bytes(), gen);
-  be.fill(y.data(), 0, y.bytes());
-
+  const ProjectionBuffers buf(be, pr, gen);
+  const double w_bytes = 2.0 * double(buf.w_elems);
+  const int sets = buf.sets;
   for (int rows : kRows) {
-    GemmParams p;
-    p.x = x.data();
-    p.y = y.data();
-    p.m = rows, p.n = pr.n, p.k = pr.k, p.batch = pr.batch;
-    p.layout = pr.layout;
-    p.output = pr.output;
-    p.ld_x = pr.k;
-    p.ld_w = pr.layout == WeightLayout::kNK ? pr.k : pr.n;
-    p.ld_y = pr.n;
-    p.batch_stride_x = int64_t(rows) * pr.k;
-    p.batch_stride_w = int64_t(pr.n) * pr.k;
-    p.batch_stride_y = int64_t(rows) * pr.n;
-    if (pr.bf16_copy) p.x_bf16 = xb.data(), p.ld_x_bf16 = pr.k;
+    const GemmParams p = projection_params(pr, rows, buf);
     const double x_bytes = double(pr.batch) * rows * pr.k * (pr.bf16_copy ? 2 : 4);
     const double y_bytes =
         4.0 * pr.batch * rows * pr.n * (pr.output == GemmOutput::kAccumulate ? 2 : 1);
@@ -95,14 +139,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     const GemmMode modes[2] = {GemmMode::kBatchInvariant, GemmMode::kFast};
     for (int i = 0; i < 2; ++i) {
       be.set_gemm_mode(modes[i]);
-      int call = 0;
-      us[i] = ctx.time_graph_us(
-          [&] {
-            GemmParams q = p;
-            q.w = w.data() + (call++ % sets) * w_elems;
-            be.gemm(q);
-          },
-          std::max(2 * sets, 20));
+      us[i] = time_projection(ctx, p, buf, std::max(2 * sets, 20));
     }
     be.set_gemm_mode(GemmMode::kBatchInvariant);
     for (int i = 0; i < 2; ++i) {
@@ -123,6 +160,185 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  {"vs_cublaslt", us[0] / us[1]}};
       ctx.add(std::move(r));
     }
+  }
+}
+
+// ---- The sweep (--gemm-sweep): every tile configuration and split count of the invariant GEMM
+// on every projection and B, each checked before it counts: nmse against cuBLASLt on the same
+// bf16 inputs, and row 0 bit for bit against every other run of the same split count (any tile,
+// any B: the invariance argument of gemm_tensor.cu, tested).
+
+constexpr double kSweepNmse = 1e-7;  // cuBLASLt and the invariant GEMM differ in order only
+
+// 1, the default count and powers of two, while slices keep 128 columns of k and the CTAs at 64
+// columns stay under 2048 (deduplicated by the count split_plan makes of them).
+std::vector<int> sweep_splits(const Projection& pr) {
+  std::vector<int> asked = {1, cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})};
+  const int64_t tiles64 = int64_t(pr.batch) * ((pr.n + 63) / 64);
+  for (int s = 2; s <= pr.k / 128 && tiles64 * s <= 2048; s *= 2) asked.push_back(s);
+  std::vector<int> out;
+  for (int s : asked) {
+    cuda::GemmInvariantTuning t;
+    t.splits = s;
+    const int made = cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, t);
+    if (std::find(out.begin(), out.end(), made) == out.end()) out.push_back(made);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The tiles worth timing at B rows: 16-row tiles for decode, 16- and 64-row tiles and the
+// 128 x 128 ones at 64, the 64-row tiles and up past it.
+std::vector<int> sweep_tiles(int rows) {
+  std::vector<int> out;
+  for (int t = 0; t < cuda::gemm_invariant_tile_count(); ++t) {
+    const int bm = cuda::gemm_invariant_tile_rows(t);
+    const std::string name = cuda::gemm_invariant_tile_name(t);
+    const bool keep = rows <= 16   ? bm == 16
+                      : rows <= 64 ? bm <= 64 || name.rfind("128x128", 0) == 0
+                                   : bm >= 64;
+    if (keep) out.push_back(t);
+  }
+  return out;
+}
+
+struct SweepRun {
+  int tile, splits, reduce;
+  double us;
+  bool ok;
+};
+
+struct SweepCell {  // one projection at one B
+  double cublas_us = 0, default_us = 0;
+  int default_tile = -1, default_splits = 0;
+  std::vector<SweepRun> runs;
+  const SweepRun* best(int splits) const {  // the fastest checked run of a split count
+    const SweepRun* b = nullptr;
+    for (const SweepRun& r : runs) {
+      if (r.ok && (splits == 0 || r.splits == splits) && (!b || r.us < b->us)) b = &r;
+    }
+    return b;
+  }
+  double us_of(int tile, int splits) const {
+    for (const SweepRun& r : runs) {
+      if (r.ok && r.tile == tile && r.splits == splits && r.reduce != 0) return r.us;
+    }
+    return 0;
+  }
+};
+
+std::vector<float> read_y(Backend& be, const ProjectionBuffers& buf, size_t floats) {
+  std::vector<float> out(floats);
+  be.copy_to_host(out.data(), buf.y.data(), floats * sizeof(float));
+  return out;
+}
+
+double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - ref[i];
+    num += d * d, den += double(ref[i]) * ref[i];
+  }
+  return std::isfinite(num) ? num / std::max(den, 1e-300) : 1e300;
+}
+
+void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen,
+                      double deadline_s, std::vector<SweepCell>& cells) {
+  Backend& be = ctx.backend;
+  const ProjectionBuffers buf(be, pr, gen);
+  const int calls = std::max(buf.sets, 4);
+  const std::vector<int> splits = sweep_splits(pr);
+  std::vector<std::vector<float>> row0(splits.size());  // per split count, the first run's row 0
+  for (int rows : kRows) {
+    SweepCell cell;
+    GemmParams p = projection_params(pr, rows, buf);
+    const size_t floats = size_t(pr.batch) * rows * pr.n;
+    // One call on y = 0 (an accumulating projection then holds alpha * x w alone).
+    auto run_once = [&] {
+      be.fill(buf.y.data(), 0, floats * sizeof(float));
+      be.gemm(p);
+      return read_y(be, buf, floats);
+    };
+    be.set_gemm_mode(GemmMode::kFast);
+    const std::vector<float> ref = run_once();
+    cell.cublas_us = time_projection(ctx, p, buf, calls);
+    be.set_gemm_mode(GemmMode::kBatchInvariant);
+    cuda::GemmInvariantTuning tuning;
+    set_gemm_invariant_tuning(be, tuning);
+    cell.default_us = time_projection(ctx, p, buf, calls);
+    cell.default_tile = cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning);
+    cell.default_splits = cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, tuning);
+
+    auto run_checked = [&](int tile, size_t si, int reduce) {
+      tuning.tile = tile, tuning.splits = splits[si], tuning.reduce = reduce;
+      set_gemm_invariant_tuning(be, tuning);
+      const std::vector<float> y = run_once();
+      const double err = nmse(y, ref);
+      bool same = true;
+      if (row0[si].empty()) {
+        if (err <= kSweepNmse) row0[si].assign(y.begin(), y.begin() + pr.n);  // the reference
+      } else {
+        same = std::memcmp(row0[si].data(), y.data(), size_t(pr.n) * sizeof(float)) == 0;
+      }
+      SweepRun r{tile, splits[si], reduce, time_projection(ctx, p, buf, calls),
+                 err <= kSweepNmse && same};
+      if (!r.ok) {
+        std::printf("  SWEEP CHECK FAILED %s B=%d tile %s splits %d reduce %d: nmse %.3g%s\n",
+                    pr.name, rows, cuda::gemm_invariant_tile_name(tile), splits[si], reduce, err,
+                    same ? "" : ", row 0 differs from the same split count elsewhere");
+      }
+      BenchResult res;
+      res.name = std::string("gemm-sweep/") + pr.name + "/B=" + std::to_string(rows) + "/" +
+                 cuda::gemm_invariant_tile_name(tile) + "/s=" + std::to_string(splits[si]) +
+                 (reduce == 0 ? "/reduce-kernel" : "");
+      res.us = r.us;
+      res.extra = {{"tile", tile}, {"splits", splits[si]},         {"reduce", reduce},
+                   {"rows", rows}, {"nmse_vs_cublaslt", err},      {"row0_same", same},
+                   {"ok", r.ok},   {"cublaslt_us", cell.cublas_us}};
+      ctx.add(std::move(res));
+      cell.runs.push_back(r);
+    };
+    // A configuration that throws (a launch it cannot make) is reported and skipped; the sweep
+    // goes on.
+    auto try_run = [&](int tile, size_t si, int reduce) {
+      try {
+        run_checked(tile, si, reduce);
+      } catch (const std::exception& e) {
+        std::printf("  SWEEP CHECK FAILED %s B=%d tile %s splits %d reduce %d: %s\n", pr.name, rows,
+                    cuda::gemm_invariant_tile_name(tile), splits[si], reduce, e.what());
+      }
+    };
+    // The default split count first, then the others from 1 up.
+    std::vector<size_t> order(splits.size());
+    for (size_t si = 0; si < splits.size(); ++si) order[si] = si;
+    std::stable_partition(order.begin(), order.end(),
+                          [&](size_t si) { return splits[si] == cell.default_splits; });
+    for (size_t si : order) {
+      for (int tile : sweep_tiles(rows)) {
+        if (ctx.elapsed_s() > deadline_s) break;
+        try_run(tile, si, -1);
+      }
+    }
+    // The separate reduce kernel against the fused reduction, on the best split run.
+    const SweepRun* best = cell.best(0);
+    if (best && best->splits > 1 && ctx.elapsed_s() <= deadline_s) {
+      const size_t si =
+          size_t(std::find(splits.begin(), splits.end(), best->splits) - splits.begin());
+      try_run(best->tile, si, 0);
+    }
+    set_gemm_invariant_tuning(be, {});
+    best = cell.best(0);
+    std::printf("  sweep %-12s B=%-3d cublaslt %8.2f us | default %8.2f us %5.2fx (%s, %d splits)",
+                pr.name, rows, cell.cublas_us, cell.default_us, cell.default_us / cell.cublas_us,
+                cuda::gemm_invariant_tile_name(cell.default_tile), cell.default_splits);
+    if (best) {
+      std::printf(" | best %8.2f us %5.2fx (%s, %d splits%s)", best->us, best->us / cell.cublas_us,
+                  cuda::gemm_invariant_tile_name(best->tile), best->splits,
+                  best->reduce == 0 ? ", reduce kernel" : "");
+    }
+    std::puts("");
+    std::fflush(stdout);
+    cells.push_back(std::move(cell));
   }
 }
 
@@ -147,6 +363,85 @@ void run_gemm_benches(BenchContext& ctx) {
     }
     std::puts("");
   }
+}
+
+void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
+  std::mt19937_64 gen(77);
+  std::printf("gemm sweep: %d tile configurations, budget %.0f s\n",
+              cuda::gemm_invariant_tile_count(), options.budget_s);
+  std::vector<const Projection*> swept;
+  for (const Projection& pr : kV32) {
+    if (options.only.empty() ||
+        std::find(options.only.begin(), options.only.end(), pr.name) != options.only.end()) {
+      swept.push_back(&pr);
+    }
+  }
+  // Projection i may sweep until its share of the budget has passed (time one leaves unused
+  // goes to the next), so an over-long sweep still covers every projection.
+  const double start_s = ctx.elapsed_s();
+  std::vector<SweepCell> cells;  // [projection][B]
+  for (size_t i = 0; i < swept.size(); ++i) {
+    const double deadline_s = start_s + options.budget_s * double(i + 1) / double(swept.size());
+    sweep_projection(ctx, *swept[i], gen, deadline_s, cells);
+  }
+  constexpr int kB = int(std::size(kRows));
+  // Per projection: the split count (one for every B: the invariance) whose worst ratio over B
+  // is least, with the tile for each class of m (m <= 16: B = 1 and 8 share one; <= 64; > 64).
+  std::puts("\ngemm sweep: per projection, one split count for every B and a tile per class of m");
+  std::printf("%-14s %6s", "projection", "splits");
+  for (int rows : kRows) std::printf(" %24s", ("B=" + std::to_string(rows)).c_str());
+  std::puts("   worst");
+  std::vector<std::string> table;
+  for (size_t i = 0; i < swept.size(); ++i) {
+    const Projection& pr = *swept[i];
+    const SweepCell* c = &cells[i * kB];
+    int best_splits = 0, best_tile[3] = {-1, -1, -1};
+    double best_worst = 1e300, best_ratio[kB] = {};
+    for (int s : sweep_splits(pr)) {
+      double ratio[kB];
+      int tile[3] = {-1, -1, -1};
+      double worst = 0;
+      // Class 0 (B = 1, 8): the tile with the least worse ratio of the two.
+      double class0 = 1e300;
+      for (int t : sweep_tiles(kRows[0])) {
+        const double a = c[0].us_of(t, s), b = c[1].us_of(t, s);
+        if (a <= 0 || b <= 0) continue;
+        const double w = std::max(a / c[0].cublas_us, b / c[1].cublas_us);
+        if (w < class0)
+          class0 = w, tile[0] = t, ratio[0] = a / c[0].cublas_us, ratio[1] = b / c[1].cublas_us;
+      }
+      bool complete = tile[0] >= 0;
+      for (int bi = 2; bi < kB && complete; ++bi) {
+        const SweepRun* r = c[bi].best(s);
+        complete = r != nullptr;
+        if (r) tile[bi - 1] = r->tile, ratio[bi] = c[bi].us_of(r->tile, s) / c[bi].cublas_us;
+        if (r && ratio[bi] <= 0) ratio[bi] = r->us / c[bi].cublas_us;
+      }
+      if (!complete) continue;
+      for (int bi = 0; bi < kB; ++bi) worst = std::max(worst, ratio[bi]);
+      if (worst < best_worst) {
+        best_worst = worst, best_splits = s;
+        std::copy(tile, tile + 3, best_tile);
+        std::copy(ratio, ratio + kB, best_ratio);
+      }
+    }
+    if (best_splits == 0) {
+      std::printf("%-14s   (incomplete: over budget or every run failed its check)\n", pr.name);
+      continue;
+    }
+    std::printf("%-14s %6d", pr.name, best_splits);
+    for (int bi = 0; bi < kB; ++bi) {
+      const int t = best_tile[bi < 2 ? 0 : bi - 1];
+      std::printf(" %5.2f %18s", best_ratio[bi], cuda::gemm_invariant_tile_name(t));
+    }
+    std::printf("   %5.2f\n", best_worst);
+    table.push_back("    {" + std::to_string(pr.n) + ", " + std::to_string(pr.k) + ", " +
+                    std::to_string(pr.batch) + ", " + std::to_string(best_splits) + ", {" +
+                    std::to_string(best_tile[0]) + ", " + std::to_string(best_tile[1]) + ", " +
+                    std::to_string(best_tile[2]) + "}},  // " + pr.name);
+  }
+  std::puts("\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu");
+  for (const std::string& line : table) std::puts(line.c_str());
 }
 
 }  // namespace dsa::bench

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,9 +66,14 @@ class BenchContext {
   }
 
   const std::vector<BenchResult>& results() const { return results_; }
+  // Seconds since the context was made (the sweep's budget counts from it).
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
 
  private:
   std::vector<BenchResult> results_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // An empty kernel on `stream` (empty_kernel.cu), for the launch floor.
@@ -77,6 +83,13 @@ cudaError_t launch_empty_kernel(cudaStream_t stream);
 void run_store_benches(BenchContext& ctx);
 // Defined in bench_gemm.cpp.
 void run_gemm_benches(BenchContext& ctx);
+// The invariant GEMM's configurations on every projection and B (--gemm-sweep): new
+// configurations stop once budget_s has passed; `only` names projections (empty: all).
+struct GemmSweepOptions {
+  double budget_s = 80;
+  std::vector<std::string> only;
+};
+void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options);
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).
 void run_attention_benches(BenchContext& ctx);
 

@@ -203,6 +203,15 @@ int main(int argc, char** argv) {
   app.add_flag("--legacy", legacy_rows,
                "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer blocks "
                "(2048 tokens): rows topk_legacy/... and indexer_logits_legacy/...");
+  bool gemm_sweep = false;
+  dsa::bench::GemmSweepOptions sweep;
+  app.add_flag("--gemm-sweep", gemm_sweep,
+               "time every tile configuration and split count of the invariant GEMM per "
+               "projection and B (instead of the GEMM benches), with a table to paste");
+  app.add_option("--gemm-sweep-budget", sweep.budget_s,
+                 "seconds after which the sweep tries no new configuration")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--gemm-sweep-only", sweep.only, "projections to sweep (q_a, o, lm_head, ...)");
   CLI11_PARSE(app, argc, argv);
   try {
     auto backend = dsa::make_cuda_backend(device);
@@ -219,7 +228,11 @@ int main(int argc, char** argv) {
         ctx.copy_gbs, ctx.empty_launch_us, ctx.bf16_tflops);
     if (!skip_store) dsa::bench::run_store_benches(ctx);
     if (!skip_attention) dsa::bench::run_attention_benches(ctx);
-    if (!skip_gemm) dsa::bench::run_gemm_benches(ctx);
+    if (gemm_sweep) {
+      dsa::bench::run_gemm_sweep(ctx, sweep);
+    } else if (!skip_gemm) {
+      dsa::bench::run_gemm_benches(ctx);
+    }
     dsa::bench::print_table(ctx);
     if (!json_path.empty()) {
       std::ofstream(json_path) << dsa::bench::to_json(ctx).dump(2) << "\n";

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/runner.h"
@@ -359,6 +360,38 @@ TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
           << s.name << " m=" << m;
     }
   }
+}
+
+// The tile configuration and the way split partials are reduced never change a bit (the
+// invariance argument of gemm_tensor.cu, 2. and 3.): every tile, with the fused reduction and
+// with the reduce kernel, gives the default's bytes, at m = 1 and m = 70, for a split shape with a
+// ragged last slice, an unaligned one, batched n-contiguous weights and a shape with one slice.
+TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
+  const std::vector<Shape> shapes = {
+      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f, 0, 8, 0},
+      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 1, 3, 3},
+      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
+      {"one slice", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 0, 0, 0},
+  };
+  for (const Shape& s : shapes) {
+    Problem pr(s, 70, 31 + uint64_t(s.n));
+    for (int m : {1, 70}) {
+      set_gemm_invariant_tuning(*cuda_, {});
+      const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      for (int tile = 0; tile < cuda::gemm_invariant_tile_count(); ++tile) {
+        for (int reduce : {0, 1}) {
+          cuda::GemmInvariantTuning tuning;
+          tuning.tile = tile, tuning.reduce = reduce;
+          set_gemm_invariant_tuning(*cuda_, tuning);
+          const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+              << s.name << " m=" << m << ": tile " << cuda::gemm_invariant_tile_name(tile)
+              << (reduce ? ", fused reduction" : ", reduce kernel") << " differs from the default";
+        }
+      }
+    }
+  }
+  set_gemm_invariant_tuning(*cuda_, {});
 }
 
 // One probe row, alone, among 7 and among 255 rows of large garbage, at several positions and

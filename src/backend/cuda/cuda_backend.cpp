@@ -123,6 +123,17 @@ class CudaBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string describe() const override { return label(); }
   cudaStream_t stream() const { return stream_; }
+  // The invariant GEMM's knobs (set_gemm_invariant_tuning in cuda_backend.h).
+  void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) {
+    require(tuning.tile >= -1 && tuning.tile < cuda::gemm_invariant_tile_count(),
+            ErrorCode::kInvalidArgument, "gemm tuning: tile {} must be -1 or in [0, {})",
+            tuning.tile, cuda::gemm_invariant_tile_count());
+    require(tuning.splits >= 0, ErrorCode::kInvalidArgument, "gemm tuning: splits {} must be >= 0",
+            tuning.splits);
+    require(tuning.reduce >= -1 && tuning.reduce <= 1, ErrorCode::kInvalidArgument,
+            "gemm tuning: reduce {} must be -1, 0 or 1", tuning.reduce);
+    gemm_tuning_ = tuning;
+  }
 
   // ---- memory ----
   void* allocate(size_t bytes) override {
@@ -262,7 +273,8 @@ class CudaBackend final : public Backend {
   }
   void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
     gemm_scratch(x_elements);
-    gemm_partials(cuda::gemm_invariant_partial_floats_bound(max_rows));
+    gemm_partials(cuda::gemm_invariant_scratch_floats_bound(max_rows));
+    check(cuda::gemm_invariant_prepare(), "gemm_invariant_prepare()");
   }
   void audit_slots(const AuditSlotsParams& p) override {
     launched(cuda::audit_slots(p, stream_), "audit_slots");
@@ -330,10 +342,17 @@ class CudaBackend final : public Backend {
     return static_cast<Bf16*>(
         grown(gemm_scratch_, gemm_scratch_bytes_, elems * sizeof(Bf16), "bf16 x scratch"));
   }
-  // The split-K partial sums of the invariant GEMM.
+  // The split-K scratch of the invariant GEMM: its counters must start at zero, so a new buffer
+  // is cleared (outside capture, as every growth is).
   float* gemm_partials(size_t floats) {
-    return static_cast<float*>(
-        grown(gemm_partials_, gemm_partial_bytes_, floats * sizeof(float), "split-K partials"));
+    const size_t before = gemm_partial_bytes_;
+    void* buffer =
+        grown(gemm_partials_, gemm_partial_bytes_, floats * sizeof(float), "split-K partials");
+    if (gemm_partial_bytes_ != before) {
+      check(cudaMemsetAsync(buffer, 0, gemm_partial_bytes_, stream_),
+            "cudaMemsetAsync(gemm_partials_, 0, gemm_partial_bytes_, stream_)");
+    }
+    return static_cast<float*>(buffer);
   }
 
   // bf16(x) for the tensor-core paths: the producer's copy when it wrote one (batch 1), else a
@@ -361,9 +380,10 @@ class CudaBackend final : public Backend {
             "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
     if (p.m == 0 || p.batch == 0) return;
     const XBf16 xb = x_as_bf16(p);
-    float* partial = gemm_partials(cuda::gemm_invariant_partial_floats(p));
-    launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, partial, stream_),
-             "gemm_invariant");
+    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, gemm_tuning_));
+    launched(
+        cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, gemm_tuning_, stream_),
+        "gemm_invariant");
   }
 
   void gemm_cublaslt(const GemmParams& p);
@@ -390,6 +410,7 @@ class CudaBackend final : public Backend {
   size_t gemm_scratch_bytes_ = 0;
   void* gemm_partials_ = nullptr;
   size_t gemm_partial_bytes_ = 0;
+  cuda::GemmInvariantTuning gemm_tuning_;
 };
 
 // y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is
@@ -480,6 +501,13 @@ cudaStream_t cuda_stream(Backend& backend) {
   require(cuda != nullptr, ErrorCode::kInvalidArgument,
           "cuda_stream: backend '{}' is not a CUDA backend", backend.describe());
   return cuda->stream();
+}
+
+void set_gemm_invariant_tuning(Backend& backend, const cuda::GemmInvariantTuning& tuning) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  require(cuda != nullptr, ErrorCode::kInvalidArgument,
+          "set_gemm_invariant_tuning: backend '{}' is not a CUDA backend", backend.describe());
+  cuda->set_gemm_tuning(tuning);
 }
 
 bool cuda_available() {

@@ -11,17 +11,24 @@
 //
 // Batch invariance: the value of y[m, n] is a fixed function of row m of x, column n of w, K,
 // N and the batch count, never of the row count m or of the other rows:
-//   1. K is cut into `splits` slices of `slice_k` (a multiple of kBK) columns. splits and
-//      slice_k come from K, N and batch only (split_plan); never from m.
+//   1. K is cut into `splits` slices of `slice_k` (a multiple of kSliceGranule) columns. splits
+//      comes from K, N and batch only (split_plan: the default table, else a formula; a sweep's
+//      GemmInvariantTuning::splits fixes it for every shape alike); never from m or the tile.
 //   2. Within a slice, one warp owns the element and runs one chain of mma.sync over the
-//      slice's k16 blocks in ascending order, starting from +0. The tile shape over m and n (the
-//      three TileConfigs, picked by m) only decides WHICH warp runs the chain and where its
-//      row sits in the 16-row fragment; the tensor core computes each D[i][j] from row i of A,
-//      column j of B and C[i][j] alone, so the chain's bits do not depend on that. A k range
-//      past the slice end is zero-filled (adds +0 products, identically for every m).
+//      slice's k16 blocks in ascending order, starting from +0: exactly ceil(len / 16) blocks,
+//      the last one zero-filled past the slice end (+0 products; both operands are +0 there),
+//      and no block past it is ever multiplied (the compute loop stops at the slice end). The
+//      tile configuration (kTiles: rows and columns per CTA, k per stage, stages, warps; picked
+//      per call from m, n, k and batch) only decides WHICH warp runs the chain, where its row
+//      sits in the 16-row fragment and how many k16 blocks a pipeline stage holds; the tensor
+//      core computes each D[i][j] from row i of A, column j of B and C[i][j] alone, so the
+//      chain's bits do not depend on any of that.
 //   3. One slice: y = alpha * acc (or y + alpha * acc). Several: every slice writes its chain's
-//      result to `partial`, and reduce_splits_kernel adds them in slice order 0, 1, ... in f32
-//      (__fadd_rn), then applies alpha the same way.
+//      result to `partial`, and they are added in slice order 0, 1, ... in f32 (__fadd_rn),
+//      then alpha applied the same way: by the last CTA of the output tile to arrive (fused,
+//      counted with one atomic counter per tile) or by reduce_splits_kernel; the two run the
+//      same additions on the same values, so which one runs (or which CTA is last) never
+//      changes a bit.
 // Rows of x at or beyond m are never read (zero-filled) and rows of y beyond m never written.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments (PTX ISA, "Matrix Fragments for
@@ -31,17 +38,21 @@
 //                                   a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
 //   B (16 x 8, "col-major", 2 regs): b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
 //   C, D (16 x 8 f32, 4 regs): c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
-// Shared memory: x as xs[row][k]; kNK weights as ws[col][k]; each row kRow = kBK + 8 bf16 (80 B:
-// a multiple of 16 B for cp.async, and the 8 rows g of one fragment load fall in distinct banks:
-// 20 g + t words mod 32 are all different). kKN weights stay n-contiguous, ws[k][col] with rows
-// of kBN + 8 bf16, and a B register is two 16-bit loads a row apart (rows 2t and 2t + 1 land
-// 8 t words apart mod 32: no conflicts either).
+// The fragments come from shared memory by ldmatrix (four 8 x 8 matrices per instruction; the
+// lane-to-row map is at the kernel). Shared memory: x as xs[row][k]; kNK weights as ws[col][k];
+// each row kBK + 8 bf16 (80, 144 or 272 B: a multiple of 16 B for cp.async and ldmatrix, and
+// the 8 rows of one 8 x 8 matrix start in 8 distinct 16-byte bank groups, 5, 9 or 17 groups
+// apart mod 8). kKN weights stay n-contiguous, ws[k][col] with rows of kBN + 8 bf16 (the same
+// argument), read with ldmatrix.trans.
 //
 // Loads: 16-byte cp.async.cg (L2 only) when every address is 16-byte aligned (bases, row and
 // batch strides multiples of 8 elements; slice and stage starts are multiples of kBK, tile
 // columns multiples of 8), else element loads with zero fill, for any k, n and m. kStages-deep
 // pipeline: the standard wait_group(kStages - 2) / __syncthreads / prefetch / compute loop.
+// Shared memory is dynamic (up to 162 KiB per CTA); each kernel opts in once per device.
 #include <algorithm>
+#include <atomic>
+#include <iterator>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
@@ -49,41 +60,45 @@
 namespace dsa::cuda {
 namespace {
 
-constexpr int kBK = 32;                     // k per pipeline stage
-constexpr int kRow = kBK + 8;               // bf16 per shared-memory row (80 B)
+constexpr int kSliceGranule = 128;          // slice_k is a multiple of it; every kBK divides it
 constexpr int kSplitRefCols = 32;           // the column width split_plan counts CTAs with
 constexpr int kSplitTargetCtas = 512;       // about four CTAs per SM of an H200 (132 SMs)
-constexpr int kMinSliceK = 512;             // a slice is never shorter
+constexpr int kMinSliceK = 512;             // a slice is never shorter (split_plan's own choice)
 constexpr int64_t kMaxPartialCols = 32768;  // splits * batch * n whenever splits > 1 (see below)
+// The arrival counters of the fused split reduction sit at the start of the scratch buffer, one
+// per output tile; a launch with more output tiles reduces with reduce_splits_kernel instead.
+constexpr int kSplitCounters = 16384;
 
-template <int kWarpsM_, int kWarpsN_, int kTilesM_, int kTilesN_, int kStages_>
+template <int kWarpsM_, int kWarpsN_, int kTilesM_, int kTilesN_, int kBK_, int kStages_>
 struct TileConfig {
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;  // warps over m and n
   static constexpr int kTilesM = kTilesM_, kTilesN = kTilesN_;  // m16 and n8 tiles per warp
+  static constexpr int kBK = kBK_;                              // k per pipeline stage
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBM = 16 * kTilesM * kWarpsM;
   static constexpr int kBN = 8 * kTilesN * kWarpsN;
-  // x [kBM][kRow], then w as [kBN][kRow] (kNK) or [kBK][kBN + 8] (kKN), the larger of the two.
+  static constexpr int kRow = kBK + 8;   // bf16 per k-contiguous shared row
+  static constexpr int kRowN = kBN + 8;  // bf16 per n-contiguous shared row (kKN weights)
+  // x [kBM][kRow], then w as [kBN][kRow] (kNK) or [kBK][kRowN] (kKN), the larger of the two.
   static constexpr int kStageElems =
-      kBM * kRow + (kBN * kRow > kBK * (kBN + 8) ? kBN * kRow : kBK * (kBN + 8));
+      kBM * kRow + (kBN * kRow > kBK * kRowN ? kBN * kRow : kBK * kRowN);
   static constexpr int kSmemBytes = kStages * kStageElems * 2;
-  static_assert(kSmemBytes <= 48 * 1024, "static shared memory is limited to 48 KiB");
+  static_assert(kTilesN % 2 == 0, "B fragments come two n8 tiles per ldmatrix.x4");
+  static_assert(kSliceGranule % kBK == 0 && kBK % 16 == 0, "a stage holds whole k16 blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
-// m <= 16 (decode): 16 x 32 tiles, 4 warps side by side over n, a 6-deep weight stream.
-using SmallM = TileConfig<1, 4, 1, 1, 6>;   // 23,040 B of shared memory
-using MediumM = TileConfig<2, 4, 2, 2, 4>;  // m <= 64: 64 x 64 tiles, 40,960 B
-using LargeM = TileConfig<4, 2, 2, 4, 3>;   // 128 x 64 tiles, 46,080 B
 
 struct TcParams {
-  const uint16_t* x;  // bf16 bits [batch][m, k]: row stride ld_x, batch stride bs_x
-  const uint16_t* w;  // bf16 bits [batch][n, k] (nk) or [batch][k, n], row stride ld_w
-  float* y;           // [batch][m, n], row stride ld_y, batch stride bs_y
-  float* partial;     // [splits][batch][m][n] when splits > 1
+  const uint16_t* x;   // bf16 bits [batch][m, k]: row stride ld_x, batch stride bs_x
+  const uint16_t* w;   // bf16 bits [batch][n, k] (nk) or [batch][k, n], row stride ld_w
+  float* y;            // [batch][m, n], row stride ld_y, batch stride bs_y
+  float* partial;      // [splits][batch][m][n] when splits > 1
+  unsigned* counters;  // one per output tile, zero at rest, when fused (splits > 1)
   int m, n, k, batch, splits, slice_k;
   int64_t ld_x, ld_w, ld_y, bs_x, bs_w, bs_y;
   float alpha;
-  bool nk, accumulate, vec_x, vec_w;
+  bool nk, accumulate, vec_x, vec_w, fused;
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
@@ -97,96 +112,106 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-__device__ __forceinline__ uint32_t lds32(const uint16_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+
+// Four 8 x 8 b16 matrices: lane 8 i + r gives the address of row r of matrix i (16 bytes), and
+// register i of lane 4 g + t receives row g, columns 2t and 2t + 1 of matrix i (the lower column
+// in the low half). With .trans, columns and rows swap: rows 2t and 2t + 1 of column g.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 
 // d (+)= a * b on one m16n8k16 fragment triple (layouts in the header comment).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Rows [row0, row0 + kRows) x k [k0, k0 + kBK) of a k-contiguous bf16 matrix into dst[kRows][kRow].
-// Rows >= row_end and k >= k_end become +0 and are never read.
-template <int kRows, int kThreads>
-__device__ __forceinline__ void load_k_contiguous(uint16_t* dst, const uint16_t* src, int64_t ld,
-                                                  int row0, int row_end, int k0, int k_end,
-                                                  bool vec) {
-  constexpr int kChunksPerRow = kBK / 8;  // 16-byte chunks
-  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
-    uint16_t* d = dst + r * kRow + kc;  // 16-byte aligned: r * 80 B + kc * 2 B
-    const int row = row0 + r, k = k0 + kc;
-    const uint16_t* s = src + int64_t(row) * ld + k;
-    if (vec && row < row_end && k + 8 <= k_end) {
-      cp_async16(d, s);
-    } else {
-      uint16_t v[8];
+// 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
+// element loads with zero fill (nothing is read for an out-of-range element).
+__device__ __forceinline__ void load_chunk(uint16_t* d, const uint16_t* s, bool row_ok, int avail,
+                                           bool vec) {
+  if (!row_ok || avail <= 0) {
+    *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  } else if (vec && avail >= 8) {
+    cp_async16(d, s);
+  } else {
+    uint16_t v[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = row < row_end && k + i < k_end ? s[i] : uint16_t(0);
-      uint4 packed;
-      packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-      packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-      packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-      packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-      *reinterpret_cast<uint4*>(d) = packed;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = i < avail ? s[i] : uint16_t(0);
+    uint4 packed;
+    packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+    packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+    packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+    packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+    *reinterpret_cast<uint4*>(d) = packed;
   }
 }
 
-// k [k0, k0 + kBK) x columns [n0, n0 + kCols) of a [k, n] bf16 matrix (kKN) into
-// dst[kBK][kCols + 8], n-contiguous as in memory; the B fragments are gathered from it 16 bits at
-// a time. Columns >= n_end and k >= k_end become +0 and are never read.
-template <int kCols, int kThreads>
+// Rows [row0, row0 + kRows) x k [k0, k0 + kBK) of a k-contiguous bf16 matrix into
+// dst[kRows][kBK + 8]. Rows >= row_end and k >= k_end become +0 and are never read.
+template <class C, int kRows>
+__device__ __forceinline__ void load_k_contiguous(uint16_t* dst, const uint16_t* src, int64_t ld,
+                                                  int row0, int row_end, int k0, int k_end,
+                                                  bool vec) {
+  constexpr int kChunksPerRow = C::kBK / 8;  // 16-byte chunks
+#pragma unroll 4
+  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += C::kThreads) {
+    const int r = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
+    const int row = row0 + r, k = k0 + kc;
+    load_chunk(dst + r * C::kRow + kc, src + int64_t(row) * ld + k, row < row_end, k_end - k, vec);
+  }
+}
+
+// k [k0, k0 + kBK) x columns [n0, n0 + kBN) of a [k, n] bf16 matrix (kKN) into
+// dst[kBK][kBN + 8], n-contiguous as in memory. Columns >= n_end and k >= k_end become +0.
+template <class C>
 __device__ __forceinline__ void load_n_contiguous(uint16_t* dst, const uint16_t* src, int64_t ld,
                                                   int n0, int n_end, int k0, int k_end, bool vec) {
-  constexpr int kChunksPerRow = kCols / 8, kRowN = kCols + 8;
-  for (int c = threadIdx.x; c < kBK * kChunksPerRow; c += kThreads) {
+  constexpr int kChunksPerRow = C::kBN / 8;
+#pragma unroll 4
+  for (int c = threadIdx.x; c < C::kBK * kChunksPerRow; c += C::kThreads) {
     const int kk = c / kChunksPerRow, nc = (c % kChunksPerRow) * 8;
-    uint16_t* d = dst + kk * kRowN + nc;  // 16-byte aligned: kRowN * 2 is 80 or 144 B
     const int k = k0 + kk, n = n0 + nc;
-    const uint16_t* s = src + int64_t(k) * ld + n;
-    if (vec && k < k_end && n + 8 <= n_end) {
-      cp_async16(d, s);
-    } else {
-      uint16_t v[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = k < k_end && n + i < n_end ? s[i] : uint16_t(0);
-      uint4 packed;
-      packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-      packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-      packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-      packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-      *reinterpret_cast<uint4*>(d) = packed;
-    }
+    load_chunk(dst + kk * C::kRowN + nc, src + int64_t(k) * ld + n, k < k_end, n_end - n, vec);
   }
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
-  __shared__ __align__(16) uint16_t smem[C::kStages * C::kStageElems];
+__global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p) {
+  extern __shared__ __align__(16) uint16_t smem[];
   const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
-  const int m0 = int(blockIdx.y) * C::kBM, n0 = int(blockIdx.x) * C::kBN;
+  // m tiles are the fastest grid index: the CTAs that share a weight tile run side by side, so
+  // its second reader finds it in L2 (x, the small operand, is what is read again).
+  const int m0 = int(blockIdx.x) * C::kBM, n0 = int(blockIdx.y) * C::kBN;
   const int k_begin = s * p.slice_k;
   const int k_end = min(p.k, k_begin + p.slice_k);
-  const int tiles = (k_end - k_begin + kBK - 1) / kBK;
+  const int k_len = k_end - k_begin;
+  const int tiles = (k_len + C::kBK - 1) / C::kBK;
   const uint16_t* x = p.x + int64_t(b) * p.bs_x;
   const uint16_t* w = p.w + int64_t(b) * p.bs_w;
 
   auto load_stage = [&](int stage, int tile) {
     uint16_t* xs = smem + stage * C::kStageElems;
-    uint16_t* ws = xs + C::kBM * kRow;
-    const int k0 = k_begin + tile * kBK;
-    load_k_contiguous<C::kBM, C::kThreads>(xs, x, p.ld_x, m0, p.m, k0, k_end, p.vec_x);
+    uint16_t* ws = xs + C::kBM * C::kRow;
+    const int k0 = k_begin + tile * C::kBK;
+    load_k_contiguous<C, C::kBM>(xs, x, p.ld_x, m0, p.m, k0, k_end, p.vec_x);
     if (p.nk) {
-      load_k_contiguous<C::kBN, C::kThreads>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
+      load_k_contiguous<C, C::kBN>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
     } else {
-      load_n_contiguous<C::kBN, C::kThreads>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
+      load_n_contiguous<C>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
     }
   };
 
@@ -194,6 +219,17 @@ __global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
   const int g = lane / 4, t = lane % 4;
   const int warp_m = (warp / C::kWarpsN) * C::kTilesM * 16;  // the warp's first row in the tile
   const int warp_n = (warp % C::kWarpsN) * C::kTilesN * 8;   // and its first column
+  // This lane's ldmatrix row addresses (see ldmatrix_x4), as offsets into a stage:
+  //   A, m16 tile i: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+  //     (rows 8-15, k 8-15) are a0..a3; lane l gives row l % 16 at k 8 (l / 16).
+  //   B nk (ws[n][k]), n8 tiles j, j + 1: (n 0-7, k 0-7), (n 0-7, k 8-15) are b0, b1 of tile j
+  //     and the next two those of tile j + 1; lane l gives column 8 (l / 16) + l % 8 at
+  //     k 8 ((l / 8) % 2).
+  //   B kn (ws[k][n], .trans): the same four matrices stored k-major; lane l gives k row
+  //     8 ((l / 8) % 2) + l % 8 at column 8 (l / 16).
+  const int a_off = (warp_m + lane % 16) * C::kRow + 8 * (lane / 16);
+  const int b_off = p.nk ? (warp_n + 8 * (lane / 16) + lane % 8) * C::kRow + 8 * ((lane / 8) % 2)
+                         : (8 * ((lane / 8) % 2) + lane % 8) * C::kRowN + warp_n + 8 * (lane / 16);
   float acc[C::kTilesM][C::kTilesN][4];
 #pragma unroll
   for (int i = 0; i < C::kTilesM; ++i) {
@@ -216,35 +252,28 @@ __global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
     cp_async_commit();
 
     const uint16_t* xs = smem + (kt % C::kStages) * C::kStageElems;
-    const uint16_t* ws = xs + C::kBM * kRow;
+    const uint16_t* ws = xs + C::kBM * C::kRow;
+    const int k_valid = k_len - kt * C::kBK;  // > 0: the k16 blocks at or past it are skipped
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
+    for (int kk = 0; kk < C::kBK; kk += 16) {
+      if (kk >= k_valid) break;
       uint32_t a[C::kTilesM][4], bw[C::kTilesN][2];
 #pragma unroll
-      for (int i = 0; i < C::kTilesM; ++i) {
-        const uint16_t* r = xs + (warp_m + 16 * i + g) * kRow + kk + 2 * t;
-        a[i][0] = lds32(r);
-        a[i][1] = lds32(r + 8 * kRow);
-        a[i][2] = lds32(r + 8);
-        a[i][3] = lds32(r + 8 * kRow + 8);
-      }
+      for (int i = 0; i < C::kTilesM; ++i) ldmatrix_x4(a[i], xs + a_off + 16 * i * C::kRow + kk);
 #pragma unroll
-      for (int j = 0; j < C::kTilesN; ++j) {
-        if (p.nk) {  // ws[n][k]: k pairs are adjacent
-          const uint16_t* c = ws + (warp_n + 8 * j + g) * kRow + kk + 2 * t;
-          bw[j][0] = lds32(c);
-          bw[j][1] = lds32(c + 8);
-        } else {  // ws[k][n]: k pairs are a row apart
-          constexpr int kRowN = C::kBN + 8;
-          const uint16_t* c = ws + (kk + 2 * t) * kRowN + warp_n + 8 * j + g;
-          bw[j][0] = uint32_t(c[0]) | uint32_t(c[kRowN]) << 16;
-          bw[j][1] = uint32_t(c[8 * kRowN]) | uint32_t(c[9 * kRowN]) << 16;
+      for (int j = 0; j < C::kTilesN; j += 2) {
+        uint32_t r[4];
+        if (p.nk) {
+          ldmatrix_x4(r, ws + b_off + 8 * j * C::kRow + kk);
+        } else {
+          ldmatrix_x4_trans(r, ws + b_off + kk * C::kRowN + 8 * j);
         }
+        bw[j][0] = r[0], bw[j][1] = r[1], bw[j + 1][0] = r[2], bw[j + 1][1] = r[3];
       }
 #pragma unroll
       for (int i = 0; i < C::kTilesM; ++i) {
 #pragma unroll
-        for (int j = 0; j < C::kTilesN; ++j) mma_bf16(acc[i][j], a[i], bw[j]);
+        for (int j = 0; j < C::kTilesN; ++j) mma_bf16(acc[i][j], a[i], bw[j][0], bw[j][1]);
       }
     }
   }
@@ -269,6 +298,35 @@ __global__ void __launch_bounds__(C::kThreads) gemm_tensor_kernel(TcParams p) {
       }
     }
   }
+  if (p.splits == 1 || !p.fused) return;
+
+  // The fused reduction: the last CTA of this output tile to arrive (any slice) sums the tile's
+  // partials in slice order 0, 1, ..., exactly as reduce_splits_kernel does, so which CTA comes
+  // last never changes a bit. Release: every thread fences its partial stores before thread 0
+  // counts the arrival; acquire: the last CTA fences again and reads the partials from L2.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = p.counters + (int64_t(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  // (one counter per (batch entry, n tile, m tile): the same for every slice of the tile)
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
+    if (last) *counter = 0;  // every slice has arrived: zero again for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int rows = min(C::kBM, p.m - m0), cols = min(C::kBN, p.n - n0);
+  const int64_t per_slice = int64_t(p.batch) * p.m * p.n;
+  for (int e = threadIdx.x; e < rows * cols; e += C::kThreads) {
+    const int row = m0 + e / cols, col = n0 + e % cols;
+    const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
+    float sum = __ldcg(part);
+    for (int sl = 1; sl < p.splits; ++sl) sum = __fadd_rn(sum, __ldcg(part + sl * per_slice));
+    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
+    const float scaled = __fmul_rn(p.alpha, sum);
+    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+  }
 }
 
 // y = alpha * (((partial_0 + partial_1) + partial_2) + ...), or y + that; one thread an element.
@@ -286,48 +344,193 @@ __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
   *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
 }
 
+// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (on the current
+// one; gemm_invariant_prepare does it for every tile before any capture).
+template <class C>
+cudaError_t opt_in(bool force) {
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (force || !(opted_in.load(std::memory_order_relaxed) & bit)) {
+    err = cudaFuncSetAttribute(gemm_tensor_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
+template <class C>
+cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
+  const cudaError_t err = opt_in<C>(false);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(ceil_div(p.m, C::kBM), ceil_div(p.n, C::kBN), unsigned(p.batch * p.splits));
+  gemm_tensor_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+struct TileEntry {
+  const char* name;
+  cudaError_t (*launch)(const TcParams&, cudaStream_t);
+  cudaError_t (*opt_in)(bool force);
+  int bm, bn;
+};
+template <class C>
+constexpr TileEntry entry(const char* name) {
+  return {name, &launch_tiles<C>, &opt_in<C>, C::kBM, C::kBN};
+}
+// The tile configurations, by index (GemmInvariantTuning::tile and the default table name them
+// by it). Every one runs the same chains (header comment, 2.), so the choice is free per call.
+// Name: rows x columns per CTA, k per stage, stages; then threads and shared memory per CTA.
+constexpr TileEntry kTiles[] = {
+    entry<TileConfig<1, 2, 1, 2, 32, 6>>("16x32.k32.s6"),     // 0: 64, 22.5 KiB
+    entry<TileConfig<1, 4, 1, 2, 64, 6>>("16x64.k64.s6"),     // 1: 128, 67.5 KiB
+    entry<TileConfig<1, 4, 1, 2, 128, 4>>("16x64.k128.s4"),   // 2: 128, 89 KiB
+    entry<TileConfig<1, 8, 1, 2, 64, 6>>("16x128.k64.s6"),    // 3: 256, 121.5 KiB
+    entry<TileConfig<1, 8, 1, 2, 128, 4>>("16x128.k128.s4"),  // 4: 256, 153 KiB
+    entry<TileConfig<2, 2, 2, 4, 64, 4>>("64x64.k64.s4"),     // 5: 128, 72 KiB
+    entry<TileConfig<2, 4, 2, 4, 64, 4>>("64x128.k64.s4"),    // 6: 256, 108 KiB
+    entry<TileConfig<2, 2, 2, 8, 32, 6>>("64x128.k32.s6"),    // 7: 128, 90 KiB
+    entry<TileConfig<2, 4, 4, 4, 32, 4>>("128x128.k32.s4"),   // 8: 256, 80 KiB
+    entry<TileConfig<2, 4, 4, 4, 64, 3>>("128x128.k64.s3"),   // 9: 256, 108 KiB
+    entry<TileConfig<2, 4, 4, 8, 32, 4>>("128x256.k32.s4"),   // 10: 256, 120 KiB
+    entry<TileConfig<2, 4, 4, 8, 64, 3>>("128x256.k64.s3"),   // 11: 256, 162 KiB
+    entry<TileConfig<4, 2, 4, 8, 64, 3>>("256x128.k64.s3"),   // 12: 256, 162 KiB
+    entry<TileConfig<1, 8, 1, 4, 64, 4>>("16x256.k64.s4"),    // 13: 256, 153 KiB
+    entry<TileConfig<2, 4, 2, 8, 64, 3>>("64x256.k64.s3"),    // 14: 256, 135 KiB
+};
+constexpr int kTileCount = int(std::size(kTiles));
+
+// The default table. Per shape (n, k, batch): the split count (0: split_plan's formula) and the
+// tile for each class of m: m <= 16, m <= 64, m > 64 (-1: the class default below). Chosen from
+// a sweep of dsa_gpu_bench --gemm-sweep (scripts/gpu-gemm-sweep.sh) on an H200. The split count
+// is per shape, never per class: that is the invariance (header comment, 1.).
+struct ShapeChoice {
+  int n, k, batch, splits;
+  int tile[3];
+};
+constexpr int kClassTile[3] = {
+    2, 6, 6};  // 16 x 64 k128, 64 x 128 k64 (the sweep: it beat 128 x 128 at B = 256)
+constexpr ShapeChoice kShapeTable[] = {
+    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them): the sweep of 2026-12-03 on the
+    // H200 (bench/results/2026-12-03-h200-gemm-sweep.md), one split count per shape with the
+    // smallest worst ratio to cuBLASLt over B = 1, 8, 64, 256. wk and weights_proj ran out of the
+    // sweep's budget: the formula's split count, the tile that won their B <= 64 runs, and for
+    // m > 64 the tile that won kv_a (the closest shape).
+    {1536, 7168, 1, 4, {2, 1, 6}},        // q_a
+    {128 * 192, 1536, 1, 1, {1, 6, 6}},   // q_b
+    {576, 7168, 1, 8, {2, 1, 5}},         // kv_a
+    {512, 128, 128, 1, {13, 9, 6}},       // kv_b absorb (kKN)
+    {128, 512, 128, 1, {4, 6, 12}},       // kv_b up
+    {7168, 128 * 128, 1, 2, {2, 6, 11}},  // o
+    {64 * 128, 1536, 1, 1, {2, 5, 6}},    // indexer wq_b
+    {128, 7168, 1, 0, {2, 2, 5}},         // indexer wk
+    {64, 7168, 1, 0, {2, 2, 5}},          // indexer weights_proj
+    {18432, 7168, 1, 2, {1, 6, 6}},       // mlp gate / up
+    {7168, 18432, 1, 2, {2, 6, 11}},      // mlp down
+    {32768, 7168, 1, 1, {13, 6, 11}},     // lm_head
+};
+// Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
+// bound below relies on it).
+constexpr bool table_within_partial_bound() {
+  for (const ShapeChoice& c : kShapeTable) {
+    if (c.splits > 1 && int64_t(c.splits) * c.batch * c.n > kMaxPartialCols) return false;
+    for (int t : c.tile) {
+      if (t < -1 || t >= kTileCount) return false;
+    }
+  }
+  return true;
+}
+static_assert(table_within_partial_bound(), "a table entry breaks the scratch bound or a tile");
+
+const ShapeChoice* find_shape(int n, int k, int batch) {
+  for (const ShapeChoice& c : kShapeTable) {
+    if (c.n == n && c.k == k && c.batch == batch) return &c;
+  }
+  return nullptr;
+}
+
 struct SplitPlan {
   int splits, slice_k;
 };
 
-// From K, N and batch only (never m), so every row of every batch size sums in the same order.
-// Few output tiles (small n, one weight matrix) leave SMs idle at decode sizes, so K is cut
-// until about kSplitTargetCtas CTAs of kSplitRefCols columns exist, but never into slices
+// From K, N and batch only (never m), so every row of every batch size sums in the same order:
+// the tuning's count when it gives one (the sweep), else the table's, else the formula. Few
+// output tiles (small n, one weight matrix) leave SMs idle at decode sizes, so the formula cuts
+// K until about kSplitTargetCtas CTAs of kSplitRefCols columns exist, but never into slices
 // shorter than kMinSliceK. When splits > 1: batch * ceil(n / 32) = c < 512 and
 // splits <= ceil(512 / c), so splits * batch * n <= (512 / c + 1) * 32 c < 32768 =
-// kMaxPartialCols, which bounds the partial buffer at kMaxPartialCols floats per row of x.
-SplitPlan split_plan(int n, int k, int batch) {
-  const int64_t ctas = int64_t(batch) * ceil_div(n, kSplitRefCols);
+// kMaxPartialCols, which bounds the partial buffer at kMaxPartialCols floats per row of x
+// (table_within_partial_bound checks the table's counts against the same bound).
+SplitPlan split_plan(int n, int k, int batch, const GemmInvariantTuning& tuning) {
   int splits = 1;
-  if (ctas < kSplitTargetCtas) {
-    splits = int(ceil_div(int64_t(kSplitTargetCtas), ctas));
-    splits = std::min(splits, std::max(1, k / kMinSliceK));
+  const ShapeChoice* choice = find_shape(n, k, batch);
+  if (tuning.splits > 0) {
+    splits = tuning.splits;
+  } else if (choice && choice->splits > 0) {
+    splits = choice->splits;
+  } else {
+    const int64_t ctas = int64_t(batch) * ceil_div(n, kSplitRefCols);
+    if (ctas < kSplitTargetCtas) {
+      splits = int(ceil_div(int64_t(kSplitTargetCtas), ctas));
+      splits = std::min(splits, std::max(1, k / kMinSliceK));
+    }
   }
-  const int slice_k = int(ceil_div(ceil_div(k, splits), kBK) * kBK);
+  const int slice_k = int(ceil_div(ceil_div(k, splits), kSliceGranule) * kSliceGranule);
   return {int(ceil_div(k, slice_k)), slice_k};
 }
 
-template <class C>
-void launch_tiles(const TcParams& p, cudaStream_t stream) {
-  const dim3 grid(unsigned(ceil_div(p.n, C::kBN)), unsigned(ceil_div(p.m, C::kBM)),
-                  unsigned(p.batch * p.splits));
-  gemm_tensor_kernel<C><<<grid, C::kThreads, 0, stream>>>(p);
+// Any function of anything may pick the tile (it never changes a bit); this one uses m's class.
+int pick_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
+  if (tuning.tile >= 0 && tuning.tile < kTileCount) return tuning.tile;
+  const int cls = m <= 16 ? 0 : m <= 64 ? 1 : 2;
+  const ShapeChoice* choice = find_shape(n, k, batch);
+  if (choice && choice->tile[cls] >= 0) return choice->tile[cls];
+  return kClassTile[cls];
+}
+
+size_t partial_floats(const GemmParams& p, const SplitPlan& plan) {
+  return plan.splits == 1 ? 0 : size_t(plan.splits) * p.batch * p.m * p.n;
 }
 
 }  // namespace
 
-size_t gemm_invariant_partial_floats(const GemmParams& p) {
-  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0) return 0;
-  const SplitPlan plan = split_plan(p.n, p.k, p.batch);
-  return plan.splits == 1 ? 0 : size_t(plan.splits) * p.batch * p.m * p.n;
+int gemm_invariant_tile_count() { return kTileCount; }
+const char* gemm_invariant_tile_name(int tile) {
+  return tile >= 0 && tile < kTileCount ? kTiles[tile].name : "default";
+}
+int gemm_invariant_tile_rows(int tile) {
+  return tile >= 0 && tile < kTileCount ? kTiles[tile].bm : 0;
+}
+int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning) {
+  return n > 0 && k > 0 && batch > 0 ? split_plan(n, k, batch, tuning).splits : 0;
+}
+int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
+  return pick_tile(m, n, k, batch, tuning);
 }
 
-size_t gemm_invariant_partial_floats_bound(int max_rows) {
-  return size_t(std::max(max_rows, 0)) * size_t(kMaxPartialCols);
+cudaError_t gemm_invariant_prepare() {
+  for (const TileEntry& tile : kTiles) {
+    const cudaError_t err = tile.opt_in(true);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning) {
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0) return 0;
+  const size_t partial = partial_floats(p, split_plan(p.n, p.k, p.batch, tuning));
+  return partial == 0 ? 0 : kSplitCounters + partial;
+}
+
+size_t gemm_invariant_scratch_floats_bound(int max_rows) {
+  return kSplitCounters + size_t(std::max(max_rows, 0)) * size_t(kMaxPartialCols);
 }
 
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
-                           float* partial, cudaStream_t stream) {
+                           float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream) {
   const int64_t w_row = p.layout == WeightLayout::kNK ? p.k : p.n;
   if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.batch < 0 || ld_xb < p.k || p.ld_y < p.n ||
       p.ld_w < w_row) {
@@ -335,17 +538,20 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   }
   if (p.m == 0 || p.batch == 0) return cudaSuccess;
   if (!x_bf16 || !p.w || !p.y) return cudaErrorInvalidValue;
-  const SplitPlan plan = split_plan(p.n, p.k, p.batch);
-  if (int64_t(p.batch) * plan.splits > 65535 || ceil_div(p.m, 16) > 65535) {
+  const SplitPlan plan = split_plan(p.n, p.k, p.batch, tuning);
+  const TileEntry& tile = kTiles[pick_tile(p.m, p.n, p.k, p.batch, tuning)];
+  const int64_t tiles_n = ceil_div(p.n, tile.bn), tiles_m = ceil_div(p.m, tile.bm);
+  if (int64_t(p.batch) * plan.splits > 65535 || tiles_n > 65535) {
     return cudaErrorInvalidValue;  // grid.z and grid.y limits
   }
-  if (plan.splits > 1 && !partial) return cudaErrorInvalidValue;
+  if (plan.splits > 1 && !scratch) return cudaErrorInvalidValue;
 
   TcParams t;
   t.x = reinterpret_cast<const uint16_t*>(x_bf16);
   t.w = reinterpret_cast<const uint16_t*>(p.w);
   t.y = p.y;
-  t.partial = partial;
+  t.counters = reinterpret_cast<unsigned*>(scratch);
+  t.partial = scratch ? scratch + kSplitCounters : nullptr;
   t.m = p.m, t.n = p.n, t.k = p.k, t.batch = p.batch;
   t.splits = plan.splits, t.slice_k = plan.slice_k;
   t.ld_x = ld_xb, t.ld_w = p.ld_w, t.ld_y = p.ld_y;
@@ -357,22 +563,15 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   // strides in multiples of 8 bf16 (chunk offsets within a row are multiples of 8 already).
   t.vec_x = aligned16(x_bf16) && ld_xb % 8 == 0 && (p.batch == 1 || bs_xb % 8 == 0);
   t.vec_w = aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
+  // The fused reduction needs one counter per output tile; either way gives the same bits.
+  t.fused = plan.splits > 1 && tuning.reduce != 0 &&
+            int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
 
-  if (p.m <= SmallM::kBM) {
-    launch_tiles<SmallM>(t, stream);
-  } else if (p.m <= MediumM::kBM) {
-    launch_tiles<MediumM>(t, stream);
-  } else {
-    launch_tiles<LargeM>(t, stream);
-  }
-  if (plan.splits > 1) {
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    const int64_t total = int64_t(p.batch) * p.m * p.n;
-    constexpr int kThreads = 256;
-    reduce_splits_kernel<<<unsigned(ceil_div(total, int64_t(kThreads))), kThreads, 0, stream>>>(
-        t, total);
-  }
+  const cudaError_t err = tile.launch(t, stream);
+  if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
+  const int64_t total = int64_t(p.batch) * p.m * p.n;
+  constexpr int kThreads = 256;
+  reduce_splits_kernel<<<ceil_div(total, int64_t(kThreads)), kThreads, 0, stream>>>(t, total);
   return cudaGetLastError();
 }
 

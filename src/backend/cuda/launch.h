@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "dsa/ops.h"
 
 namespace dsa::cuda {
@@ -17,12 +18,18 @@ cudaError_t hadamard(const HadamardParams& p, cudaStream_t stream);    // hadama
 cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
 // GemmMode::kBatchInvariant (gemm_tensor.cu): tensor cores on bf16(x), a reduction order fixed
 // by k, n and batch. x_bf16 is bf16(p.x), [batch][m, k] with row stride ld_xb and batch stride
-// bs_xb (p.x itself is not read); partial holds gemm_invariant_partial_floats(p) floats.
+// bs_xb (p.x itself is not read). scratch holds gemm_invariant_scratch_floats(p, tuning) floats
+// (split-K counters, then partial sums); it must be zero when first allocated, and every launch
+// leaves its counters zero again. tuning: see GemmInvariantTuning (cuda_backend.h).
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
-                           float* partial, cudaStream_t stream);
-size_t gemm_invariant_partial_floats(const GemmParams& p);
-// The most gemm_invariant_partial_floats returns for any shape with m <= max_rows.
-size_t gemm_invariant_partial_floats_bound(int max_rows);
+                           float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream);
+size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning);
+// Lets every tile configuration use its shared memory on the current device; gemm_invariant
+// does it itself on first use, this does it ahead of a graph capture.
+cudaError_t gemm_invariant_prepare();
+// The most gemm_invariant_scratch_floats returns for any shape with m <= max_rows under the
+// default tuning.
+size_t gemm_invariant_scratch_floats_bound(int max_rows);
 cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream);    // elementwise.cu
 cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);  // elementwise.cu
 cudaError_t embed(const EmbedParams& p, cudaStream_t stream);      // elementwise.cu

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The invariant GEMM's tuning sweep. Runs ON the device, from the repository root, with the build
+# of scripts/gpu-build.sh carried (build-gpu/{lib,bench,tests,dsa}); about 240 s in all, every
+# step under `timeout`:
+#   - the GEMM parity tests (ParityGemm.*: within the bound against the CPU, bitwise batch
+#     invariance; ParityOps.GemmExactIsExact), on the default table;
+#   - compute-sanitizer memcheck and racecheck over the small-shape GEMM tests (the fused split
+#     reduction counts arrivals with atomics);
+#   - dsa_gpu_bench --gemm-sweep: every tile configuration and split count of the invariant GEMM
+#     on every V3.2 projection at B = 1, 8, 64, 256 against cuBLASLt, each run checked (nmse
+#     against cuBLASLt, row 0 bit for bit against every run of the same split count), in the
+#     time the earlier steps left (--gemm-sweep-budget).
+# Files in $OUT: sweep.log (everything), steps.tsv, parity.json, sweep.json, summary.md (the
+# best configuration per projection and B, its ratio to cuBLASLt, and the kShapeTable lines to
+# paste into src/backend/cuda/gemm_tensor.cu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+B=build-gpu
+export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
+LOG="$OUT/sweep.log"
+STEPS="$OUT/steps.tsv"
+: > "$LOG"
+: > "$STEPS"
+TOTAL_S=${TOTAL_S:-240}
+
+source scripts/gpu-steps.sh
+
+step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+step parity 150 "$B/tests/dsa_parity_tests" \
+  --gtest_filter='ParityGemm.*:ParityOps.GemmExactIsExact' --gtest_output="json:$OUT/parity.json"
+
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
+for tool in memcheck racecheck; do
+  (( SECONDS > TOTAL_S - 90 )) && break  # the sweep comes first when time is short
+  extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
+  step "sanitizer-$tool" 30 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
+    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+done
+
+# What is left, less the start (ceilings) and the summary: at least 40 s of sweeping.
+budget=$(( TOTAL_S - SECONDS - 25 ))
+(( budget < 40 )) && budget=40
+step gemm-sweep $(( budget + 25 )) "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
+  --gemm-sweep --gemm-sweep-budget "$budget" --json "$OUT/sweep.json"
+
+{
+  echo "# The invariant GEMM's sweep on the device"
+  echo
+  echo "| step | rc | s | note |"
+  echo "|---|---|---|---|"
+  awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$STEPS"
+  echo
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | sed 's/^/    /'
+  echo
+  echo "## Per projection and B: cuBLASLt, the default table, the best checked run"
+  echo
+  grep -E "^  sweep |SWEEP CHECK FAILED" "$LOG" | sed 's/^  /    /'
+  echo
+  sed -n '/^gemm sweep: per projection/,/^$/p' "$LOG" | sed 's/^/    /'
+  sed -n '/^gemm sweep: kShapeTable/,/^$/p' "$LOG" | sed 's/^/    /'
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
