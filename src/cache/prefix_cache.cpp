@@ -142,8 +142,8 @@ int32_t PrefixCache::tail_page(int64_t n_written, const PageTable& table) {
   return table.pages()[size_t(j)];
 }
 
-int32_t PrefixCache::keep_tail(std::span<const int32_t> tokens, int64_t n_written, PageTable& table,
-                               std::vector<int32_t>& freed) {
+int32_t PrefixCache::keep_tail(std::span<const int32_t> tokens, int64_t prompt_len,
+                               int64_t n_written, PageTable& table, std::vector<int32_t>& freed) {
   const int64_t j = table.shared_pages();
   if (!tail_page(n_written, table) || int64_t(tokens.size()) < n_written) return 0;
   const int32_t parent = j > 0 ? table.pages()[size_t(j - 1)] : 0;
@@ -162,6 +162,8 @@ int32_t PrefixCache::keep_tail(std::span<const int32_t> tokens, int64_t n_writte
   tail.parent = parent;
   tail.parent_serial = parent_serial;
   tail.tokens.assign(tokens.begin() + j * kPageSize, tokens.begin() + n_written);
+  tail.prompt_tokens =
+      std::clamp<int64_t>(prompt_len - j * kPageSize, 0, int64_t(tail.tokens.size()));
   tail.lru = lru_.insert(lru_.end(), page);
   tail_index_[parent_serial].push_back(page);  // `siblings` may be gone with evict_tail
   if (parent) nodes_.at(parent).tails.push_back(page);
@@ -181,10 +183,12 @@ PrefixCache::TailMatch PrefixCache::match_tail(std::span<const int32_t> tokens,
   const std::span<const int32_t> want = tokens.subspan(size_t(base), size_t(limit));
   for (int32_t page : it->second) {
     const Tail& tail = tails_.at(page);
-    const int64_t n = int64_t(tail.tokens.size());
-    if (n > best.tokens && n <= int64_t(want.size()) &&
-        std::equal(tail.tokens.begin(), tail.tokens.end(), want.begin())) {
-      best = {page, n};
+    const size_t n = std::min(tail.tokens.size(), want.size());
+    const auto diff =
+        std::mismatch(tail.tokens.begin(), tail.tokens.begin() + ptrdiff_t(n), want.begin());
+    const int64_t same = diff.first - tail.tokens.begin();
+    if (same >= std::max<int64_t>(tail.prompt_tokens, 1) && same > best.tokens) {
+      best = {page, same};
     }
   }
   return best;

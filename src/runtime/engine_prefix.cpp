@@ -49,10 +49,10 @@ int64_t Engine::drop_cached_pages() {
 }
 
 // At admission, for a request with no pages: shares the cached pages of its longest cached prefix
-// of whole pages, then the longest tail it continues whole, leaving at least its last
-// token to prefill (its logits are needed). Every page reused is verified by the auditor first; a
-// changed page is reported (naming everyone sharing it), poisoned, and the request takes only the
-// pages before it (and no tail).
+// of whole pages, then the tail it continues furthest (PrefixCache::match_tail), leaving at least
+// its last token to prefill (its logits are needed). Every page reused is verified by the auditor
+// first; a changed page is reported (naming everyone sharing it), poisoned, and the request takes
+// only the pages before it (and no tail).
 void Engine::share_cached_prefix(Request& r) {
   const int64_t max_pages = (r.prefill_end - 1) / kPageSize;
   std::vector<int32_t> pages = prefix_->match(r.seq, std::max<int64_t>(max_pages, 0));
@@ -106,7 +106,7 @@ void Engine::keep_tail(Request& r) {
     if (r.corrupted) return;
   }
   std::vector<int32_t> freed;
-  if (!prefix_->keep_tail(r.seq, r.n_cached, r.pages, freed)) return;
+  if (!prefix_->keep_tail(r.seq, r.prompt_len, r.n_cached, r.pages, freed)) return;
   if (!freed.empty()) {
     unwatch(freed);
     stats_.prefix_cache_evictions += int64_t(freed.size());

@@ -184,7 +184,9 @@ TEST(PrefixCache, ATailIsKeptAndTakenByTheOneRequestThatContinuesIt) {
   EXPECT_EQ(PrefixCache::tail_page(int64_t(tokens.size()), t), tail);
   EXPECT_EQ(PrefixCache::tail_page(2 * kPageSize, t), 0);  // nothing written past the full pages
   std::vector<int32_t> freed;
-  EXPECT_EQ(cache.keep_tail(tokens, int64_t(tokens.size()), t, freed), tail);
+  // The last 8 tokens were generated: the tail holds 12 prompt tokens, then 8 of the reply.
+  EXPECT_EQ(cache.keep_tail(tokens, int64_t(tokens.size()) - 8, int64_t(tokens.size()), t, freed),
+            tail);
   EXPECT_TRUE(freed.empty());
   EXPECT_EQ(a.state(tail), PageState::kCached);
   EXPECT_EQ(t.pages().size(), 2u);
@@ -205,14 +207,18 @@ TEST(PrefixCache, ATailIsKeptAndTakenByTheOneRequestThatContinuesIt) {
   PrefixCache::TailMatch m = cache.match_tail(next, pages, int64_t(next.size()) - 1 - 128);
   EXPECT_EQ(m.page, tail);
   EXPECT_EQ(m.tokens, 20);
-  EXPECT_EQ(cache.match_tail(next, pages, 19).page, 0);  // more than the request may skip
+  EXPECT_EQ(cache.match_tail(next, pages, 15).tokens, 15);  // at most what the request may skip
+  EXPECT_EQ(cache.match_tail(next, pages, 11).page, 0);     // less than the tail's prompt part
   EXPECT_EQ(cache.match_tail(next, std::span(pages).first(1), 100).page, 0);  // another parent
   auto forked = next;
-  forked[2 * kPageSize + 5] ^= 1;
-  EXPECT_EQ(cache.match_tail(forked, pages, 100).page, 0);  // agrees with only 5 of its tokens
+  forked[2 * kPageSize + 5] ^= 1;  // another conversation sharing 5 of the 12 prompt tokens
+  EXPECT_EQ(cache.match_tail(forked, pages, 100).page, 0);
   forked = next;
-  forked[2 * kPageSize + 20] ^= 1;
-  EXPECT_EQ(cache.match_tail(forked, pages, 100).page, tail);  // differs only after it
+  forked[2 * kPageSize + 15] ^= 1;  // the same prompt, a reply re-encoded differently
+  EXPECT_EQ(cache.match_tail(forked, pages, 100).tokens, 15);
+  forked = next;
+  forked[2 * kPageSize + 20] ^= 1;  // differs only after the tail
+  EXPECT_EQ(cache.match_tail(forked, pages, 100).tokens, 20);
 
   PageTable u;
   EXPECT_THROW(cache.take_tail(tail, u), Error);  // the table does not end with the tail's parent
@@ -250,7 +256,8 @@ TEST(PrefixCache, TailsAreEvictedFirstWithTheirParentAndWhenPoisoned) {
     const auto tail = tokens_of(rng, 1 + i);
     tokens.insert(tokens.end(), tail.begin(), tail.end());
     PageTable t = write_and_share(cache, a, tokens);
-    kept.push_back(cache.keep_tail(tokens, int64_t(tokens.size()), t, freed));
+    kept.push_back(
+        cache.keep_tail(tokens, int64_t(tokens.size()), int64_t(tokens.size()), t, freed));
     EXPECT_NE(kept.back(), 0);
     cache.release(t);
     cache.check_invariants();
@@ -262,7 +269,7 @@ TEST(PrefixCache, TailsAreEvictedFirstWithTheirParentAndWhenPoisoned) {
   const auto short_prompt = tokens_of(rng, 10);
   PageTable s;
   ASSERT_TRUE(s.reserve(10, a));
-  const int32_t root_tail = cache.keep_tail(short_prompt, 10, s, freed);
+  const int32_t root_tail = cache.keep_tail(short_prompt, 10, 10, s, freed);
   EXPECT_NE(root_tail, 0);
   EXPECT_EQ(cache.match_tail(short_prompt, {}, 9).page, 0);  // its last token is not skipped
   auto longer = short_prompt;
@@ -309,7 +316,8 @@ TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
       auto& [table, written] = live[i];
       if (rng.integer(0, 1) == 0) {
         std::vector<int32_t> freed;
-        tails_kept += cache.keep_tail(written, int64_t(written.size()), table, freed) != 0;
+        const int64_t n = int64_t(written.size());
+        tails_kept += cache.keep_tail(written, n - rng.integer(0, 8), n, table, freed) != 0;
         evicted += int64_t(freed.size());
         ended.push_back(written);
         if (ended.size() > 8) ended.erase(ended.begin());

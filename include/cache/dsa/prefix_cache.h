@@ -16,14 +16,17 @@
 //
 // Tails. The last, partly filled page of a finished request (its tail: t < 64 tokens written
 // after a chain of cached full pages) is kept too, but never shared: it is keyed under its
-// parent's serial with its t token ids, and a later request whose prompt continues that chain
-// with all t of them (and at least one token more) TAKES it: the page leaves the cache and
-// becomes the request's own, its first owned page. The request writes from row t on, so the rows
-// it takes are exactly what it would have computed (the kernels are batch-invariant). A tail has
-// one taker: a multi-turn conversation's next turn, which resends the whole history, continues
-// its previous turn's last page instead of recomputing up to 63 tokens. A request that agrees
-// with only part of a tail does not take it (it would leave the rest stale in its own page, and
-// would take the page from the conversation that continues it); it prefills those tokens.
+// parent's serial with its t token ids and how many of them were the finished request's prompt.
+// A later request under the same chain that agrees with the tail's first j tokens, j covering at
+// least that prompt part, TAKES it: the page leaves the cache and becomes the request's own, its
+// first owned page, and the request prefills from row j on. Rows below j are exactly what it
+// would have computed (the kernels are batch-invariant); rows j..t-1, the rest of the previous
+// reply, are rewritten by the taker's own prefill before anything reads them (a row is read only
+// at positions at or below the one being computed, and is stored first). This is the next turn
+// of a conversation: it resends its whole history, so it agrees with the last turn's prompt and
+// usually with its reply only in part (a reply re-encoded from text need not give back the
+// generated ids). Requiring the prompt part keeps another conversation that shares only a system
+// prompt from taking the page: a tail has one taker.
 //
 // Eviction. Pages no table references sit on a least-recently-used list; a table releases its
 // shared pages deepest first, so a parent is always more recent than its children and the list's
@@ -91,14 +94,16 @@ class PrefixCache {
   // The page keep_tail would keep (the table's page shared_pages() when it holds 1..63 of the
   // n_written tokens), or 0. Changes nothing.
   static int32_t tail_page(int64_t n_written, const PageTable& table);
-  int32_t keep_tail(std::span<const int32_t> tokens, int64_t n_written, PageTable& table,
-                    std::vector<int32_t>& freed);
+  // tokens[0, prompt_len) was the request's prompt.
+  int32_t keep_tail(std::span<const int32_t> tokens, int64_t prompt_len, int64_t n_written,
+                    PageTable& table, std::vector<int32_t>& freed);
   struct TailMatch {
     int32_t page = 0;    // 0: none
-    int64_t tokens = 0;  // the tail's token count: all of them equal the request's
+    int64_t tokens = 0;  // the tail's first `tokens` ids equal the request's
   };
-  // The longest tail under the chain `pages` (a match's result, shared by the table) whose tokens
-  // all equal tokens[64 * pages.size(), ...), at most max_tokens of them. Changes nothing.
+  // The tail under the chain `pages` (a match's result, shared by the table) that agrees longest
+  // with tokens[64 * pages.size(), ...), at most max_tokens of them, among those whose agreement
+  // covers their prompt part (and at least one token). Changes nothing.
   TailMatch match_tail(std::span<const int32_t> tokens, std::span<const int32_t> pages,
                        int64_t max_tokens) const;
   // Hands a tail to the table, whose pages are all shared (a match's chain): the page becomes the
@@ -142,6 +147,7 @@ class PrefixCache {
     int32_t parent = 0;  // the parent's page, 0 for a prefix's first page
     uint64_t parent_serial = 0;
     std::vector<int32_t> tokens;  // [1, 64)
+    int64_t prompt_tokens = 0;    // tokens[0, prompt_tokens) were the writer's prompt
     bool poisoned = false;
     std::list<int32_t>::iterator lru;  // always valid: a tail is never referenced
   };
