@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # The serving runs. Runs ON the device, from the repository root, with the build of
 # scripts/gpu-build.sh carried (build-gpu/{lib,dsa}). Writes to $OUT:
-#   serve-summary.md   the client-side incident table (8 cells) and the overhead/RSS figures
+#   serve-summary.md   the client-side incident table (11 cells), the overhead/RSS figures and the
+#                      prefix cache on and off
 #   serve-results.json every bench-serve --json and the overhead/RSS numbers
 #   serve.log          every server's and client's log
 # 1. The matrix: index-K {bf16, fp8} x mode {eager, graph} x {guarded, --inject incident}, each a
 #    `dsa serve --backend cuda --preset tiny` under `dsa bench-serve --sessions 60 --concurrency 60
-#    --check`, every session replayed alone against a guarded eager server of the same index-K.
+#    --check`, every session replayed alone against a guarded eager server of the same index-K;
+#    then bf16 + graph + incident again without the prefix cache, and both with --audit (the
+#    clobbered slots, for the blast radius).
 # 2. Server overhead: output tok/s at concurrency 60 over HTTP (bench-serve --prompt-ids) against
-#    the engine driven directly (bench-engine) on the same workload; TTFT p50 at concurrency 1.
+#    the engine driven directly (bench-engine) on the same workload, REPEATS (5) interleaved pairs
+#    and their median; TTFT p50 at concurrency 1.
 # 3. RSS of the server over 10,000 requests.
+# 4. The prefix cache: agent sessions of 4..8 turns with the cache and with --no-prefix-cache.
 # Environment: OUT (default ./gpu-out), SESSIONS (60), CONCURRENCY (60), SKIP_MATRIX=1,
-# SKIP_PERF=1, SKIP_PREFIX=1, PAGES (200: the pool runs full, as in a serving deployment),
-# PREFIX_PAGES (1000: room for the 60 conversations' histories, up to 1024 tokens each, so the
-# cache's hit rate measures the cache rather than the pool's size; 200 pages evict most of it).
+# SKIP_PERF=1, SKIP_PREFIX=1, REPEATS (5), PERF_REQUESTS (600), BACKEND (cuda), PAGES (200: the
+# pool runs full, as in a serving deployment), PREFIX_PAGES (1000: room for the 60 conversations'
+# histories, up to 1024 tokens each, so the cache's hit rate measures the cache rather than the
+# pool's size; 200 pages evict most of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -133,18 +139,39 @@ if [[ -z ${SKIP_PERF:-} ]]; then
   echo "## Server overhead (tiny, H200, graph mode, guarded)" >> "$SUMMARY"
   echo '```' >> "$SUMMARY"
   PERF=(--input-len 64 --output-len 128)
-  for c in 60 1; do
-    n=$((c == 60 ? 600 : 50))
-    echo "=== bench-engine c=$c" >> "$LOG"
-    timeout 300 "$DSA" bench-engine "${MODEL[@]}" --mode graph --num-prompts "$n" \
-      --concurrency "$c" "${PERF[@]}" 2>> "$LOG" | tee -a "$LOG" | sed "s/^/engine direct: /" >> "$SUMMARY"
-    serve 8000 --mode graph
-    bench "http-c$c" 300 --url http://127.0.0.1:8000 --prompt-ids --num-prompts "$n" \
-      --concurrency "$c" "${PERF[@]}"
-    stop "$SERVER_PID"
-    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(f\"over HTTP: $n requests at concurrency $c: {j['output_throughput']:.1f} output tok/s, TTFT median {j['ttft_ms']['median']:.3f} ms\")" \
-      "$TMP/http-c$c.json" >> "$SUMMARY"
+  # Interleaved pairs (engine direct, then over HTTP, against one server left running): a single
+  # pair of 0.8 s runs moves by about +-4% from run to run, so the overhead is each pair's and
+  # their median.
+  engine_direct() {  # engine_direct N C: one bench-engine run, its summary lines to the summary
+    echo "=== bench-engine n=$1 c=$2" >> "$LOG"
+    timeout 300 "$DSA" bench-engine "${MODEL[@]}" --mode graph --num-prompts "$1" \
+      --concurrency "$2" "${PERF[@]}" 2>> "$LOG" | tee -a "$LOG" | sed "s/^/engine direct: /" >> "$SUMMARY"
+  }
+  over_http() {  # over_http NAME N C: one bench-serve run against :8000, its line to the summary
+    bench "$1" 300 --url http://127.0.0.1:8000 --prompt-ids --num-prompts "$2" \
+      --concurrency "$3" "${PERF[@]}"
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(f\"over HTTP: $2 requests at concurrency $3: {j['output_throughput']:.1f} output tok/s, TTFT median {j['ttft_ms']['median']:.3f} ms\")" \
+      "$TMP/$1.json" >> "$SUMMARY"
+  }
+  serve 8000 --mode graph
+  for i in $(seq "${REPEATS:-5}"); do
+    engine_direct "${PERF_REQUESTS:-600}" 60
+    over_http "http-c60-$i" "${PERF_REQUESTS:-600}" 60
   done
+  engine_direct 50 1
+  over_http http-c1 50 1
+  stop "$SERVER_PID"
+  python3 - "$SUMMARY" >> "$SUMMARY" <<'PY'
+import re, statistics, sys
+lines = open(sys.argv[1]).read().splitlines()
+rate = lambda l: float(re.search(r"([0-9.]+) output tok/s", l).group(1))
+eng = [rate(l) for l in lines if l.startswith("engine direct:") and "concurrency 60" in l]
+http = [rate(l) for l in lines if l.startswith("over HTTP:") and "concurrency 60" in l]
+pairs = [100.0 * (1.0 - h / e) for e, h in zip(eng, http)]
+if pairs:
+    print(f"HTTP overhead at concurrency 60: median {statistics.median(pairs):.1f}% over "
+          f"{len(pairs)} interleaved pairs ({', '.join(f'{p:.1f}%' for p in pairs)})")
+PY
   # RSS over 10,000 requests, sampled after every 1,000.
   serve 8000 --mode graph
   rss() { awk '/VmRSS/ {print $2}' "/proc/$SERVER_PID/status"; }
