@@ -426,9 +426,11 @@ class SlotAuditor:
         """Recomputes digests of watched slots and returns every mismatch.
 
         Args:
-            what: ``"all"`` (every watched slot), ``"sample"`` (``sample`` slots drawn with
-                ``seed`` and the step: an always-on audit), or the slots to check (e.g. the slots
-                a step's top-k reads); unwatched slots among them are ignored.
+            what: ``"all"`` (every watched slot), ``"sample"`` (``sample`` distinct slots drawn
+                with ``seed`` and the step, one from each of ``sample`` equal runs of the watched
+                set, so every sample spreads over all of it: an always-on audit), or the slots to
+                check (e.g. the slots a step's top-k reads); unwatched slots among them are
+                ignored.
         """
         step = self.step if step is None else int(step)
         s = None if stream is None else int(stream)

@@ -132,24 +132,17 @@ int read_flag(PyObject* obj, PyObject* name, bool call) {
   return truth;
 }
 
-// A tuple of ints read from obj into *out; false when it is none (or not of length `expect`, when
-// expect >= 0).
-bool read_ints(PyObject* obj, PyObject* name, bool call, int expect, std::vector<int64_t>* out) {
-  PyObject* v = read(obj, name, call);
-  if (v == nullptr) return false;
-  bool ok = PyTuple_Check(v) && (expect < 0 || PyTuple_GET_SIZE(v) == expect);
-  if (ok) {
-    out->resize(size_t(PyTuple_GET_SIZE(v)));
-    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(v); ++i) {
-      (*out)[size_t(i)] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
-      if ((*out)[size_t(i)] == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        ok = false;
-      }
+// The ints of a tuple (torch.Size is one) into out[0, n); false when v is no tuple of n ints.
+bool tuple_ints(PyObject* v, Py_ssize_t n, int64_t* out) {
+  if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != n) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
+    if (out[i] == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
     }
   }
-  Py_DECREF(v);
-  return ok;
+  return true;
 }
 
 bool g_torch_attributes = true;
@@ -223,11 +216,19 @@ bool ArrayArg::from_torch(pyb::handle obj) {
   } else if (read_flag(o, kIsCpu, false) != 1) {
     return false;  // meta, mps, xpu, ...: DLPack says what it is
   }
-  thread_local std::vector<int64_t> shape, strides;
-  if (!read_ints(o, kShape, false, -1, &shape) ||
-      !read_ints(o, kStride, true, int(shape.size()), &strides)) {
-    return false;
-  }
+  // shape and stride() straight into the view's dims; one read of each.
+  PyObject* shape = read(o, kShape, false);
+  if (shape == nullptr) return false;
+  const Py_ssize_t ndim = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
+  int64_t* dims = ndim >= 0 ? resize_dims(int(ndim)) : nullptr;
+  const bool shape_ok = dims != nullptr && tuple_ints(shape, ndim, dims);
+  Py_DECREF(shape);
+  if (!shape_ok) return false;
+  PyObject* strides = read(o, kStride, true);
+  if (strides == nullptr) return false;
+  const bool strides_ok = tuple_ints(strides, ndim, dims + ndim);
+  Py_DECREF(strides);
+  if (!strides_ok) return false;
   PyObject* ptr = read(o, kDataPtr, true);
   if (ptr == nullptr) return false;
   void* data = PyLong_AsVoidPtr(ptr);
@@ -236,11 +237,6 @@ bool ArrayArg::from_torch(pyb::handle obj) {
     PyErr_Clear();
     return false;
   }
-  int64_t* dims = resize_dims(int(shape.size()));
-  for (int i = 0; i < ndim_; ++i) {
-    dims[i] = shape[size_t(i)];
-    dims[ndim_ + i] = strides[size_t(i)];
-  }
   data_ = data;
   place_ = place;
   dl_dtype_ = {code->code, code->bits, 1};
@@ -248,17 +244,53 @@ bool ArrayArg::from_torch(pyb::handle obj) {
 }
 
 void ArrayArg::from_capsule(pyb::handle obj) {
-  if (obj.is_none() || !pyb::hasattr(obj, "__dlpack__") ||
-      !pyb::hasattr(obj, "__dlpack_device__")) {
+  static PyObject* const kDlpack = interned("__dlpack__");
+  static PyObject* const kDlpackDevice = interned("__dlpack_device__");
+  static PyObject* const kStream = interned("stream");
+  PyObject* o = obj.ptr();
+  // The two methods by interned name, called without pybind11's per-call string and tuple objects.
+  // An object without them is refused with the TypeError; any other error they raise propagates.
+  const auto speaks_no_dlpack = [&] {
     throw pyb::type_error(fmt::format(
         "argument '{}' must be an array that speaks DLPack (a torch tensor, or a numpy array on "
         "the CPU), got {}",
         name_, type_name(obj)));
+  };
+  const auto method = [&](PyObject* attr) {
+    PyObject* m = PyObject_GetAttr(o, attr);
+    if (m == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw pyb::error_already_set();
+      PyErr_Clear();
+      speaks_no_dlpack();
+    }
+    return pyb::reinterpret_steal<pyb::object>(m);
+  };
+  if (obj.is_none()) speaks_no_dlpack();
+  const pyb::object dlpack = method(kDlpack);
+  const pyb::object device_of = method(kDlpackDevice);
+  PyObject* device = PyObject_CallNoArgs(device_of.ptr());
+  if (device == nullptr) throw pyb::error_already_set();
+  const auto device_ref = pyb::reinterpret_steal<pyb::object>(device);
+  if (!PyTuple_Check(device) || PyTuple_GET_SIZE(device) < 1) {
+    throw pyb::type_error(
+        fmt::format("argument '{}': __dlpack_device__() must return a tuple "
+                    "(device type, index), got {}",
+                    name_, type_name(device)));
   }
-  const auto device = obj.attr("__dlpack_device__")().cast<pyb::tuple>();
-  const int type = device[0].cast<int>();
-  pyb::object capsule = type == dlpack::kCuda ? obj.attr("__dlpack__")(pyb::arg("stream") = -1)
-                                              : obj.attr("__dlpack__")();
+  const long type = PyLong_AsLong(PyTuple_GET_ITEM(device, 0));
+  if (type == -1 && PyErr_Occurred()) throw pyb::error_already_set();
+  pyb::object capsule;
+  if (type == dlpack::kCuda) {  // stream=-1: the op runs on the caller's stream, in its order
+    static PyObject* const kw_names = PyTuple_Pack(1, kStream);  // kept for the process
+    if (kw_names == nullptr) throw pyb::error_already_set();
+    const pyb::int_ minus_one(-1);
+    PyObject* args[] = {minus_one.ptr()};
+    capsule =
+        pyb::reinterpret_steal<pyb::object>(PyObject_Vectorcall(dlpack.ptr(), args, 0, kw_names));
+  } else {
+    capsule = pyb::reinterpret_steal<pyb::object>(PyObject_CallNoArgs(dlpack.ptr()));
+  }
+  if (!capsule) throw pyb::error_already_set();
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, dlpack::kCapsuleName)) {
     throw pyb::type_error(

@@ -348,10 +348,18 @@ std::vector<Finding> PoolAuditor::verify_positions(const std::vector<int64_t>& p
   std::memset(h, 0, head * sizeof(uint64_t));
   auto* slots = reinterpret_cast<int64_t*>(h + head);
   uint64_t* expected = h + head + m;
+  // A gather of scattered positions from host arrays of up to millions of entries: each read is a
+  // likely cache miss, so the lines of the entry kPrefetch ahead are requested early.
+  constexpr size_t kPrefetch = 16;
   for (size_t i = 0; i < m; ++i) {
-    const int64_t at = positions[i];
-    slots[i] = live_[size_t(at)];
-    for (size_t p = 0; p < np; ++p) expected[p * m + i] = pools_[p].expected[size_t(at)];
+    if (i + kPrefetch < m) {
+      const auto ahead = size_t(positions[i + kPrefetch]);
+      __builtin_prefetch(live_.data() + ahead);
+      for (const Pool& p : pools_) __builtin_prefetch(p.expected.data() + ahead);
+    }
+    const auto at = size_t(positions[i]);
+    slots[i] = live_[at];
+    for (size_t p = 0; p < np; ++p) expected[p * m + i] = pools_[p].expected[at];
   }
   backend->copy_to_device(d, h, words * sizeof(uint64_t));
   expected_ptrs_.clear();
@@ -366,13 +374,13 @@ std::vector<Finding> PoolAuditor::verify_positions(const std::vector<int64_t>& p
 std::vector<Finding> PoolAuditor::verify_slots(const std::vector<int64_t>& slots, int64_t step,
                                                std::optional<uintptr_t> stream) {
   tick(kStart);
-  std::vector<int64_t> positions;
+  positions_.clear();
   for (int64_t s : slots) {
-    if (s >= 0 && s < capacity_ && owner_[s] >= 0) positions.push_back(pos_[s]);
+    if (s >= 0 && s < capacity_ && owner_[s] >= 0) positions_.push_back(pos_[s]);
   }
-  std::sort(positions.begin(), positions.end());
-  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-  return verify_positions(positions, step, stream);
+  std::sort(positions_.begin(), positions_.end());
+  positions_.erase(std::unique(positions_.begin(), positions_.end()), positions_.end());
+  return verify_positions(positions_, step, stream);
 }
 
 std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, int64_t step,
@@ -382,10 +390,15 @@ std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, in
     throw pyb::value_error(fmt::format("argument 'sample' must be >= 0, got {}", count));
   const int64_t n = int64_t(live_.size());
   if (count >= n) return verify_all(step, stream);
-  // splitmix64 from a start that hashes (seed, step), each draw taken modulo n (bias below
-  // n / 2^64): a few ns a draw, where seeding a Mersenne twister cost microseconds. The start is
-  // hashed because splitmix64 walks its state by a fixed stride: nearby starts (seed ^ step)
-  // would draw overlapping sequences.
+  if (count == 0) return {};
+  // One draw in each of `count` strata of [0, n) (widths n / count or one more, in order): the
+  // positions come out sorted and distinct by construction (no sort, no dedup), each position is
+  // drawn with probability 1 / its stratum's width (about count / n), and every sample spreads
+  // over the whole watched set. O(count), into a kept buffer, no division in the loop.
+  // The draws: splitmix64 from a start that hashes (seed, step), each scaled to its stratum's
+  // width by a 64x64->128 multiply (bias below width / 2^64): a few ns a draw, where seeding a
+  // Mersenne twister cost microseconds. The start is hashed because splitmix64 walks its state by
+  // a fixed stride: nearby starts (seed ^ step) would draw overlapping sequences.
   auto mix = [](uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -393,11 +406,15 @@ std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, in
   };
   uint64_t state = mix(seed ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull));
   auto next = [&] { return mix(state += 0x9E3779B97F4A7C15ull); };
-  std::vector<int64_t> positions(static_cast<size_t>(count));
-  for (int64_t& p : positions) p = int64_t(next() % uint64_t(n));
-  std::sort(positions.begin(), positions.end());
-  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-  return verify_positions(positions, step, stream);
+  positions_.resize(size_t(count));
+  const int64_t width = n / count, wider = n % count;  // the first `wider` strata are one wider
+  int64_t lo = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t w = uint64_t(width + (i < wider ? 1 : 0));
+    positions_[size_t(i)] = lo + int64_t((static_cast<unsigned __int128>(next()) * w) >> 64);
+    lo += int64_t(w);
+  }
+  return verify_positions(positions_, step, stream);
 }
 
 }  // namespace dsa::py

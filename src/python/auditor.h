@@ -168,7 +168,8 @@ class PoolAuditor {
   DeviceScratch<int64_t> d_live_, d_slots_;
   DeviceScratch<uint64_t> d_digests_, d_stage_;
   PinnedScratch<uint64_t>
-      h_stage_;  // a listed verify's upload; [0, pools) int32 counters come back
+      h_stage_;                     // a listed verify's upload; [0, pools) int32 counters come back
+  std::vector<int64_t> positions_;  // a listed or sampled verify's live_ positions, kept
   std::vector<const uint64_t*> expected_ptrs_;
   DeviceScratch<uint8_t> d_flags_;
   DeviceScratch<int32_t> d_mismatches_, d_n_real_;

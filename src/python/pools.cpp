@@ -29,7 +29,6 @@ std::string pool_layout_label(PoolLayout l) {
 }
 
 PoolView pool_view(const ArrayArg& pool, PoolKind kind, KvDtype dtype, bool ue8m0) {
-  const std::string what = pool_layout_label({kind, dtype});
   if (dtype == KvDtype::kBf16) {
     pool.need_dtype({Dtype::kBf16, Dtype::kU16},
                     "(uint16 is read as bf16 bit patterns) for a bf16 pool");
@@ -46,16 +45,22 @@ PoolView pool_view(const ArrayArg& pool, PoolKind kind, KvDtype dtype, bool ue8m
   } else {
     const int64_t width = token_elems(kind, dtype);
     pool.need_ndim({2, 3});
+    // The layout's label names the width in a message; built only for one.
+    auto need_width = [&](int dim) {
+      if (pool.dim(dim) != width) {
+        pool.need_dim(dim, width, pool_layout_label({kind, dtype}).c_str());
+      }
+    };
     if (pool.ndim() == 3) {
       pool.need_dim(1, kPageSize, "tokens per page");
-      pool.need_dim(2, width, what.c_str());
+      need_width(2);
       pages = pool.dim(0);
     } else {
-      pool.need_dim(1, width, what.c_str());
+      need_width(1);
       if (pool.dim(0) % kPageSize != 0) {
         throw pyb::value_error(fmt::format(
             "argument '{}' has {} token rows; a {} pool needs a whole number of 64-token pages",
-            pool.name(), pool.dim(0), what));
+            pool.name(), pool.dim(0), pool_layout_label({kind, dtype})));
       }
       pages = pool.dim(0) / kPageSize;
     }
@@ -93,9 +98,10 @@ PoolLayout infer_pool_layout(const ArrayArg& pool) {
       pool.name(), pool.describe()));
 }
 
-std::unique_ptr<Backend> backend_for(Place place, uintptr_t stream) {
-  if (place.cuda()) return make_cuda_backend_on_stream(place.id, stream);
-  return make_cpu_backend();
+BackendHandle backend_for(Place place, uintptr_t stream) {
+  if (place.cuda()) return BackendHandle(make_cuda_backend_on_stream(place.id, stream));
+  thread_local const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  return BackendHandle(cpu.get());
 }
 
 }  // namespace dsa::py

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "dsa/backend.h"
 #include "dsa/ops.h"
@@ -33,8 +34,24 @@ struct PoolLayout {
 PoolLayout infer_pool_layout(const ArrayArg& pool);
 std::string pool_layout_label(PoolLayout l);  // "index_k bf16", "latent fp8", ...
 
+// The backend of one call: a borrowed one (the CPU reference, made once per thread: it holds no
+// state between ops) or one made for the call and owned here (a CUDA backend on the caller's stream
+// holds the thread's device only while it lives).
+class BackendHandle {
+ public:
+  explicit BackendHandle(Backend* borrowed) : backend_(borrowed) {}
+  explicit BackendHandle(std::unique_ptr<Backend> owned)
+      : owned_(std::move(owned)), backend_(owned_.get()) {}
+  Backend* operator->() const { return backend_; }
+  Backend& operator*() const { return *backend_; }
+
+ private:
+  std::unique_ptr<Backend> owned_;
+  Backend* backend_;
+};
+
 // The backend for arrays at `place`: the CPU reference, or the CUDA backend on the caller's
 // stream (an integer cudaStream_t handle; 0 is the legacy default stream).
-std::unique_ptr<Backend> backend_for(Place place, uintptr_t stream);
+BackendHandle backend_for(Place place, uintptr_t stream);
 
 }  // namespace dsa::py
