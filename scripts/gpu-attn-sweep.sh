@@ -12,7 +12,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 FAMILIES=topk,indexer_logits
 
 source scripts/gpu-steps.sh
@@ -22,7 +21,7 @@ step nvidia-smi 5 nvidia-smi
 step parity 50 "$B/tests/dsa_parity_tests" \
   --gtest_filter='ParityAttention.Topk*:ParityAttention.IndexerLogits*' \
   --gtest_output="json:$OUT/parity.json"
-step sanitizer-memcheck 40 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 \
+sanitize sanitizer-memcheck memcheck 40 \
   "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.TopkMatchesCpuExactly' \
   --gtest_brief=1
 step dsa_gpu_bench 70 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \

@@ -15,7 +15,6 @@ cd "$(dirname "$0")/.."
 # The parity cases of the three kernels (every sparse MLA split shape, sliced and unsliced top-k
 # rows, every indexer dtype); the batch-invariance families are too long under racecheck.
 SANITIZER_FILTER="${SANITIZER_FILTER:-ParityAttention.SparseMlaMatchesCpu:ParityAttention.TopkMatchesCpuExactly:ParityAttention.IndexerLogitsMatchCpu}"
-SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 
 source scripts/gpu-steps.sh
 steps_setup attn.log
@@ -23,11 +22,11 @@ steps_setup attn.log
 step nvidia-smi 10 nvidia-smi
 step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.*' \
   --gtest_output="json:$OUT/parity.json"
-step sanitizer-memcheck 50 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 \
-  "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
-step sanitizer-racecheck 60 "$SAN" --tool racecheck --racecheck-report all --error-exitcode 17 \
-  --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
-step sanitizer-memcheck-replay 40 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 \
+sanitize sanitizer-memcheck memcheck 50 "$B/tests/dsa_parity_tests" \
+  --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+sanitize sanitizer-racecheck racecheck 60 "$B/tests/dsa_parity_tests" \
+  --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+sanitize sanitizer-memcheck-replay memcheck 40 \
   "$B/dsa" --log error check-replay --backend cuda --latent fp8 --index-k fp8 --steps 20 \
   --buckets 1 4 --no-parity
 step dsa_gpu_bench 60 "$B/bench/dsa_gpu_bench" --skip-store --json "$OUT/bench.json"

@@ -16,30 +16,20 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT"
-B=build-gpu
-export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
-LOG="$OUT/sweep.log"
-STEPS="$OUT/steps.tsv"
-: > "$LOG"
-: > "$STEPS"
 TOTAL_S=${TOTAL_S:-240}
 
 source scripts/gpu-steps.sh
+steps_setup sweep.log
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 step parity 150 "$B/tests/dsa_parity_tests" \
   --gtest_filter='ParityGemm.*:ParityOps.GemmExactIsExact' --gtest_output="json:$OUT/parity.json"
 
-SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
 for tool in memcheck racecheck; do
   (( SECONDS > TOTAL_S - 90 )) && break  # the sweep comes first when time is short
-  extra=()
-  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
-  step "sanitizer-$tool" 30 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
-    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+  sanitize "sanitizer-$tool" "$tool" 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
+    --gtest_brief=1
 done
 
 # What is left, less the start (ceilings) and the summary: at least 40 s of sweeping.
@@ -49,14 +39,7 @@ step gemm-sweep $(( budget + 25 )) "$B/bench/dsa_gpu_bench" --skip-store --skip-
   --gemm-sweep --gemm-sweep-budget "$budget" --json "$OUT/sweep.json"
 
 {
-  echo "# The invariant GEMM's sweep on the device"
-  echo
-  echo "| step | rc | s | note |"
-  echo "|---|---|---|---|"
-  awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$STEPS"
-  echo
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | sed 's/^/    /'
-  echo
+  steps_summary "The invariant GEMM's sweep on the device"
   echo "## Per projection and B: cuBLASLt, the default table, the best checked run"
   echo
   grep -E "^  sweep |SWEEP CHECK FAILED" "$LOG" | sed 's/^  /    /'

@@ -13,16 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT"
-B=build-gpu
-export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
-LOG="$OUT/gemm.log"
-STEPS="$OUT/steps.tsv"
-: > "$LOG"
-: > "$STEPS"
-
 source scripts/gpu-steps.sh
+steps_setup gemm.log
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 # Tensor-core instructions per GEMM kernel (HMMA expected in gemm_tensor_kernel).
@@ -31,13 +23,10 @@ PARITY_FILTER='ParityGemm.*:ParityOps.GemmExactIsExact:ParityOps.GemmFast*:Parit
 step parity 150 "$B/tests/dsa_parity_tests" --gtest_filter="$PARITY_FILTER" \
   --gtest_output="json:$OUT/parity.json"
 
-SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
 for tool in memcheck racecheck; do
-  extra=()
-  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
-  step "sanitizer-$tool" 35 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
-    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+  sanitize "sanitizer-$tool" "$tool" 35 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
+    --gtest_brief=1
 done
 
 step gemm-bench 50 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
@@ -49,14 +38,7 @@ for mode in invariant fast exact; do
 done
 
 {
-  echo "# GEMM on the device"
-  echo
-  echo "| step | rc | s | note |"
-  echo "|---|---|---|---|"
-  awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$STEPS"
-  echo
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | sed 's/^/    /'
-  echo
+  steps_summary "GEMM on the device"
   echo "## invariant / cuBLASLt"
   echo
   sed -n '/^gemm: invariant time/,/^$/p' "$LOG" | sed 's/^/    /'

@@ -5,9 +5,12 @@
 # steps_setup LOG_NAME: the device scripts' common setting (run from the repository root): OUT
 # (default ./gpu-out), B (the carried build), its libraries on LD_LIBRARY_PATH, and empty $LOG
 # (OUT/LOG_NAME) and $STEPS files.
+# sanitize NAME TOOL TIMEOUT_S COMMAND...: COMMAND under compute-sanitizer's TOOL as one step
+# (exit 17 on an error, 30 reports at most; racecheck reports every hazard, not only errors).
 # steps_summary TITLE: prints a markdown table of the steps in $STEPS with the gtest counts and
 # sanitizer summaries found in each step's part of $LOG, then the failed tests.
 fails=0
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 steps_setup() {
   OUT="${OUT:-$PWD/gpu-out}"
   mkdir -p "$OUT"
@@ -33,6 +36,14 @@ step() {
   [[ -n ${STEPS:-} ]] && printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$note" >> "$STEPS"
   echo "=== $name: rc=$rc $note in $((SECONDS - start))s" | tee -a "$LOG"
   return $rc
+}
+
+sanitize() {
+  local name="$1" tool="$2" limit="$3"
+  shift 3
+  local extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
+  step "$name" "$limit" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 --print-limit 30 "$@"
 }
 
 steps_summary() {

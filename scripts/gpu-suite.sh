@@ -30,30 +30,23 @@ step sass 60 bash -c "cuobjdump --dump-sass build-gpu/dsa | awk '/Function :/ {f
 [[ -n ${SKIP_PARITY:-} ]] || step parity 150 "$B/tests/dsa_parity_tests" --gtest_output="json:$OUT/parity.json"
 # The CPU tests (dsa_tests) run in CI; device time goes to what needs the GPU.
 
-SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 for tool in memcheck racecheck initcheck synccheck; do
-  extra=()
-  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
   limit="${SANITIZER_TIMEOUT:-50}"
   [[ $tool == racecheck ]] && limit="${RACECHECK_TIMEOUT:-150}"
-  step "sanitizer-$tool" "$limit" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 \
-    --print-limit 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+  sanitize "sanitizer-$tool" "$tool" "$limit" "$B/tests/dsa_parity_tests" \
+    --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
 done
 # memcheck and racecheck over graph-replayed decode too: the graph tests replay captured CUDA
 # graphs with padded rows and planted garbage, and a short check-replay drives the runner's
 # buckets (graph launches of the whole decode step) with the auditor's kernels on.
 GRAPH_FILTER="${GRAPH_SANITIZER_FILTER:-IndexK/ParityGraph.*}"
 for tool in memcheck racecheck; do
-  extra=()
-  [[ $tool == racecheck ]] && extra=(--racecheck-report all)
   limit="${SANITIZER_TIMEOUT:-50}"
   [[ $tool == racecheck ]] && limit="${RACECHECK_TIMEOUT:-150}"
-  step "sanitizer-$tool-graph" "$limit" "$SAN" --tool "$tool" "${extra[@]}" \
-    --error-exitcode 17 --print-limit 30 "$B/tests/dsa_parity_tests" \
+  sanitize "sanitizer-$tool-graph" "$tool" "$limit" "$B/tests/dsa_parity_tests" \
     --gtest_filter="$GRAPH_FILTER" --gtest_brief=1
-  step "sanitizer-$tool-replay" "$limit" "$SAN" --tool "$tool" "${extra[@]}" \
-    --error-exitcode 17 --print-limit 30 "$B/dsa" --log error check-replay --backend cuda \
-    --steps 40 --buckets 1 4 16 --no-parity
+  sanitize "sanitizer-$tool-replay" "$tool" "$limit" "$B/dsa" --log error check-replay \
+    --backend cuda --steps 40 --buckets 1 4 16 --no-parity
 done
 
 if [[ -z ${SKIP_BENCH:-} ]]; then
