@@ -56,6 +56,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/mma.cuh"
 
 namespace dsa::cuda {
 namespace {
@@ -100,44 +101,6 @@ struct TcParams {
   float alpha;
   bool nk, accumulate, vec_x, vec_w, fused;
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
-  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Four 8 x 8 b16 matrices: lane 8 i + r gives the address of row r of matrix i (16 bytes), and
-// register i of lane 4 g + t receives row g, columns 2t and 2t + 1 of matrix i (the lower column
-// in the low half). With .trans, columns and rows swap: rows 2t and 2t + 1 of column g.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-// d (+)= a * b on one m16n8k16 fragment triple (layouts in the header comment).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
 // element loads with zero fill (nothing is read for an out-of-range element).
