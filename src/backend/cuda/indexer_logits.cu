@@ -31,6 +31,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/launch.h"
+#include "backend/cuda/mma.cuh"
 #include "dsa/token_codec.h"
 
 namespace dsa::cuda {
@@ -195,20 +196,6 @@ constexpr int kStageKeyBytes = kGroupTokens * 128;
 constexpr int kStageBytes = kStageKeyBytes + kGroupTokens * 4;
 constexpr int kStagedSmemBytes = kWarps * kStages * kStageBytes;  // dynamic, fp8 only
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
 // The 32 tokens [t0, t0 + 32) of a group lie in one page; their keys and scales start here.
 template <KvDtype D>
 __device__ __forceinline__ const uint8_t* page_base_of(const IndexerLogitsParams& p, int64_t page) {
@@ -352,8 +339,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* scales = nullptr;
     if constexpr (kStaged) {
       issue(t0 + kStride, i + 1);
-      cp_async_wait_all_but_one();  // group i has landed (this lane's copies)
-      __syncwarp();                 // and every lane's: the scales cross lanes
+      cp_async_wait<1>();  // group i has landed (this lane's copies)
+      __syncwarp();        // and every lane's: the scales cross lanes
       if (valid_page(page)) {
         const uint8_t* stage = my_stages + (i % kStages) * kStageBytes;
 #pragma unroll
@@ -394,11 +381,7 @@ int block_tokens_for(const IndexerLogitsParams& p) {
       return forced;
     }
   }
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    sms = 0;
-  }
+  const int sms = device_sm_count();
   int tokens = kMaxBlockTokens;
   while (tokens > kMinBlockTokens &&
          int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens) < 2 * int64_t(sms)) {

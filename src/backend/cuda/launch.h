@@ -5,10 +5,25 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "backend/cuda/cuda_backend.h"
 #include "dsa/ops.h"
 
 namespace dsa::cuda {
+
+// The current device's SM count, asked of the driver once per device (0 when it cannot be read):
+// launch shapes that follow it cost no driver call per launch.
+inline int device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kMaxDevices && known[device] > 0) return known[device];
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) known[device] = sms;
+  return sms;
+}
 
 cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream);      // norm.cu
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream);  // norm.cu

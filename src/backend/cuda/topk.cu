@@ -588,11 +588,7 @@ __global__ void __launch_bounds__(kGThreads, 1) topk_gather_kernel(TopkParams p)
 // CTAs per row for the gathering kernel: the most (up to 8) that keeps the grid within the SMs
 // and every slice at kGMinSlice positions or more.
 int gather_ranks(const TopkParams& p) {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 1;
-  }
+  const int sms = device_sm_count();
   int ranks = 1;
   while (ranks < 8 && int64_t(p.rows) * ranks * 2 <= sms &&
          p.ld_logits / (ranks * 2) >= kGMinSlice) {
@@ -630,27 +626,27 @@ cudaError_t launch_rows(void (*kernel)(TopkParams), const TopkParams& p, int ran
 }
 
 // Whether a cluster of kRanks gathering CTAs (1024 threads and ~156 KB each, one per SM) can be
-// resident on the current device; asked once per device. The attribute for the dynamic shared
-// memory is set here, before the question and every launch.
+// resident on the current device. Asked once per device, with the kernel's dynamic shared memory
+// attribute set first (it stays set for every later launch on that device).
 template <int kRanks>
 bool gather_fits(const TopkParams& p) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked, 1: fits, 2: does not
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaFuncSetAttribute(topk_gather_kernel<kRanks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kGSharedBytes)) != cudaSuccess) {
-    return false;
-  }
-  if (kRanks == 1) return true;
   if (device < kMaxDevices && known[device] != 0) return known[device] == 1;
-  cudaLaunchConfig_t config;
-  cudaLaunchAttribute cluster;
-  row_launch_config(config, cluster, p, kRanks, kGThreads, kGSharedBytes, nullptr);
-  int clusters = 0;
-  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, topk_gather_kernel<kRanks>,
-                                                   &config) == cudaSuccess &&
-                    clusters > 0;
+  bool fits =
+      cudaFuncSetAttribute(topk_gather_kernel<kRanks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kGSharedBytes)) == cudaSuccess;
+  if (fits && kRanks > 1) {
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute cluster;
+    row_launch_config(config, cluster, p, kRanks, kGThreads, kGSharedBytes, nullptr);
+    int clusters = 0;
+    fits = cudaOccupancyMaxActiveClusters(&clusters, topk_gather_kernel<kRanks>, &config) ==
+               cudaSuccess &&
+           clusters > 0;
+  }
   if (!fits) (void)cudaGetLastError();  // a refused question leaves no error behind
   if (device < kMaxDevices) known[device] = fits ? 1 : 2;
   return fits;
