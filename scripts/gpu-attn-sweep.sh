@@ -28,13 +28,4 @@ step dsa_gpu_bench 70 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
   --attention-only "$FAMILIES" --legacy --json "$OUT/bench.json"
 step torch_attention 30 python3 bench/gpu/torch_attention.py --only "$FAMILIES" \
   --json "$OUT/torch_attention.json"
-if [[ -f $OUT/bench.json ]]; then
-  step report 5 python3 bench/gpu/report.py --dsa "$OUT/bench.json" \
-    --torch "$OUT/torch_attention.json" --markdown "$OUT/report.md"
-fi
-
-{
-  steps_summary "GPU top-k and indexer sweep"
-  [[ -f $OUT/report.md ]] && cat "$OUT/report.md"
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+attention_summary "GPU top-k and indexer sweep"

@@ -31,13 +31,4 @@ sanitize sanitizer-memcheck-replay memcheck 40 \
   --buckets 1 4 --no-parity
 step dsa_gpu_bench 60 "$B/bench/dsa_gpu_bench" --skip-store --json "$OUT/bench.json"
 step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
-if [[ -f $OUT/bench.json ]]; then
-  step report 10 python3 bench/gpu/report.py --dsa "$OUT/bench.json" \
-    --torch "$OUT/torch_attention.json" --markdown "$OUT/report.md"
-fi
-
-{
-  steps_summary "GPU attention check"
-  [[ -f $OUT/report.md ]] && cat "$OUT/report.md"
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+attention_summary "GPU attention check"

@@ -7,6 +7,9 @@
 # (OUT/LOG_NAME) and $STEPS files.
 # sanitize NAME TOOL TIMEOUT_S COMMAND...: COMMAND under compute-sanitizer's TOOL as one step
 # (exit 17 on an error, 30 reports at most; racecheck reports every hazard, not only errors).
+# attention_summary TITLE: joins $OUT/bench.json and $OUT/torch_attention.json into
+# $OUT/report.md (bench/gpu/report.py, as a step), then writes $OUT/summary.md (the steps' table
+# and the report) and prints it.
 # steps_summary TITLE: prints a markdown table of the steps in $STEPS with the gtest counts and
 # sanitizer summaries found in each step's part of $LOG, then the failed tests.
 fails=0
@@ -60,4 +63,16 @@ steps_summary() {
   echo
   grep -h '^\[  FAILED  \]' "$LOG" | sort -u | head -20
   echo
+}
+
+attention_summary() {
+  if [[ -f $OUT/bench.json ]]; then
+    step report 10 python3 bench/gpu/report.py --dsa "$OUT/bench.json" \
+      --torch "$OUT/torch_attention.json" --markdown "$OUT/report.md"
+  fi
+  {
+    steps_summary "$1"
+    [[ -f $OUT/report.md ]] && cat "$OUT/report.md"
+  } > "$OUT/summary.md"
+  cat "$OUT/summary.md"
 }

@@ -171,9 +171,6 @@ TEST(PrefixCache, StoreCheckRefusesCachedFreeAndReservedPages) {
   cache.release(t);
 }
 
-// A long random workload against a small pool: tables look up, write, share and release random
-// prefixes of a few base sequences; eviction makes room. The identity and the cache's invariants
-// hold after every operation, and at the end every page is free.
 TEST(PrefixCache, ATailIsKeptAndTakenByTheOneRequestThatContinuesIt) {
   PageAllocator a(32);
   PrefixCache cache(a);
@@ -300,6 +297,10 @@ TEST(PrefixCache, TailsAreEvictedFirstWithTheirParentAndWhenPoisoned) {
   cache.check_invariants();
 }
 
+// A long random workload against a small pool: tables look up, write, share and release random
+// prefixes of a few base sequences, and keep and take tails (a later request continuing an ended
+// one); eviction makes room. The identity and the cache's invariants hold after every operation,
+// and at the end every page is free.
 TEST(PrefixCache, RandomWorkloadKeepsExactAccounting) {
   constexpr int64_t kPages = 48;
   PageAllocator a(kPages);
