@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The GEMM check. Runs ON the device, from the repository root, with the build of
-# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}); at most 6 minutes in all (the
-# steps' timeouts sum to 370 s):
-#   - the GEMM parity tests (the invariant GEMM within its bound and bitwise batch-invariant, the
-#     exact one bit-identical to the CPU, cuBLASLt within bf16 tolerance, the MoE MLP);
+# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}); at most 10 minutes in all (the
+# steps' timeouts sum to 575 s; about 5 minutes when nothing times out):
+#   - the GEMM parity tests (both invariant kernels, mma.sync and wgmma, each within its bound
+#     and bitwise batch-invariant; the exact one bit-identical to the CPU, cuBLASLt within bf16
+#     tolerance, the MoE MLP);
 #   - compute-sanitizer memcheck and racecheck over the small-shape GEMM tests;
-#   - dsa_gpu_bench's GEMM rows: every V3.2 projection at B = 1, 8, 64, 256, invariant vs
-#     cuBLASLt in the same run, with the bytes / bandwidth floor;
-#   - bench-decode of one V3.2 layer at each --gemm mode (exact, invariant, fast).
+#   - dsa_gpu_bench's GEMM rows: every V3.2 projection at B = 1, 8, 64, 256, both invariant
+#     kernels vs cuBLASLt in the same run, each checked against cuBLASLt's output, with the
+#     bytes / bandwidth floor;
+#   - bench-decode of one V3.2 layer at each --gemm mode (exact, invariant with each kernel,
+#     fast).
 # Files in $OUT: gemm.log (everything), steps.tsv, parity.json, gemm_bench.json,
 # decode_<mode>.json, summary.md.
 set -uo pipefail
@@ -17,30 +20,44 @@ source scripts/gpu-steps.sh
 steps_setup gemm.log
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-# Tensor-core instructions per GEMM kernel (HMMA expected in gemm_tensor_kernel).
-step sass 20 bash -c "cuobjdump --dump-sass $B/dsa | awk '/Function :/ {f=\$3} /HMMA/ {c[f]++} END {for (k in c) print c[k], k}' | grep -i gemm"
+# Tensor-core instructions per GEMM kernel (HMMA expected in gemm_tensor_kernel, HGMMA in
+# gemm_wgmma_kernel).
+step sass 20 bash -c "cuobjdump --dump-sass $B/dsa | awk '/Function :/ {f=\$3} /HGMMA/ {g[f]++} /HMMA/ {c[f]++} END {for (k in c) print c[k], \"HMMA\", k; for (k in g) print g[k], \"HGMMA\", k}' | grep -i gemm"
 PARITY_FILTER='ParityGemm.*:ParityOps.GemmExactIsExact:ParityOps.GemmFast*:ParityOps.NormBf16*:ParityMoe.MoeMlp*'
-step parity 150 "$B/tests/dsa_parity_tests" --gtest_filter="$PARITY_FILTER" \
+step parity 240 "$B/tests/dsa_parity_tests" --gtest_filter="$PARITY_FILTER" \
   --gtest_output="json:$OUT/parity.json"
 
 SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
 for tool in memcheck racecheck; do
-  sanitize "sanitizer-$tool" "$tool" 35 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
+  sanitize "sanitizer-$tool" "$tool" 60 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
     --gtest_brief=1
 done
 
-step gemm-bench 50 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
+step gemm-bench 80 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --json "$OUT/gemm_bench.json"
 
-for mode in invariant fast exact; do
-  step "decode-$mode" 25 "$B/dsa" bench-decode --backend cuda --preset v32 --layers 1 \
-    --batches 1 8 64 256 --context 4096 --iters 10 --gemm "$mode" --json "$OUT/decode_$mode.json"
+# invariant-KERNEL: --gemm invariant with DSA_CUDA_GEMM=KERNEL.
+for mode in invariant-mma invariant-wgmma fast exact; do
+  kernel=mma
+  [[ $mode == invariant-* ]] && kernel="${mode#invariant-}"
+  step "decode-$mode" 25 env DSA_CUDA_GEMM="$kernel" "$B/dsa" bench-decode --backend cuda \
+    --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm "${mode%%-*}" \
+    --json "$OUT/decode_$mode.json"
 done
 
 {
   steps_summary "GEMM on the device"
-  echo "## invariant / cuBLASLt"
+  echo "## invariant / cuBLASLt, per kernel"
   echo
-  sed -n '/^gemm: invariant time/,/^$/p' "$LOG" | sed 's/^/    /'
+  grep -E "GEMM CHECK FAILED" "$LOG" | sed 's/^  /    /'
+  sed -n '/^gemm: invariant time/,/^(! after/p' "$LOG" | sed 's/^/    /'
+  echo
+  echo "## one V3.2 layer (bench-decode: B, eager ms, graph ms, ...)"
+  echo
+  for mode in invariant-mma invariant-wgmma fast exact; do
+    echo "    $mode"
+    awk -v n="=== decode-$mode: " 'index($0, n) == 1 {on = !on} on' "$LOG" |
+      grep -E "^ +(B|[0-9]+) " | sed 's/^/    /'
+  done
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -1,11 +1,14 @@
 // GEMM benches: every projection of a V3.2 layer at B (rows) = 1, 8, 64, 256, the batch-invariant
-// tensor-core GEMM (`--gemm invariant`) against cuBLASLt (`--gemm fast`) in the same run.
-//   gemm/{invariant,cublaslt}/<projection>/B=<rows>
+// tensor-core GEMM (`--gemm invariant`), each of its kernels forced (mma.sync, wgmma), against
+// cuBLASLt (`--gemm fast`) in the same run:
+//   gemm/{invariant-mma,invariant-wgmma,cublaslt}/<projection>/B=<rows>
 // Bytes: the bf16 weights once, x read (bf16 when the model hands the GEMM the norm's bf16 copy,
 // else f32), y written (and read when accumulating). Floor: max(bytes at the copy bandwidth,
 // flops at the cuBLASLt bf16 rate). Both modes are timed the same way: graph-launched back to
 // back, weights rotating over > 3x L2 when one set would fit in it. extra.vs_cublaslt is the
-// invariant time over the cuBLASLt time of the same shape (the target is <= 1.3).
+// invariant time over the cuBLASLt time of the same shape (the target is <= 1.3); every invariant
+// run is also checked against cuBLASLt's output (nmse <= 1e-7: the same bf16 inputs, another
+// order), and a failure is printed as "GEMM CHECK FAILED" and marked "!" in the ratio tables.
 //
 // --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
 // (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
@@ -66,6 +69,11 @@ void fill_random(Backend& be, void* dst, size_t bytes, std::mt19937_64& gen) {
   be.synchronize();
 }
 
+constexpr double kSweepNmse = 1e-7;  // cuBLASLt and the invariant GEMM differ in order only
+
+// The invariant GEMM's kernels, each timed and checked against cuBLASLt.
+constexpr cuda::GemmKernel kKernels[] = {cuda::GemmKernel::kMma, cuda::GemmKernel::kWgmma};
+
 // One projection's device buffers: weights rotating over `sets` copies, x (f32 and bf16) and y
 // with room for the largest B.
 struct ProjectionBuffers {
@@ -122,6 +130,29 @@ double time_projection(BenchContext& ctx, const GemmParams& p, const ProjectionB
       calls);
 }
 
+std::vector<float> read_y(Backend& be, const ProjectionBuffers& buf, size_t floats) {
+  std::vector<float> out(floats);
+  be.copy_to_host(out.data(), buf.y.data(), floats * sizeof(float));
+  return out;
+}
+
+// y after one call of p on y = 0 (an accumulating projection then holds alpha * x w alone).
+std::vector<float> run_on_zero(Backend& be, const GemmParams& p, const ProjectionBuffers& buf) {
+  const size_t floats = size_t(p.batch) * p.m * p.n;
+  be.fill(buf.y.data(), 0, floats * sizeof(float));
+  be.gemm(p);
+  return read_y(be, buf, floats);
+}
+
+double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - ref[i];
+    num += d * d, den += double(ref[i]) * ref[i];
+  }
+  return std::isfinite(num) ? num / std::max(den, 1e-300) : 1e300;
+}
+
 void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
   const ProjectionBuffers buf(be, pr, gen);
@@ -135,18 +166,29 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     const double bytes = w_bytes + x_bytes + y_bytes;
     const double flops = 2.0 * pr.batch * rows * double(pr.n) * pr.k;
     const double floor_us = std::max(ctx.hbm_floor_us(bytes), ctx.bf16_floor_us(flops));
-    double us[2] = {0, 0};
-    const GemmMode modes[2] = {GemmMode::kBatchInvariant, GemmMode::kFast};
-    for (int i = 0; i < 2; ++i) {
-      be.set_gemm_mode(modes[i]);
-      us[i] = time_projection(ctx, p, buf, std::max(2 * sets, 20));
-    }
+    auto run_once = [&] { return run_on_zero(be, p, buf); };
+    be.set_gemm_mode(GemmMode::kFast);
+    const std::vector<float> ref = run_once();
+    const double cublas_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+    // [kernel]: time, nmse against cuBLASLt (the same bf16 inputs; only the order differs).
+    double us[std::size(kKernels)], err[std::size(kKernels)];
     be.set_gemm_mode(GemmMode::kBatchInvariant);
-    for (int i = 0; i < 2; ++i) {
+    for (size_t i = 0; i < std::size(kKernels); ++i) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = kKernels[i];
+      set_gemm_invariant_tuning(be, tuning);
+      err[i] = nmse(run_once(), ref);
+      us[i] = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+      if (!(err[i] <= kSweepNmse)) {
+        std::printf("  GEMM CHECK FAILED %s B=%d %s: nmse %.3g against cuBLASLt\n", pr.name, rows,
+                    cuda::gemm_kernel_name(kKernels[i]), err[i]);
+      }
+    }
+    set_gemm_invariant_tuning(be, {});
+    auto add = [&](const std::string& mode, double t, nlohmann::json extra) {
       BenchResult r;
-      r.name = std::string("gemm/") + (i == 0 ? "invariant/" : "cublaslt/") + pr.name +
-               "/B=" + std::to_string(rows);
-      r.us = us[i];
+      r.name = "gemm/" + mode + "/" + pr.name + "/B=" + std::to_string(rows);
+      r.us = t;
       r.bytes = bytes;
       r.flops = flops;
       r.floor_us = floor_us;
@@ -157,9 +199,24 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  {"rows", rows},
                  {"sets", sets},
                  {"bf16_copy", pr.bf16_copy},
-                 {"vs_cublaslt", us[0] / us[1]}};
+                 {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})}};
+      r.extra.update(extra);
       ctx.add(std::move(r));
+    };
+    for (size_t i = 0; i < std::size(kKernels); ++i) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = kKernels[i];
+      const bool own = pr.layout == WeightLayout::kNK || kKernels[i] == cuda::GemmKernel::kMma;
+      add(std::string("invariant-") + cuda::gemm_kernel_name(kKernels[i]), us[i],
+          {{"vs_cublaslt", us[i] / cublas_us},
+           {"nmse_vs_cublaslt", err[i]},
+           {"ok", err[i] <= kSweepNmse},
+           {"tile",
+            own ? cuda::gemm_invariant_tile_name(
+                      cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kKernels[i])
+                : "mma fallback (kKN)"}});
     }
+    add("cublaslt", cublas_us, {});
   }
 }
 
@@ -167,8 +224,6 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
 // on every projection and B, each checked before it counts: nmse against cuBLASLt on the same
 // bf16 inputs, and row 0 bit for bit against every other run of the same split count (any tile,
 // any B: the invariance argument of gemm_tensor.cu, tested).
-
-constexpr double kSweepNmse = 1e-7;  // cuBLASLt and the invariant GEMM differ in order only
 
 // 1, the default count and powers of two, while slices keep 128 columns of k and the CTAs at 64
 // columns stay under 2048 (deduplicated by the count split_plan makes of them).
@@ -189,11 +244,11 @@ std::vector<int> sweep_splits(const Projection& pr) {
 
 // The tiles worth timing at B rows: 16-row tiles for decode, 16- and 64-row tiles and the
 // 128 x 128 ones at 64, the 64-row tiles and up past it.
-std::vector<int> sweep_tiles(int rows) {
+std::vector<int> sweep_tiles(int rows, cuda::GemmKernel kernel) {
   std::vector<int> out;
-  for (int t = 0; t < cuda::gemm_invariant_tile_count(); ++t) {
-    const int bm = cuda::gemm_invariant_tile_rows(t);
-    const std::string name = cuda::gemm_invariant_tile_name(t);
+  for (int t = 0; t < cuda::gemm_invariant_tile_count(kernel); ++t) {
+    const int bm = cuda::gemm_invariant_tile_rows(t, kernel);
+    const std::string name = cuda::gemm_invariant_tile_name(t, kernel);
     const bool keep = rows <= 16   ? bm == 16
                       : rows <= 64 ? bm <= 64 || name.rfind("128x128", 0) == 0
                                    : bm >= 64;
@@ -227,23 +282,8 @@ struct SweepCell {  // one projection at one B
   }
 };
 
-std::vector<float> read_y(Backend& be, const ProjectionBuffers& buf, size_t floats) {
-  std::vector<float> out(floats);
-  be.copy_to_host(out.data(), buf.y.data(), floats * sizeof(float));
-  return out;
-}
-
-double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - ref[i];
-    num += d * d, den += double(ref[i]) * ref[i];
-  }
-  return std::isfinite(num) ? num / std::max(den, 1e-300) : 1e300;
-}
-
 void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen,
-                      double deadline_s, std::vector<SweepCell>& cells) {
+                      double deadline_s, cuda::GemmKernel kernel, std::vector<SweepCell>& cells) {
   Backend& be = ctx.backend;
   const ProjectionBuffers buf(be, pr, gen);
   const int calls = std::max(buf.sets, 4);
@@ -252,18 +292,13 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
   for (int rows : kRows) {
     SweepCell cell;
     GemmParams p = projection_params(pr, rows, buf);
-    const size_t floats = size_t(pr.batch) * rows * pr.n;
-    // One call on y = 0 (an accumulating projection then holds alpha * x w alone).
-    auto run_once = [&] {
-      be.fill(buf.y.data(), 0, floats * sizeof(float));
-      be.gemm(p);
-      return read_y(be, buf, floats);
-    };
+    auto run_once = [&] { return run_on_zero(be, p, buf); };
     be.set_gemm_mode(GemmMode::kFast);
     const std::vector<float> ref = run_once();
     cell.cublas_us = time_projection(ctx, p, buf, calls);
     be.set_gemm_mode(GemmMode::kBatchInvariant);
     cuda::GemmInvariantTuning tuning;
+    tuning.kernel = kernel;
     set_gemm_invariant_tuning(be, tuning);
     cell.default_us = time_projection(ctx, p, buf, calls);
     cell.default_tile = cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning);
@@ -284,12 +319,12 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  err <= kSweepNmse && same};
       if (!r.ok) {
         std::printf("  SWEEP CHECK FAILED %s B=%d tile %s splits %d reduce %d: nmse %.3g%s\n",
-                    pr.name, rows, cuda::gemm_invariant_tile_name(tile), splits[si], reduce, err,
-                    same ? "" : ", row 0 differs from the same split count elsewhere");
+                    pr.name, rows, cuda::gemm_invariant_tile_name(tile, kernel), splits[si], reduce,
+                    err, same ? "" : ", row 0 differs from the same split count elsewhere");
       }
       BenchResult res;
       res.name = std::string("gemm-sweep/") + pr.name + "/B=" + std::to_string(rows) + "/" +
-                 cuda::gemm_invariant_tile_name(tile) + "/s=" + std::to_string(splits[si]) +
+                 cuda::gemm_invariant_tile_name(tile, kernel) + "/s=" + std::to_string(splits[si]) +
                  (reduce == 0 ? "/reduce-kernel" : "");
       res.us = r.us;
       res.extra = {{"tile", tile}, {"splits", splits[si]},         {"reduce", reduce},
@@ -305,7 +340,7 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
         run_checked(tile, si, reduce);
       } catch (const std::exception& e) {
         std::printf("  SWEEP CHECK FAILED %s B=%d tile %s splits %d reduce %d: %s\n", pr.name, rows,
-                    cuda::gemm_invariant_tile_name(tile), splits[si], reduce, e.what());
+                    cuda::gemm_invariant_tile_name(tile, kernel), splits[si], reduce, e.what());
       }
     };
     // The default split count first, then the others from 1 up.
@@ -314,7 +349,7 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     std::stable_partition(order.begin(), order.end(),
                           [&](size_t si) { return splits[si] == cell.default_splits; });
     for (size_t si : order) {
-      for (int tile : sweep_tiles(rows)) {
+      for (int tile : sweep_tiles(rows, kernel)) {
         if (ctx.elapsed_s() > deadline_s) break;
         try_run(tile, si, -1);
       }
@@ -330,10 +365,10 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     best = cell.best(0);
     std::printf("  sweep %-12s B=%-3d cublaslt %8.2f us | default %8.2f us %5.2fx (%s, %d splits)",
                 pr.name, rows, cell.cublas_us, cell.default_us, cell.default_us / cell.cublas_us,
-                cuda::gemm_invariant_tile_name(cell.default_tile), cell.default_splits);
+                cuda::gemm_invariant_tile_name(cell.default_tile, kernel), cell.default_splits);
     if (best) {
       std::printf(" | best %8.2f us %5.2fx (%s, %d splits%s)", best->us, best->us / cell.cublas_us,
-                  cuda::gemm_invariant_tile_name(best->tile), best->splits,
+                  cuda::gemm_invariant_tile_name(best->tile, kernel), best->splits,
                   best->reduce == 0 ? ", reduce kernel" : "");
     }
     std::puts("");
@@ -346,29 +381,40 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
 
 void run_gemm_benches(BenchContext& ctx) {
   std::mt19937_64 gen(77);
-  std::puts("gemm benches: invariant (tensor cores, bf16 x) vs cuBLASLt");
+  std::puts("gemm benches: invariant (tensor cores, bf16 x; mma.sync and wgmma) vs cuBLASLt");
   for (const Projection& pr : kV32) bench_projection(ctx, pr, gen);
-  std::puts("\ngemm: invariant time / cuBLASLt time (target <= 1.3)");
-  std::printf("%-14s", "projection");
-  for (int rows : kRows) std::printf(" %9s", ("B=" + std::to_string(rows)).c_str());
-  std::puts("");
-  for (const Projection& pr : kV32) {
-    std::printf("%-14s", pr.name);
-    for (int rows : kRows) {
-      const std::string want =
-          std::string("gemm/invariant/") + pr.name + "/B=" + std::to_string(rows);
-      for (const BenchResult& r : ctx.results()) {
-        if (r.name == want) std::printf(" %9.2f", r.extra["vs_cublaslt"].get<double>());
+  for (cuda::GemmKernel kernel : kKernels) {
+    const std::string mode = std::string("invariant-") + cuda::gemm_kernel_name(kernel);
+    std::printf("\ngemm: invariant time / cuBLASLt time, %s kernel (target <= 1.3)\n",
+                cuda::gemm_kernel_name(kernel));
+    std::printf("%-14s", "projection");
+    for (int rows : kRows) std::printf(" %9s", ("B=" + std::to_string(rows)).c_str());
+    std::printf("   %s\n", "tiles (B=1 .. 256)");
+    for (const Projection& pr : kV32) {
+      std::printf("%-14s", pr.name);
+      std::string tiles;
+      for (int rows : kRows) {
+        const std::string want = "gemm/" + mode + "/" + pr.name + "/B=" + std::to_string(rows);
+        for (const BenchResult& r : ctx.results()) {
+          if (r.name != want) continue;
+          std::printf(" %8.2f%s", r.extra["vs_cublaslt"].get<double>(),
+                      r.extra["ok"].get<bool>() ? " " : "!");
+          tiles += (tiles.empty() ? "" : ", ") + r.extra["tile"].get<std::string>();
+        }
       }
+      std::printf("   %s\n", tiles.c_str());
     }
-    std::puts("");
   }
+  std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
 }
 
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
   std::mt19937_64 gen(77);
-  std::printf("gemm sweep: %d tile configurations, budget %.0f s\n",
-              cuda::gemm_invariant_tile_count(), options.budget_s);
+  const cuda::GemmKernel kernel =
+      options.kernel == "wgmma" ? cuda::GemmKernel::kWgmma : cuda::GemmKernel::kMma;
+  std::printf("gemm sweep: the %s kernel, %d tile configurations, budget %.0f s\n",
+              cuda::gemm_kernel_name(kernel), cuda::gemm_invariant_tile_count(kernel),
+              options.budget_s);
   std::vector<const Projection*> swept;
   for (const Projection& pr : kV32) {
     if (options.only.empty() ||
@@ -382,7 +428,7 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
   std::vector<SweepCell> cells;  // [projection][B]
   for (size_t i = 0; i < swept.size(); ++i) {
     const double deadline_s = start_s + options.budget_s * double(i + 1) / double(swept.size());
-    sweep_projection(ctx, *swept[i], gen, deadline_s, cells);
+    sweep_projection(ctx, *swept[i], gen, deadline_s, kernel, cells);
   }
   constexpr int kB = int(std::size(kRows));
   // Per projection: the split count (one for every B: the invariance) whose worst ratio over B
@@ -403,7 +449,7 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
       double worst = 0;
       // Class 0 (B = 1, 8): the tile with the least worse ratio of the two.
       double class0 = 1e300;
-      for (int t : sweep_tiles(kRows[0])) {
+      for (int t : sweep_tiles(kRows[0], kernel)) {
         const double a = c[0].us_of(t, s), b = c[1].us_of(t, s);
         if (a <= 0 || b <= 0) continue;
         const double w = std::max(a / c[0].cublas_us, b / c[1].cublas_us);
@@ -432,7 +478,7 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
     std::printf("%-14s %6d", pr.name, best_splits);
     for (int bi = 0; bi < kB; ++bi) {
       const int t = best_tile[bi < 2 ? 0 : bi - 1];
-      std::printf(" %5.2f %18s", best_ratio[bi], cuda::gemm_invariant_tile_name(t));
+      std::printf(" %5.2f %18s", best_ratio[bi], cuda::gemm_invariant_tile_name(t, kernel));
     }
     std::printf("   %5.2f\n", best_worst);
     table.push_back("    {" + std::to_string(pr.n) + ", " + std::to_string(pr.k) + ", " +
@@ -440,7 +486,8 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
                     std::to_string(best_tile[0]) + ", " + std::to_string(best_tile[1]) + ", " +
                     std::to_string(best_tile[2]) + "}},  // " + pr.name);
   }
-  std::puts("\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu");
+  std::printf("\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu (%s tiles)\n",
+              cuda::gemm_kernel_name(kernel));
   for (const std::string& line : table) std::puts(line.c_str());
 }
 

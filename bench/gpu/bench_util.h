@@ -88,6 +88,7 @@ void run_gemm_benches(BenchContext& ctx);
 struct GemmSweepOptions {
   double budget_s = 80;
   std::vector<std::string> only;
+  std::string kernel = "mma";  // the invariant kernel whose tiles are swept: "mma" or "wgmma"
 };
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options);
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).

@@ -212,6 +212,9 @@ int main(int argc, char** argv) {
                  "seconds after which the sweep tries no new configuration")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--gemm-sweep-only", sweep.only, "projections to sweep (q_a, o, lm_head, ...)");
+  app.add_option("--gemm-sweep-kernel", sweep.kernel,
+                 "the invariant GEMM kernel whose tiles are swept (kKN projections: mma)")
+      ->check(CLI::IsMember({"mma", "wgmma"}));
   CLI11_PARSE(app, argc, argv);
   try {
     auto backend = dsa::make_cuda_backend(device);

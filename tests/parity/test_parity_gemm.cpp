@@ -1,4 +1,6 @@
-// Parity of the batch-invariant tensor-core GEMM (GemmMode::kBatchInvariant, gemm_tensor.cu).
+// Parity of the batch-invariant tensor-core GEMM (GemmMode::kBatchInvariant), both kernels:
+// mma.sync (gemm_tensor.cu) and wgmma (gemm_wgmma.cu), each forced through the tuning and each
+// held to everything below on its own (they give different bits from each other).
 //
 // The kernel rounds x to bf16 and sums in another order than the CPU reference (cpu/gemm.cpp:
 // f32 x, one sequential f32 sum), so it is compared within a derived bound, not bit for bit.
@@ -23,14 +25,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
+#include "dsa/error.h"
 #include "dsa/runner.h"
 
 namespace dsa::parity {
@@ -118,8 +124,10 @@ class Problem {
 
   const Shape& shape() const { return s_; }
   int max_m() const { return max_m_; }
-  std::vector<float>& x() { return x_; }    // for tests that plant garbage rows
-  std::vector<float>& y0() { return y0_; }  // and move the probe's accumulate input
+  // For tests that plant garbage rows and move the probe's accumulate input (the CPU rows made
+  // so far no longer hold).
+  std::vector<float>& x() { return cpu_cache_.clear(), x_; }
+  std::vector<float>& y0() { return cpu_cache_.clear(), y0_; }
   size_t x_index(int b, int r) const { return (size_t(b) * max_m_ + r) * ld_x_; }
   size_t y_index(int b, int r, int c) const { return (size_t(b) * (max_m_ + 2) + r) * ld_y_ + c; }
 
@@ -185,9 +193,9 @@ class Problem {
   // Checks row r of batch entry b of a CUDA result against the CPU (see the file comment).
   void expect_row_matches_cpu(Backend& cpu, const std::vector<float>& gpu, int b, int r,
                               const std::string& what) {
-    const std::vector<float> ref = cpu_row(cpu, b, r, RowInput::kAsIs);
-    const std::vector<float> ref_b = cpu_row(cpu, b, r, RowInput::kBf16);
-    const std::vector<float> abs_sum = cpu_row(cpu, b, r, RowInput::kAbs);
+    const std::vector<float>& ref = cpu_row(cpu, b, r, RowInput::kAsIs);
+    const std::vector<float>& ref_b = cpu_row(cpu, b, r, RowInput::kBf16);
+    const std::vector<float>& abs_sum = cpu_row(cpu, b, r, RowInput::kAbs);
     const double u_bf16 = std::ldexp(1.0, -8), sum_err = (s_.k + 2) * std::ldexp(1.0, -21);
     const double alpha = std::fabs(double(s_.alpha)), last = std::ldexp(1.0, -22);
     double num = 0, num_b = 0, den = 0, den_b = 0;
@@ -217,8 +225,11 @@ class Problem {
  private:
   enum class RowInput { kAsIs, kBf16, kAbs };
 
-  // The CPU reference for one row (m = 1), on x as is, on bf16(x), or sum |x| |w| (alpha 1).
-  std::vector<float> cpu_row(Backend& cpu, int b, int r, RowInput input) {
+  // The CPU reference for one row (m = 1), on x as is, on bf16(x), or sum |x| |w| (alpha 1);
+  // made once per row while x and y0 stay as they are (both kernels check the same rows).
+  const std::vector<float>& cpu_row(Backend& cpu, int b, int r, RowInput input) {
+    const auto key = std::make_tuple(b, r, int(input));
+    if (const auto it = cpu_cache_.find(key); it != cpu_cache_.end()) return it->second;
     std::vector<float> xr(x_.begin() + x_index(b, r), x_.begin() + x_index(b, r) + s_.k);
     const size_t w_offset = size_t(b) * rows_w_ * ld_w_;
     const Bf16* w = w_.data() + w_offset;
@@ -241,7 +252,7 @@ class Problem {
     p.y = y.data(), p.ld_y = s_.n;
     if (input == RowInput::kAbs) p.alpha = 1.0f, p.output = GemmOutput::kOverwrite;
     cpu.gemm(p);
-    return y;
+    return cpu_cache_[key] = std::move(y);
   }
 
   Shape s_;
@@ -250,6 +261,7 @@ class Problem {
   std::vector<Bf16> w_, w_abs_;
   std::vector<float> x_, y0_;
   std::unique_ptr<Guarded> w_dev_;
+  std::map<std::tuple<int, int, int>, std::vector<float>> cpu_cache_;  // (b, r, input)
 };
 
 // Rows [0, m) of every batch entry of `small` equal those of `big`, bit for bit.
@@ -268,6 +280,12 @@ class Problem {
   return ::testing::AssertionSuccess();
 }
 
+constexpr cuda::GemmKernel kKernels[] = {cuda::GemmKernel::kMma, cuda::GemmKernel::kWgmma};
+
+std::string kernel_label(cuda::GemmKernel kernel) {
+  return std::string(" [") + cuda::gemm_kernel_name(kernel) + "]";
+}
+
 class ParityGemm : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -275,140 +293,54 @@ class ParityGemm : public ::testing::Test {
     cpu_ = make_cpu_backend();
     cuda_ = make_cuda_backend(0);
   }
-  // Runs every m of `ms` (ascending), checks the last row of each run (every row when
-  // check_all_rows) against the CPU and every run's rows against the largest run bitwise, so a
-  // row checked in one run is checked in all.
+  void TearDown() override {
+    if (cuda_) set_gemm_invariant_tuning(*cuda_, {});
+  }
+  // Forces `kernel` (the default tile and split plan) for the runs that follow.
+  void use(cuda::GemmKernel kernel) {
+    cuda::GemmInvariantTuning tuning;
+    tuning.kernel = kernel;
+    set_gemm_invariant_tuning(*cuda_, tuning);
+  }
+  // For each kernel: runs every m of `ms` (ascending), checks the last row of each run (every
+  // row when check_all_rows) against the CPU and every run's rows against the largest run
+  // bitwise, so a row checked in one run is checked in all.
   void check_shape(const Shape& s, const std::vector<int>& ms, bool check_all_rows) {
     Problem pr(s, ms.back(), 1000 + uint64_t(s.n) * 7 + uint64_t(s.k));
-    const std::vector<float> big = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, ms.back());
-    for (int m : ms) {
-      const std::vector<float> y =
-          m == ms.back() ? big : pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
-      EXPECT_TRUE(same_rows(pr, y, big, m));
-      std::vector<int> rows;
-      if (check_all_rows) {
-        for (int r = 0; r < m; ++r) rows.push_back(r);
-      } else {
-        rows = {m - 1};  // with m = 1 first, rows 0, 1, 2, 4, 7, 63, 255 over the default ms
-      }
-      for (int b : {0, s.batch - 1}) {
-        for (size_t i = 0; i < rows.size(); ++i) {
-          if (i > 0 && rows[i] == rows[i - 1]) continue;
-          pr.expect_row_matches_cpu(*cpu_, y, b, rows[i], s.name + " m=" + std::to_string(m));
+    for (cuda::GemmKernel kernel : kKernels) {
+      use(kernel);
+      const std::string label = kernel_label(kernel);
+      const std::vector<float> big = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, ms.back());
+      for (int m : ms) {
+        const std::vector<float> y =
+            m == ms.back() ? big : pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+        EXPECT_TRUE(same_rows(pr, y, big, m)) << label;
+        std::vector<int> rows;
+        if (check_all_rows) {
+          for (int r = 0; r < m; ++r) rows.push_back(r);
+        } else {
+          rows = {m - 1};  // m = 1 first: rows 0, 1, 6, 7, 8, 63, 254, 255 of the V3.2 ms
         }
-        if (s.batch == 1) break;
-      }
-      if (HasFailure()) return;  // one shape's first failure says enough
-    }
-  }
-
-  std::unique_ptr<Backend> cpu_, cuda_;
-};
-
-// Odd and even k and n, tails of every tile, unaligned rows, both layouts, batches, alpha and
-// accumulate, at every tile config's m (<= 16, <= 64, larger) and across a split-K plan (k >=
-// 1024 with few columns). Every row is checked against the CPU.
-TEST_F(ParityGemm, RandomShapesWithinTheBound) {
-  const std::vector<int> ms = {1, 2, 3, 5, 8, 17, 64, 65, 130};
-  const std::vector<Shape> shapes = {
-      {"tiny", 8, 16},
-      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
-      {"tails", 100, 37, 1, WeightLayout::kNK, GemmOutput::kAccumulate, -1.5f, 0, 5, 1},
-      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.5f, 0, 8, 0},
-      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 1.0f, 1, 3, 3},
-      {"wide", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 0, 0, 0},
-      {"kn", 96, 80, 3, WeightLayout::kKN, GemmOutput::kOverwrite, 0.75f, 4, 8, 2},
-      {"kn-odd", 41, 23, 2, WeightLayout::kKN, GemmOutput::kAccumulate, 2.0f, 1, 1, 1},
-      {"nk-batched", 96, 136, 3, WeightLayout::kNK, GemmOutput::kAccumulate, 0.75f, 0, 0, 2},
-  };
-  for (const Shape& s : shapes) check_shape(s, ms, true);
-}
-
-// Every projection of a V3.2 layer (the v32 preset: hidden 7168, q_lora 1536, 128 heads, 64
-// index heads, intermediate 18432, vocab 32768), at the decode sizes. Row m-1 of each run is
-// checked against the CPU; every row against the m = 256 run.
-TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
-  const std::vector<int> ms = {1, 2, 3, 5, 8, 64, 256};
-  const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
-  const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168},
-      {"q_b", 128 * 192, 1536},
-      {"kv_a", 576, 7168},
-      {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
-      {"kv_b up (per head)", 128, 512, 128},
-      {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
-      {"indexer wq_b", 64 * 128, 1536},
-      {"indexer wk", 128, 7168},
-      {"indexer weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, w_scale},
-      {"mlp gate / up", 18432, 7168},
-      {"mlp down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
-      {"lm_head", 32768, 7168},
-  };
-  for (const Shape& s : shapes) check_shape(s, ms, false);
-}
-
-// The bf16 copy of x a norm writes (GemmParams::x_bf16) gives the bits of the in-backend
-// conversion: the fusion never changes a result.
-TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
-  for (const Shape& s : {Shape{"q_a", 1536, 7168}, Shape{"odd", 37, 100, 1, WeightLayout::kNK,
-                                                         GemmOutput::kAccumulate, 0.5f, 3, 1, 2}}) {
-    Problem pr(s, 8, 77);
-    for (int m : {1, 8}) {
-      const auto converted = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, false);
-      const auto given = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, true);
-      EXPECT_EQ(std::memcmp(converted.data(), given.data(), converted.size() * 4), 0)
-          << s.name << " m=" << m;
-    }
-  }
-}
-
-// The tile configuration and the way split partials are reduced never change a bit (the
-// invariance argument of gemm_tensor.cu, 2. and 3.): every tile, with the fused reduction and
-// with the reduce kernel, gives the default's bytes, at m = 1 and m = 70, for a split shape with a
-// ragged last slice, an unaligned one, batched n-contiguous weights and a shape with one slice.
-TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
-  const std::vector<Shape> shapes = {
-      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f, 0, 8, 0},
-      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 1, 3, 3},
-      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
-      {"one slice", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 0, 0, 0},
-  };
-  for (const Shape& s : shapes) {
-    Problem pr(s, 70, 31 + uint64_t(s.n));
-    for (int m : {1, 70}) {
-      set_gemm_invariant_tuning(*cuda_, {});
-      const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
-      for (int tile = 0; tile < cuda::gemm_invariant_tile_count(); ++tile) {
-        for (int reduce : {0, 1}) {
-          cuda::GemmInvariantTuning tuning;
-          tuning.tile = tile, tuning.reduce = reduce;
-          set_gemm_invariant_tuning(*cuda_, tuning);
-          const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
-              << s.name << " m=" << m << ": tile " << cuda::gemm_invariant_tile_name(tile)
-              << (reduce ? ", fused reduction" : ", reduce kernel") << " differs from the default";
+        for (int b : {0, s.batch - 1}) {
+          for (size_t i = 0; i < rows.size(); ++i) {
+            if (i > 0 && rows[i] == rows[i - 1]) continue;
+            pr.expect_row_matches_cpu(*cpu_, y, b, rows[i],
+                                      s.name + " m=" + std::to_string(m) + label);
+          }
+          if (s.batch == 1) break;
         }
+        if (HasFailure()) return;  // one shape's first failure says enough
       }
     }
   }
-  set_gemm_invariant_tuning(*cuda_, {});
-}
 
-// One probe row, alone, among 7 and among 255 rows of large garbage, at several positions and
-// at every graph bucket of the runner: its output row is the same bits every time.
-TEST_F(ParityGemm, ProbeRowIsBitwiseInvariantToItsBatch) {
   struct Placement {
     int m, position;
   };
-  std::vector<Placement> placements = {{1, 0}, {7, 0}, {7, 3}, {7, 6}, {255, 0}, {255, 200}};
-  for (int bucket : default_buckets()) placements.push_back({bucket, bucket - 1});
-  const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168},
-      {"kv_a (split)", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f},
-      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
-      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
-  };
-  for (const Shape& s : shapes) {
+  // The probe row (row 0 of the clean x) at each placement among rows of large garbage: its
+  // output row is the same bits every time, and within the bound of the CPU.
+  void check_probe(const Shape& s, const std::vector<Placement>& placements,
+                   const std::string& label) {
     Problem pr(s, 256, 4242);
     std::vector<std::vector<float>> probe(s.batch);  // [batch] the probe's row from row 0 of m=1
     const std::vector<float> clean = pr.x(), clean_y0 = pr.y0();
@@ -436,15 +368,161 @@ TEST_F(ParityGemm, ProbeRowIsBitwiseInvariantToItsBatch) {
         std::vector<float> row(first, first + s.n);
         if (probe[b].empty()) {
           probe[b] = row;
-          pr.expect_row_matches_cpu(*cpu_, y, b, at.position, s.name + " probe");
+          pr.expect_row_matches_cpu(*cpu_, y, b, at.position, s.name + " probe" + label);
           continue;
         }
         EXPECT_EQ(std::memcmp(row.data(), probe[b].data(), row.size() * 4), 0)
             << s.name << ": the probe at position " << at.position << " of m=" << at.m << " (batch "
-            << b << ") differs from the probe alone";
+            << b << ") differs from the probe alone" << label;
       }
     }
-    pr.x() = clean;
+  }
+
+  std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+// Odd and even k and n, tails of every tile, unaligned rows, both layouts, batches, alpha and
+// accumulate, at every tile config's m (<= 16, <= 64, larger) and across a split-K plan (k >=
+// 1024 with few columns). Every row is checked against the CPU.
+TEST_F(ParityGemm, RandomShapesWithinTheBound) {
+  const std::vector<int> ms = {1, 2, 3, 5, 7, 8, 9, 17, 64, 65, 130};
+  const std::vector<Shape> shapes = {
+      {"tiny", 8, 16},
+      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
+      {"tails", 100, 37, 1, WeightLayout::kNK, GemmOutput::kAccumulate, -1.5f, 0, 5, 1},
+      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.5f, 0, 8, 0},
+      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 1.0f, 1, 3, 3},
+      {"wide", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 0, 0, 0},
+      {"kn", 96, 80, 3, WeightLayout::kKN, GemmOutput::kOverwrite, 0.75f, 4, 8, 2},
+      {"kn-odd", 41, 23, 2, WeightLayout::kKN, GemmOutput::kAccumulate, 2.0f, 1, 1, 1},
+      {"nk-batched", 96, 136, 3, WeightLayout::kNK, GemmOutput::kAccumulate, 0.75f, 0, 0, 2},
+  };
+  for (const Shape& s : shapes) check_shape(s, ms, true);
+}
+
+// Every projection of a V3.2 layer (the v32 preset: hidden 7168, q_lora 1536, 128 heads, 64
+// index heads, intermediate 18432, vocab 32768), at the decode sizes. Row m-1 of each run is
+// checked against the CPU; every row against the m = 256 run.
+TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
+  const std::vector<int> ms = {1, 2, 7, 8, 9, 64, 255, 256};
+  const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168},
+      {"q_b", 128 * 192, 1536},
+      {"kv_a", 576, 7168},
+      {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
+      {"kv_b up (per head)", 128, 512, 128},
+      {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
+      {"indexer wq_b", 64 * 128, 1536},
+      {"indexer wk", 128, 7168},
+      {"indexer weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, w_scale},
+      {"mlp gate / up", 18432, 7168},
+      {"mlp down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
+      {"lm_head", 32768, 7168},
+  };
+  for (const Shape& s : shapes) check_shape(s, ms, false);
+}
+
+// The bf16 copy of x a norm writes (GemmParams::x_bf16) gives the bits of the in-backend
+// conversion: the fusion never changes a result.
+TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
+  for (const Shape& s : {Shape{"q_a", 1536, 7168}, Shape{"odd", 37, 100, 1, WeightLayout::kNK,
+                                                         GemmOutput::kAccumulate, 0.5f, 3, 1, 2}}) {
+    Problem pr(s, 8, 77);
+    for (cuda::GemmKernel kernel : kKernels) {
+      use(kernel);
+      for (int m : {1, 8}) {
+        const auto converted = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, false);
+        const auto given = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m, true);
+        EXPECT_EQ(std::memcmp(converted.data(), given.data(), converted.size() * 4), 0)
+            << s.name << " m=" << m << kernel_label(kernel);
+      }
+    }
+  }
+}
+
+// The tile configuration and the way split partials are reduced never change a bit (the
+// invariance arguments of gemm_tensor.cu, 2. and 3., and gemm_wgmma.cu, 3.): for each kernel,
+// every tile, with the fused reduction and with the reduce kernel, gives the default's bytes, at
+// m = 1, 70 and 130, for a split shape with a ragged last slice, an unaligned one, batched
+// n-contiguous weights (the mma kernel under either) and a shape with one slice. The wgmma tiles
+// run the rows in instructions of N = 8, 16, 32, 64 and 128: a row's bits do not depend on N.
+TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
+  const std::vector<Shape> shapes = {
+      {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f, 0, 8, 0},
+      {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 1, 3, 3},
+      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
+      {"one slice", 300, 520, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 0, 0, 0},
+  };
+  for (const Shape& s : shapes) {
+    Problem pr(s, 130, 31 + uint64_t(s.n));
+    for (cuda::GemmKernel kernel : kKernels) {
+      for (int m : {1, 70, 130}) {
+        use(kernel);
+        const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+        for (int tile = 0; tile < cuda::gemm_invariant_tile_count(kernel); ++tile) {
+          for (int reduce : {0, 1}) {
+            cuda::GemmInvariantTuning tuning;
+            tuning.tile = tile, tuning.reduce = reduce, tuning.kernel = kernel;
+            set_gemm_invariant_tuning(*cuda_, tuning);
+            const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+                << s.name << " m=" << m << kernel_label(kernel) << ": tile "
+                << cuda::gemm_invariant_tile_name(tile, kernel)
+                << (reduce ? ", fused reduction" : ", reduce kernel")
+                << " differs from the default";
+          }
+        }
+      }
+    }
+  }
+}
+
+// One probe row, alone, among 7 and among 255 rows of large garbage, at several positions and
+// at every graph bucket of the runner: its output row is the same bits every time.
+TEST_F(ParityGemm, ProbeRowIsBitwiseInvariantToItsBatch) {
+  std::vector<Placement> placements = {{1, 0}, {7, 0}, {7, 3}, {7, 6}, {255, 0}, {255, 200}};
+  for (int bucket : default_buckets()) placements.push_back({bucket, bucket - 1});
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168},
+      {"kv_a (split)", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f},
+      {"odd", 37, 100, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 0.75f, 3, 1, 2},
+      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
+  };
+  for (const Shape& s : shapes) {
+    for (cuda::GemmKernel kernel : kKernels) {
+      use(kernel);
+      check_probe(s, placements, kernel_label(kernel));
+    }
+  }
+}
+
+// DSA_CUDA_GEMM picks the kernel of a backend made after it is set: "mma" and "wgmma" give the
+// bits of the forced kernels; any other value is refused with a message naming it.
+TEST_F(ParityGemm, EnvironmentPicksTheKernel) {
+  struct Restore {  // DSA_CUDA_GEMM as it was, however the test ends
+    const char* before = std::getenv("DSA_CUDA_GEMM");
+    std::string saved = before ? before : "";
+    ~Restore() { before ? setenv("DSA_CUDA_GEMM", saved.c_str(), 1) : unsetenv("DSA_CUDA_GEMM"); }
+  } restore;
+  const Shape s{"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kAccumulate,
+                1.0f,        1,   3,    3};
+  Problem pr(s, 9, 5);
+  for (cuda::GemmKernel kernel : kKernels) {
+    use(kernel);
+    const std::vector<float> forced = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, 9);
+    setenv("DSA_CUDA_GEMM", cuda::gemm_kernel_name(kernel), 1);
+    const std::unique_ptr<Backend> picked = make_cuda_backend(0);
+    const std::vector<float> got = pr.run_cuda(*picked, GemmMode::kBatchInvariant, 9);
+    EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * 4), 0) << kernel_label(kernel);
+  }
+  setenv("DSA_CUDA_GEMM", "tensor", 1);
+  try {
+    make_cuda_backend(0);
+    ADD_FAILURE() << "DSA_CUDA_GEMM=tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'tensor'"), std::string::npos) << e.what();
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -20,6 +21,18 @@ namespace dsa {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+// The batch-invariant GEMM kernel the environment asks for: DSA_CUDA_GEMM=mma|wgmma, else
+// cuda::kDefaultGemmKernel. Any other value is refused, naming it.
+cuda::GemmKernel gemm_kernel_from_env() {
+  const char* v = std::getenv("DSA_CUDA_GEMM");
+  if (v == nullptr || *v == '\0') return cuda::kDefaultGemmKernel;
+  const std::string value(v);
+  if (value == "mma") return cuda::GemmKernel::kMma;
+  if (value == "wgmma") return cuda::GemmKernel::kWgmma;
+  fail(ErrorCode::kInvalidArgument, "DSA_CUDA_GEMM '{}' must be 'mma' or 'wgmma' (unset: '{}')",
+       value, cuda::gemm_kernel_name(cuda::kDefaultGemmKernel));
+}
 
 std::string device_label(int device) {
   cudaDeviceProp prop{};
@@ -96,7 +109,8 @@ class CudaStopwatch final : public Stopwatch {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), label_(device_label(device)) {
+  explicit CudaBackend(int device)
+      : device_(device), label_(device_label(device)), gemm_kernel_(gemm_kernel_from_env()) {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
@@ -106,7 +120,8 @@ class CudaBackend final : public Backend {
   // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
   // the thread's current device is given back as it was found.
-  CudaBackend(int device, cudaStream_t caller_stream) : device_(device), stream_(caller_stream) {
+  CudaBackend(int device, cudaStream_t caller_stream)
+      : device_(device), stream_(caller_stream), gemm_kernel_(gemm_kernel_from_env()) {
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }
@@ -125,9 +140,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   // The invariant GEMM's knobs (set_gemm_invariant_tuning in cuda_backend.h).
   void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) {
-    require(tuning.tile >= -1 && tuning.tile < cuda::gemm_invariant_tile_count(),
-            ErrorCode::kInvalidArgument, "gemm tuning: tile {} must be -1 or in [0, {})",
-            tuning.tile, cuda::gemm_invariant_tile_count());
+    const cuda::GemmKernel kernel = resolved(tuning).kernel;
+    require(tuning.tile >= -1 && tuning.tile < cuda::gemm_invariant_tile_count(kernel),
+            ErrorCode::kInvalidArgument, "gemm tuning: tile {} must be -1 or in [0, {}) ({})",
+            tuning.tile, cuda::gemm_invariant_tile_count(kernel), cuda::gemm_kernel_name(kernel));
     require(tuning.splits >= 0, ErrorCode::kInvalidArgument, "gemm tuning: splits {} must be >= 0",
             tuning.splits);
     require(tuning.reduce >= -1 && tuning.reduce <= 1, ErrorCode::kInvalidArgument,
@@ -380,10 +396,15 @@ class CudaBackend final : public Backend {
             "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
     if (p.m == 0 || p.batch == 0) return;
     const XBf16 xb = x_as_bf16(p);
-    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, gemm_tuning_));
-    launched(
-        cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, gemm_tuning_, stream_),
-        "gemm_invariant");
+    const cuda::GemmInvariantTuning tuning = resolved(gemm_tuning_);
+    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
+    launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, tuning, stream_),
+             "gemm_invariant");
+  }
+  // The tuning with its kernel named: the tuning's own, else this backend's (DSA_CUDA_GEMM).
+  cuda::GemmInvariantTuning resolved(cuda::GemmInvariantTuning tuning) const {
+    if (tuning.kernel == cuda::GemmKernel::kDefault) tuning.kernel = gemm_kernel_;
+    return tuning;
   }
 
   void gemm_cublaslt(const GemmParams& p);
@@ -411,6 +432,7 @@ class CudaBackend final : public Backend {
   void* gemm_partials_ = nullptr;
   size_t gemm_partial_bytes_ = 0;
   cuda::GemmInvariantTuning gemm_tuning_;
+  cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
 };
 
 // y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is

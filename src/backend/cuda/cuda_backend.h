@@ -15,23 +15,38 @@ cudaStream_t cuda_stream(Backend& backend);
 
 namespace cuda {
 
-// The batch-invariant GEMM's knobs (gemm_tensor.cu), for the sweep of dsa_gpu_bench
-// --gemm-sweep; the defaults follow the table in gemm_tensor.cu. tile: an index below
-// gemm_invariant_tile_count() used for every call, or -1 for the table's pick by m. splits: the
-// number of K slices for every shape, or 0 for the table's per-shape count; either way never a
-// function of m, so the GEMM stays batch-invariant under any tuning (a different split count
-// gives different bits, the same for every m). reduce: -1 default, 0 the separate reduce
-// kernel, 1 the fused last-CTA reduction (when the output tiles fit its counters); the same bits.
+// Which batch-invariant GEMM kernel runs. kMma: mma.sync m16n8k16 (gemm_tensor.cu), every
+// layout. kWgmma: Hopper wgmma m64nNk16 (gemm_wgmma.cu) for kNK weights, mma.sync for kKN (the
+// choice follows the layout, never m). kDefault: the backend's choice, from the environment
+// variable DSA_CUDA_GEMM ("mma" or "wgmma") when set, else kDefaultGemmKernel. The two kernels
+// give different bits (each one batch-invariant), so a run keeps one.
+enum class GemmKernel { kDefault = -1, kMma = 0, kWgmma = 1 };
+inline constexpr GemmKernel kDefaultGemmKernel = GemmKernel::kMma;
+const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
+
+// The batch-invariant GEMM's knobs (gemm_tensor.cu, gemm_wgmma.cu), for the sweep of
+// dsa_gpu_bench --gemm-sweep and the parity tests; the defaults follow the tables in the two
+// files. kernel: see GemmKernel. tile: an index below gemm_invariant_tile_count(kernel) used for
+// every call, or -1 for the kernel's pick by m. splits: the number of K slices for every shape,
+// or 0 for the table's per-shape count; either way never a function of m, so the GEMM stays
+// batch-invariant under any tuning (a different split count gives different bits, the same for
+// every m). reduce: -1 default, 0 the separate reduce kernel, 1 the fused last-CTA reduction
+// (when the output tiles fit its counters); the same bits.
 struct GemmInvariantTuning {
   int tile = -1;
   int splits = 0;
   int reduce = -1;
+  GemmKernel kernel = GemmKernel::kDefault;
 };
-int gemm_invariant_tile_count();
-const char* gemm_invariant_tile_name(
-    int tile);                           // "16x64.k128.s4": rows x cols, k per stage, stages
-int gemm_invariant_tile_rows(int tile);  // the tile's rows (0 for an unknown index)
-// What a call would use: the split count for (n, k, batch) and the tile index for m rows.
+// Tile configurations of a kernel (kDefault: kDefaultGemmKernel's).
+int gemm_invariant_tile_count(GemmKernel kernel = GemmKernel::kMma);
+// "16x64.k128.s4" (mma: rows x cols, k per stage, stages), "8x64.s8" (wgmma: rows x cols,
+// stages); "default" for an unknown index.
+const char* gemm_invariant_tile_name(int tile, GemmKernel kernel = GemmKernel::kMma);
+// The tile's rows of x (0 for an unknown index).
+int gemm_invariant_tile_rows(int tile, GemmKernel kernel = GemmKernel::kMma);
+// What a call would use: the split count for (n, k, batch) and the tile index for m rows (of
+// the kernel the tuning names; kDefault: kDefaultGemmKernel).
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning);
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning);
 

@@ -1,4 +1,7 @@
-// The batch-invariant tensor-core GEMM (GemmMode::kBatchInvariant, `--gemm invariant`):
+// The batch-invariant tensor-core GEMM (GemmMode::kBatchInvariant, `--gemm invariant`), its
+// mma.sync kernel and its entry point gemm_invariant, which runs this kernel or the wgmma one
+// (gemm_wgmma.cu, kNK weights) as GemmInvariantTuning::kernel says (the backend fills it from
+// DSA_CUDA_GEMM); both share the split plan and the reduction below (gemm_invariant.cuh).
 //
 //   y_b[m, n] (+)= alpha * sum_k bf16(x_b[m, k]) * w_b(n, k)
 //
@@ -55,6 +58,7 @@
 #include <iterator>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
 
@@ -89,39 +93,6 @@ struct TileConfig {
   static_assert(kSliceGranule % kBK == 0 && kBK % 16 == 0, "a stage holds whole k16 blocks");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
-
-struct TcParams {
-  const uint16_t* x;   // bf16 bits [batch][m, k]: row stride ld_x, batch stride bs_x
-  const uint16_t* w;   // bf16 bits [batch][n, k] (nk) or [batch][k, n], row stride ld_w
-  float* y;            // [batch][m, n], row stride ld_y, batch stride bs_y
-  float* partial;      // [splits][batch][m][n] when splits > 1
-  unsigned* counters;  // one per output tile, zero at rest, when fused (splits > 1)
-  int m, n, k, batch, splits, slice_k;
-  int64_t ld_x, ld_w, ld_y, bs_x, bs_w, bs_y;
-  float alpha;
-  bool nk, accumulate, vec_x, vec_w, fused;
-};
-
-// 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
-// element loads with zero fill (nothing is read for an out-of-range element).
-__device__ __forceinline__ void load_chunk(uint16_t* d, const uint16_t* s, bool row_ok, int avail,
-                                           bool vec) {
-  if (!row_ok || avail <= 0) {
-    *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-  } else if (vec && avail >= 8) {
-    cp_async16(d, s);
-  } else {
-    uint16_t v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = i < avail ? s[i] : uint16_t(0);
-    uint4 packed;
-    packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-    packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-    packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-    packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-    *reinterpret_cast<uint4*>(d) = packed;
-  }
-}
 
 // Rows [row0, row0 + kRows) x k [k0, k0 + kBK) of a k-contiguous bf16 matrix into
 // dst[kRows][kBK + 8]. Rows >= row_end and k >= k_end become +0 and are never read.
@@ -250,46 +221,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
       for (int r = 0; r < 4; ++r) {
         const int row = m0 + warp_m + 16 * i + g + 8 * (r / 2);
         const int col = n0 + warp_n + 8 * j + 2 * t + r % 2;
-        if (row >= p.m || col >= p.n) continue;
-        if (p.splits == 1) {
-          float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
-          const float scaled = __fmul_rn(p.alpha, acc[i][j][r]);
-          *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
-        } else {
-          p.partial[((int64_t(s) * p.batch + b) * p.m + row) * p.n + col] = acc[i][j][r];
-        }
+        if (row < p.m && col < p.n) store_chain(p, b, s, row, col, acc[i][j][r]);
       }
     }
   }
   if (p.splits == 1 || !p.fused) return;
-
-  // The fused reduction: the last CTA of this output tile to arrive (any slice) sums the tile's
-  // partials in slice order 0, 1, ..., exactly as reduce_splits_kernel does, so which CTA comes
-  // last never changes a bit. Release: every thread fences its partial stores before thread 0
-  // counts the arrival; acquire: the last CTA fences again and reads the partials from L2.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  unsigned* counter = p.counters + (int64_t(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  // (one counter per (batch entry, n tile, m tile): the same for every slice of the tile)
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
-    if (last) *counter = 0;  // every slice has arrived: zero again for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int rows = min(C::kBM, p.m - m0), cols = min(C::kBN, p.n - n0);
-  const int64_t per_slice = int64_t(p.batch) * p.m * p.n;
-  for (int e = threadIdx.x; e < rows * cols; e += C::kThreads) {
-    const int row = m0 + e / cols, col = n0 + e % cols;
-    const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
-    float sum = __ldcg(part);
-    for (int sl = 1; sl < p.splits; ++sl) sum = __fadd_rn(sum, __ldcg(part + sl * per_slice));
-    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
-    const float scaled = __fmul_rn(p.alpha, sum);
-    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
-  }
+  // One counter per (batch entry, n tile, m tile): the same for every slice of the tile.
+  const int64_t tile = (int64_t(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  finish_split_tile<C::kThreads>(p, b, tile, m0, min(C::kBM, p.m - m0), n0, min(C::kBN, p.n - n0));
 }
 
 // y = alpha * (((partial_0 + partial_1) + partial_2) + ...), or y + that; one thread an element.
@@ -307,22 +246,12 @@ __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
   *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
 }
 
-// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (on the current
-// one; gemm_invariant_prepare does it for every tile before any capture).
+// gemm_invariant_prepare opts every tile in before any capture (opt_in_smem).
 template <class C>
 cudaError_t opt_in(bool force) {
   static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (force || !(opted_in.load(std::memory_order_relaxed) & bit)) {
-    err = cudaFuncSetAttribute(gemm_tensor_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               C::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return cudaSuccess;
+  return opt_in_smem(reinterpret_cast<const void*>(&gemm_tensor_kernel<C>), C::kSmemBytes, force,
+                     opted_in);
 }
 
 template <class C>
@@ -460,18 +389,48 @@ size_t partial_floats(const GemmParams& p, const SplitPlan& plan) {
 
 }  // namespace
 
-int gemm_invariant_tile_count() { return kTileCount; }
-const char* gemm_invariant_tile_name(int tile) {
-  return tile >= 0 && tile < kTileCount ? kTiles[tile].name : "default";
+const char* gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::kMma:
+      return "mma";
+    case GemmKernel::kWgmma:
+      return "wgmma";
+    default:
+      return "default";
+  }
 }
-int gemm_invariant_tile_rows(int tile) {
-  return tile >= 0 && tile < kTileCount ? kTiles[tile].bm : 0;
+
+namespace {
+bool is_wgmma(GemmKernel kernel) {
+  return (kernel == GemmKernel::kDefault ? kDefaultGemmKernel : kernel) == GemmKernel::kWgmma;
+}
+// The tuning the mma.sync kernel runs under when the wgmma one was asked for but the layout is
+// kKN: the same split count and reduction, the mma kernel's own tile pick.
+GemmInvariantTuning mma_tuning(GemmInvariantTuning tuning) {
+  if (is_wgmma(tuning.kernel)) tuning.tile = -1;
+  tuning.kernel = GemmKernel::kMma;
+  return tuning;
+}
+}  // namespace
+
+int gemm_invariant_tile_count(GemmKernel kernel) {
+  return is_wgmma(kernel) ? wgmma_tile_count() : kTileCount;
+}
+const char* gemm_invariant_tile_name(int tile, GemmKernel kernel) {
+  if (tile < 0 || tile >= gemm_invariant_tile_count(kernel)) return "default";
+  return is_wgmma(kernel) ? wgmma_tile_info(tile).name : kTiles[tile].name;
+}
+int gemm_invariant_tile_rows(int tile, GemmKernel kernel) {
+  if (tile < 0 || tile >= gemm_invariant_tile_count(kernel)) return 0;
+  return is_wgmma(kernel) ? wgmma_tile_info(tile).rows : kTiles[tile].bm;
 }
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning) {
   return n > 0 && k > 0 && batch > 0 ? split_plan(n, k, batch, tuning).splits : 0;
 }
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
-  return pick_tile(m, n, k, batch, tuning);
+  if (!is_wgmma(tuning.kernel)) return pick_tile(m, n, k, batch, tuning);
+  if (tuning.tile >= 0 && tuning.tile < wgmma_tile_count()) return tuning.tile;
+  return wgmma_pick_tile(m, n, batch, split_plan(n, k, batch, tuning).splits);
 }
 
 cudaError_t gemm_invariant_prepare() {
@@ -479,7 +438,7 @@ cudaError_t gemm_invariant_prepare() {
     const cudaError_t err = tile.opt_in(true);
     if (err != cudaSuccess) return err;
   }
-  return cudaSuccess;
+  return wgmma_prepare();
 }
 
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning) {
@@ -502,8 +461,13 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   if (p.m == 0 || p.batch == 0) return cudaSuccess;
   if (!x_bf16 || !p.w || !p.y) return cudaErrorInvalidValue;
   const SplitPlan plan = split_plan(p.n, p.k, p.batch, tuning);
-  const TileEntry& tile = kTiles[pick_tile(p.m, p.n, p.k, p.batch, tuning)];
-  const int64_t tiles_n = ceil_div(p.n, tile.bn), tiles_m = ceil_div(p.m, tile.bm);
+  // The kernel follows the tuning and the layout, never m (gemm_invariant.cuh).
+  const bool wgmma = p.layout == WeightLayout::kNK && is_wgmma(tuning.kernel);
+  const int tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, wgmma ? tuning : mma_tuning(tuning));
+  // Output tiles: rows of x (and y) by columns of y (output features).
+  const int tile_rows = wgmma ? wgmma_tile_info(tile).rows : kTiles[tile].bm;
+  const int tile_cols = wgmma ? wgmma_tile_info(tile).cols : kTiles[tile].bn;
+  const int64_t tiles_n = ceil_div(p.n, tile_cols), tiles_m = ceil_div(p.m, tile_rows);
   if (int64_t(p.batch) * plan.splits > 65535 || tiles_n > 65535) {
     return cudaErrorInvalidValue;  // grid.z and grid.y limits
   }
@@ -530,7 +494,7 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   t.fused = plan.splits > 1 && tuning.reduce != 0 &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
 
-  const cudaError_t err = tile.launch(t, stream);
+  const cudaError_t err = wgmma ? wgmma_launch(t, tile, stream) : kTiles[tile].launch(t, stream);
   if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
   const int64_t total = int64_t(p.batch) * p.m * p.n;
   constexpr int kThreads = 256;

@@ -31,11 +31,13 @@ cudaError_t rope(const RopeParams& p, cudaStream_t stream);            // rope.c
 cudaError_t hadamard(const HadamardParams& p, cudaStream_t stream);    // hadamard.cu
 // GemmMode::kExact: plain f32, bit-identical to cpu/gemm.cpp (and batch-invariant).
 cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
-// GemmMode::kBatchInvariant (gemm_tensor.cu): tensor cores on bf16(x), a reduction order fixed
-// by k, n and batch. x_bf16 is bf16(p.x), [batch][m, k] with row stride ld_xb and batch stride
-// bs_xb (p.x itself is not read). scratch holds gemm_invariant_scratch_floats(p, tuning) floats
-// (split-K counters, then partial sums); it must be zero when first allocated, and every launch
-// leaves its counters zero again. tuning: see GemmInvariantTuning (cuda_backend.h).
+// GemmMode::kBatchInvariant (gemm_tensor.cu, gemm_wgmma.cu): tensor cores on bf16(x), a
+// reduction order fixed by k, n and batch; tuning.kernel picks mma.sync or wgmma (kDefault:
+// kDefaultGemmKernel; the backend resolves it from DSA_CUDA_GEMM first). x_bf16 is bf16(p.x),
+// [batch][m, k] with row stride ld_xb and batch stride bs_xb (p.x itself is not read). scratch
+// holds gemm_invariant_scratch_floats(p, tuning) floats (split-K counters, then partial sums); it
+// must be zero when first allocated, and every launch leaves its counters zero again. tuning: see
+// GemmInvariantTuning (cuda_backend.h).
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
                            float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream);
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning);

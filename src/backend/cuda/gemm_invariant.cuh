@@ -1,0 +1,128 @@
+// What the two batch-invariant GEMM kernels share: gemm_tensor.cu (mma.sync, any layout, the
+// entry point gemm_invariant and the split-K plan) and gemm_wgmma.cu (Hopper wgmma, kNK weights).
+// Both run the contract of gemm_tensor.cu's header: y[m, n] is one chain of k16 tensor-core
+// steps per K slice, from +0, in ascending k, the slices from split_plan (K, N, batch only) added
+// in slice order; which kernel runs is chosen from the layout and the tuning, never from m.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/mma.cuh"
+
+namespace dsa::cuda {
+
+struct TcParams {
+  const uint16_t* x;   // bf16 bits [batch][m, k]: row stride ld_x, batch stride bs_x
+  const uint16_t* w;   // bf16 bits [batch][n, k] (nk) or [batch][k, n], row stride ld_w
+  float* y;            // [batch][m, n], row stride ld_y, batch stride bs_y
+  float* partial;      // [splits][batch][m][n] when splits > 1
+  unsigned* counters;  // one per output tile, zero at rest, when fused (splits > 1)
+  int m, n, k, batch, splits, slice_k;
+  int64_t ld_x, ld_w, ld_y, bs_x, bs_w, bs_y;
+  float alpha;
+  bool nk, accumulate, vec_x, vec_w, fused;
+};
+
+// 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
+// element loads with zero fill (nothing is read for an out-of-range element).
+__device__ __forceinline__ void load_chunk(uint16_t* d, const uint16_t* s, bool row_ok, int avail,
+                                           bool vec) {
+  if (!row_ok || avail <= 0) {
+    *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  } else if (vec && avail >= 8) {
+    cp_async16(d, s);
+  } else {
+    uint16_t v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = i < avail ? s[i] : uint16_t(0);
+    uint4 packed;
+    packed.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+    packed.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+    packed.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+    packed.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+    *reinterpret_cast<uint4*>(d) = packed;
+  }
+}
+
+// One element of the output (row < m, col < n) from its slice's chain: y = alpha * acc (or
+// y + alpha * acc) with one slice, else the chain goes to slice s's partial.
+__device__ __forceinline__ void store_chain(const TcParams& p, int b, int s, int row, int col,
+                                            float acc) {
+  if (p.splits == 1) {
+    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
+    const float scaled = __fmul_rn(p.alpha, acc);
+    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+  } else {
+    p.partial[((int64_t(s) * p.batch + b) * p.m + row) * p.n + col] = acc;
+  }
+}
+
+// The fused split reduction, called by every thread of a CTA after its partial stores when
+// p.fused: the last CTA of output tile `tile` (rows [row0, row0 + rows) x columns [col0,
+// col0 + cols) of batch entry b) to arrive, whatever its slice, sums the tile's partials in
+// slice order 0, 1, ..., exactly as reduce_splits_kernel does, so which CTA comes last never
+// changes a bit. Release: every thread fences its partial stores before thread 0 counts the
+// arrival; acquire: the last CTA fences again and reads the partials from L2.
+template <int kThreads>
+__device__ __forceinline__ void finish_split_tile(const TcParams& p, int b, int64_t tile, int row0,
+                                                  int rows, int col0, int cols) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = p.counters + tile;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
+    if (last) *counter = 0;  // every slice has arrived: zero again for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t per_slice = int64_t(p.batch) * p.m * p.n;
+  for (int e = threadIdx.x; e < rows * cols; e += kThreads) {
+    const int row = row0 + e / cols, col = col0 + e % cols;
+    const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
+    float sum = __ldcg(part);
+    for (int sl = 1; sl < p.splits; ++sl) sum = __fadd_rn(sum, __ldcg(part + sl * per_slice));
+    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
+    const float scaled = __fmul_rn(p.alpha, sum);
+    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+  }
+}
+
+// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device: on the current
+// device, unless `opted_in` (one per kernel, a bit per device) says it was done (force: again).
+inline cudaError_t opt_in_smem(const void* kernel, int bytes, bool force,
+                               std::atomic<uint64_t>& opted_in) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (force || !(opted_in.load(std::memory_order_relaxed) & bit)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
+// ---- gemm_wgmma.cu (kNK weights only; gemm_invariant dispatches) ----
+
+// A wgmma tile configuration: `rows` of x (the wgmma N side) by `cols` output features (64 per
+// consumer warpgroup) per CTA.
+struct WgmmaTileInfo {
+  const char* name;
+  int rows, cols;
+};
+int wgmma_tile_count();
+WgmmaTileInfo wgmma_tile_info(int tile);
+// The tile for m rows of a shape whose plan has `splits` slices (any function of anything: the
+// tile never changes a bit; gemm_wgmma.cu's header).
+int wgmma_pick_tile(int m, int n, int batch, int splits);
+cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream);
+cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the current device
+
+}  // namespace dsa::cuda

@@ -1,0 +1,183 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) primitives: shared-memory matrix descriptors for the
+// 128-byte-swizzled K-major layout, the ordering instructions (wgmma.fence, commit_group,
+// wait_group, the generic-to-async proxy fence), and wgmma.mma_async m64nNk16 with bf16 inputs
+// and f32 accumulation for N in {8, 16, 32, 64, 128}. PTX ISA, "Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate Instructions".
+//
+// What one instruction computes. A warpgroup (4 consecutive warps, 128 threads, the first warp's
+// index a multiple of 4) runs D = A * B + D, A 64 x 16 (M x K) and B 16 x N (K x N) in shared
+// memory, D 64 x N f32 in registers, N/2 registers a thread. Both operands here are K-major (each
+// row of A and each column of B has its 16 k values contiguous; imm-trans-a = imm-trans-b = 0).
+//
+// D fragment (m64nNk16, f32; the mma.sync m16n8 C layout repeated): thread t of the warpgroup,
+// warp w = t / 32 (within the warpgroup), lane = 4 g + q (g in [0, 8), q in [0, 4)), holds, for
+// each 8-column block j in [0, N/8),
+//   d[4j + 0] = D[16 w + g][8 j + 2 q]        d[4j + 1] = D[16 w + g][8 j + 2 q + 1]
+//   d[4j + 2] = D[16 w + g + 8][8 j + 2 q]    d[4j + 3] = D[16 w + g + 8][8 j + 2 q + 1]
+//
+// Shared-memory layout: 128-byte swizzle, K-major (the layout the bulk tensor copy engine writes
+// with CU_TENSOR_MAP_SWIZZLE_128B, and the one cp.async writes below by hand).
+//   - A tile of R rows (R a multiple of 8) x 64 bf16 of k: row r takes the 128 bytes at r * 128.
+//     The 8 rows [8 a, 8 a + 8) form a 1024-byte "swizzle atom"; the tile starts 1024-aligned,
+//     so atom a starts at a * 1024.
+//   - Within row r, k values [8 c, 8 c + 8) (16-byte chunk c, c in [0, 8)) are stored at chunk
+//     position c ^ (r % 8): byte r * 128 + ((c ^ (r % 8)) << 4). In address terms the hardware
+//     XORs address bits [4, 7) with bits [7, 10), which is why atoms must be 1024-aligned.
+//   - The wgmma for k16 block kk (k [16 kk, 16 kk + 16), kk in [0, 4)) of rows [0, 64) (A) or
+//     [0, N) (B) uses the descriptor of the tile start plus kk * 32 bytes: the hardware applies
+//     the XOR to the computed address, so the logical advance within the atom is enough.
+//   A layout written this way is also free of shared-memory bank conflicts for 16-byte cp.async
+//   stores (8 consecutive chunks of one row, or one chunk of 8 consecutive rows, hit 8 distinct
+//   16-byte bank groups).
+//
+// Matrix descriptor (64 bits; addresses and offsets in 16-byte units, i.e. bytes >> 4):
+//   bits [0, 14)   start address (shared-state-space byte address >> 4)
+//   bits [16, 30)  leading-dimension byte offset (LBO) >> 4: the distance between core matrices
+//                  adjacent in K. Not used by swizzled K-major layouts (the K extent of one
+//                  instruction, 32 bytes, lies within a 128-byte row); the ISA says "assumed 1",
+//                  and 1 is what we write.
+//   bits [32, 46)  stride-dimension byte offset (SBO) >> 4: the distance between 8-row groups
+//                  (core matrices adjacent in M or N): 1024 bytes, one swizzle atom.
+//   bits [49, 52)  base offset: 0, because every atom starts 1024-aligned.
+//   bits [62, 64)  swizzle: 0 none (interleave), 1 128-byte, 2 64-byte, 3 32-byte.
+// Why this layout and not the unswizzled one (8 x 16-byte core matrices, LBO between K
+// neighbours, SBO between row neighbours): with the 128-byte swizzle LBO is unused, so the only
+// numbers to get right are the XOR rule and SBO = 1024; it is the layout the bulk tensor copy
+// engine produces (a later TMA producer writes the same bytes); and cp.async stores into it are
+// conflict-free without padding.
+//
+// Ordering rules this header's users follow (PTX ISA, wgmma "Async Proxy" and wgmma.fence):
+//   - wgmma reads shared memory through the async proxy. Shared memory written by ordinary
+//     stores or cp.async (generic proxy) is made visible to it by fence_proxy_async() in the
+//     writing thread after the write has completed (cp.async.wait_group), then a barrier.
+//   - wgmma_fence() before the first wgmma of a batch whose accumulator registers were touched
+//     by other instructions (zeroing, or reading the result of an earlier batch).
+//   - wgmma_commit() closes a group of issued wgmma; wgmma_wait<n>() returns once at most n of
+//     this warpgroup's groups are pending. Shared memory a pending wgmma reads must not be
+//     overwritten; its accumulators must not be read. Completion implies the proxy fence back.
+//   - Chained wgmma of one shape on the same accumulators need nothing between them: they are
+//     ordered by the hardware, in issue order.
+//   - fence_operand() keeps the compiler from moving accumulator reads or writes across the
+//     asynchronous window (it ties each register to a point in the instruction stream).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsa::cuda {
+
+inline constexpr int kSwizzleRowBytes = 128;    // one K-major row of a 128-byte-swizzled tile
+inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows: the alignment and the SBO
+
+// The byte offset of 16-byte chunk c (k values [8 c, 8 c + 8)) of row r in a 128-byte-swizzled
+// K-major tile that starts 1024-aligned.
+__host__ __device__ __forceinline__ constexpr int swizzle128_offset(int r, int c) {
+  return r * kSwizzleRowBytes + ((c ^ (r & 7)) << 4);
+}
+
+// The descriptor of a 128-byte-swizzled K-major operand starting at shared byte address
+// `smem_byte_addr` (the tile start, 1024-aligned, plus 32 bytes per k16 block; see above).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr) {
+  uint64_t desc = uint64_t((smem_byte_addr & 0x3FFFFu) >> 4);  // start address
+  desc |= uint64_t(1) << 16;                                   // LBO: unused, "assumed 1"
+  desc |= uint64_t(kSwizzleAtomBytes >> 4) << 32;              // SBO: 1024 bytes
+  desc |= uint64_t(1) << 62;                                   // 128-byte swizzle
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to the async proxy
+// (wgmma, bulk copies).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d = A * B + d: one wgmma.mma_async.m64nNk16.f32.bf16.bf16, A and B K-major from shared memory
+// through their descriptors, scale-d = 1 (always accumulate: chains start from registers zeroed
+// by the caller), no negation, no transpose.
+template <int kN>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<8>(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3}, "
+      "%4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<16>(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "%8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<32>(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+}  // namespace dsa::cuda
