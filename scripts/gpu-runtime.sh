@@ -29,7 +29,8 @@ run() {  # run NAME TIMEOUT COMMAND...
 }
 
 run decode-v32-invariant 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
-  --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --json "$TMP/decode_v32_inv.json"
+  --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --profile \
+  --json "$TMP/decode_v32_inv.json"
 run decode-v32-fast 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
   --batches 1 8 64 256 --context 4096 --iters 10 --gemm fast --json "$TMP/decode_v32_fast.json"
 run decode-tiny 60 "$DSA" bench-decode --backend cuda --preset tiny --layers 0 \
