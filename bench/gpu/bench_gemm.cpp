@@ -71,8 +71,19 @@ void fill_random(Backend& be, void* dst, size_t bytes, std::mt19937_64& gen) {
 
 constexpr double kSweepNmse = 1e-7;  // cuBLASLt and the invariant GEMM differ in order only
 
-// The invariant GEMM's kernels, each timed and checked against cuBLASLt.
+// The invariant GEMM's kernels, each timed and checked against cuBLASLt (--gemm-kernels).
 constexpr cuda::GemmKernel kKernels[] = {cuda::GemmKernel::kMma, cuda::GemmKernel::kWgmma};
+std::vector<cuda::GemmKernel> benched_kernels(const BenchContext& ctx) {
+  std::vector<cuda::GemmKernel> out;
+  for (cuda::GemmKernel kernel : kKernels) {
+    const std::string name = cuda::gemm_kernel_name(kernel);
+    if (ctx.gemm_kernels.empty() || std::find(ctx.gemm_kernels.begin(), ctx.gemm_kernels.end(),
+                                              name) != ctx.gemm_kernels.end()) {
+      out.push_back(kernel);
+    }
+  }
+  return out;
+}
 
 // One projection's device buffers: weights rotating over `sets` copies, x (f32 and bf16) and y
 // with room for the largest B.
@@ -171,17 +182,18 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     const std::vector<float> ref = run_once();
     const double cublas_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
     // [kernel]: time, nmse against cuBLASLt (the same bf16 inputs; only the order differs).
-    double us[std::size(kKernels)], err[std::size(kKernels)];
+    const std::vector<cuda::GemmKernel> kernels = benched_kernels(ctx);
+    std::vector<double> us(kernels.size()), err(kernels.size());
     be.set_gemm_mode(GemmMode::kBatchInvariant);
-    for (size_t i = 0; i < std::size(kKernels); ++i) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
       cuda::GemmInvariantTuning tuning;
-      tuning.kernel = kKernels[i];
+      tuning.kernel = kernels[i];
       set_gemm_invariant_tuning(be, tuning);
       err[i] = nmse(run_once(), ref);
       us[i] = time_projection(ctx, p, buf, std::max(2 * sets, 20));
       if (!(err[i] <= kSweepNmse)) {
         std::printf("  GEMM CHECK FAILED %s B=%d %s: nmse %.3g against cuBLASLt\n", pr.name, rows,
-                    cuda::gemm_kernel_name(kKernels[i]), err[i]);
+                    cuda::gemm_kernel_name(kernels[i]), err[i]);
       }
     }
     set_gemm_invariant_tuning(be, {});
@@ -203,17 +215,17 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       r.extra.update(extra);
       ctx.add(std::move(r));
     };
-    for (size_t i = 0; i < std::size(kKernels); ++i) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
       cuda::GemmInvariantTuning tuning;
-      tuning.kernel = kKernels[i];
-      const bool own = pr.layout == WeightLayout::kNK || kKernels[i] == cuda::GemmKernel::kMma;
-      add(std::string("invariant-") + cuda::gemm_kernel_name(kKernels[i]), us[i],
+      tuning.kernel = kernels[i];
+      const bool own = pr.layout == WeightLayout::kNK || kernels[i] == cuda::GemmKernel::kMma;
+      add(std::string("invariant-") + cuda::gemm_kernel_name(kernels[i]), us[i],
           {{"vs_cublaslt", us[i] / cublas_us},
            {"nmse_vs_cublaslt", err[i]},
            {"ok", err[i] <= kSweepNmse},
            {"tile",
             own ? cuda::gemm_invariant_tile_name(
-                      cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kKernels[i])
+                      cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kernels[i])
                 : "mma fallback (kKN)"}});
     }
     add("cublaslt", cublas_us, {});
@@ -383,7 +395,7 @@ void run_gemm_benches(BenchContext& ctx) {
   std::mt19937_64 gen(77);
   std::puts("gemm benches: invariant (tensor cores, bf16 x; mma.sync and wgmma) vs cuBLASLt");
   for (const Projection& pr : kV32) bench_projection(ctx, pr, gen);
-  for (cuda::GemmKernel kernel : kKernels) {
+  for (cuda::GemmKernel kernel : benched_kernels(ctx)) {
     const std::string mode = std::string("invariant-") + cuda::gemm_kernel_name(kernel);
     std::printf("\ngemm: invariant time / cuBLASLt time, %s kernel (target <= 1.3)\n",
                 cuda::gemm_kernel_name(kernel));

@@ -43,6 +43,8 @@ class BenchContext {
   double bf16_tflops = 0;             // a large bf16 GEMM through cuBLASLt
   // Attention families to run (indexer_logits, topk, sparse_mla); empty: all of them.
   std::vector<std::string> attention_only;
+  // The invariant GEMM kernels the GEMM benches time ("mma", "wgmma"); empty: both.
+  std::vector<std::string> gemm_kernels;
   // Also time the former top-k and indexer kernels: rows topk_legacy/... and
   // indexer_logits_legacy/... (see run_attention_benches).
   bool legacy_rows = false;

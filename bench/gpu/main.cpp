@@ -203,6 +203,11 @@ int main(int argc, char** argv) {
   app.add_flag("--legacy", legacy_rows,
                "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer blocks "
                "(2048 tokens): rows topk_legacy/... and indexer_logits_legacy/...");
+  std::vector<std::string> gemm_kernels;
+  app.add_option("--gemm-kernels", gemm_kernels,
+                 "the invariant GEMM kernels the GEMM benches time (default: mma,wgmma)")
+      ->check(CLI::IsMember({"mma", "wgmma"}))
+      ->delimiter(',');
   bool gemm_sweep = false;
   dsa::bench::GemmSweepOptions sweep;
   app.add_flag("--gemm-sweep", gemm_sweep,
@@ -221,6 +226,7 @@ int main(int argc, char** argv) {
     dsa::bench::BenchContext ctx(*backend, dsa::cuda_stream(*backend));
     ctx.attention_only = attention_only;
     ctx.legacy_rows = legacy_rows;
+    ctx.gemm_kernels = gemm_kernels;
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);
     ctx.empty_launch_us = dsa::bench::measure_empty_launch_us(ctx);
