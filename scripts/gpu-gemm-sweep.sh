@@ -9,7 +9,8 @@
 #   - dsa_gpu_bench --gemm-sweep: every tile configuration and split count of the invariant GEMM
 #     on every V3.2 projection at B = 1, 8, 64, 256 against cuBLASLt, each run checked (nmse
 #     against cuBLASLt, row 0 bit for bit against every run of the same split count), in the
-#     time the earlier steps left (--gemm-sweep-budget).
+#     time the earlier steps left (--gemm-sweep-budget). KERNEL=wgmma sweeps the wgmma kernel's
+#     tiles (default: mma); the split counts swept are shared by both kernels.
 # Files in $OUT: sweep.log (everything), steps.tsv, parity.json, sweep.json, summary.md (the
 # best configuration per projection and B, its ratio to cuBLASLt, and the kShapeTable lines to
 # paste into src/backend/cuda/gemm_tensor.cu).
@@ -17,18 +18,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 TOTAL_S=${TOTAL_S:-240}
+KERNEL=${KERNEL:-mma}
 
 source scripts/gpu-steps.sh
 steps_setup sweep.log
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-step parity 150 "$B/tests/dsa_parity_tests" \
+step parity 240 "$B/tests/dsa_parity_tests" \
   --gtest_filter='ParityGemm.*:ParityOps.GemmExactIsExact' --gtest_output="json:$OUT/parity.json"
 
 SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
 for tool in memcheck racecheck; do
   (( SECONDS > TOTAL_S - 90 )) && break  # the sweep comes first when time is short
-  sanitize "sanitizer-$tool" "$tool" 30 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
+  sanitize "sanitizer-$tool" "$tool" 60 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
     --gtest_brief=1
 done
 
@@ -36,7 +38,8 @@ done
 budget=$(( TOTAL_S - SECONDS - 25 ))
 (( budget < 40 )) && budget=40
 step gemm-sweep $(( budget + 25 )) "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
-  --gemm-sweep --gemm-sweep-budget "$budget" --json "$OUT/sweep.json"
+  --gemm-sweep --gemm-sweep-kernel "$KERNEL" --gemm-sweep-budget "$budget" \
+  --json "$OUT/sweep.json"
 
 {
   steps_summary "The invariant GEMM's sweep on the device"
