@@ -6,7 +6,8 @@
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
 // indexer_logits_legacy/... (DSA_CUDA_INDEXER_BLOCK_TOKENS=2048), timed in the same process.
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more
+//       per row, or the measured launch latency when that is more; at B = 1 also .../heads=H,
+//       each CUDA variant forced (DSA_CUDA_SPARSE_MLA_HEADS), and .../graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -216,33 +217,50 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.rows = kRows, p.heads = kHeads, p.topk = kTopk;
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
-  int64_t call = 0;
-  const double us = ctx.time_us(
-      [&] {
-        const int64_t s = call++ % sets;
-        p.q = q.data() + s * q_count;
-        p.indices = d_indices.data() + s * set_tokens;
-        p.out = out.data() + s * kRows * kHeads * kKvLoraRank;
-        p.lse = lse.data() + s * kRows * kHeads;
-        be.sparse_mla(p);
-      },
-      kRows == 1 ? 200 : 10);
+  // One row per variant: the batch's own choice, then (small batches) each heads-per-CTA forced,
+  // named .../heads=H, so the dispatch is checked against the alternatives in the same run.
+  // At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host launch cost, as in
+  // the decode graphs), the batch's own choice.
+  std::vector<int> variants = {0};
+  if (kRows <= 4) variants.insert(variants.end(), {16, 32, 64});
+  if (kRows == 1) variants.push_back(-1);
+  for (int heads_per_cta : variants) {
+    int64_t call = 0;
+    double us = 0;
+    const std::string forced = std::to_string(heads_per_cta);
+    auto launch = [&] {
+      const int64_t s = call++ % sets;
+      p.q = q.data() + s * q_count;
+      p.indices = d_indices.data() + s * set_tokens;
+      p.out = out.data() + s * kRows * kHeads * kKvLoraRank;
+      p.lse = lse.data() + s * kRows * kHeads;
+      be.sparse_mla(p);
+    };
+    with_env(heads_per_cta > 0 ? "DSA_CUDA_SPARSE_MLA_HEADS" : nullptr, forced.c_str(), [&] {
+      us = heads_per_cta < 0 ? ctx.time_graph_us(launch, 50)
+                             : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+    });
 
-  BenchResult r;
-  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
-           "/H=128/topk=2048";
-  r.us = us;
-  r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
-  r.bytes = set_bytes;
-  r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
-  r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
-  const double tflops = r.flops / (us * 1e6);
-  r.extra = {{"tflops", tflops},
-             {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
-             {"rotation_sets", sets}};
-  std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
-              100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
-  ctx.add(std::move(r));
+    BenchResult r;
+    r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
+             "/H=128/topk=2048" +
+             (heads_per_cta > 0   ? "/heads=" + forced
+              : heads_per_cta < 0 ? "/graph"
+                                  : "");
+    r.us = us;
+    r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
+    r.bytes = set_bytes;
+    r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
+    r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
+    const double tflops = r.flops / (us * 1e6);
+    r.extra = {{"tflops", tflops},
+               {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
+               {"rotation_sets", sets},
+               {"heads_per_cta", heads_per_cta}};
+    std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
+                100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
+    ctx.add(std::move(r));
+  }
 }
 
 }  // namespace
