@@ -533,6 +533,18 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
   }
 }
 
+// One small case per CUDA variant and dtype, for the sanitizers (scripts/gpu-attn.sh): 6 chunks
+// per split (the rings wrap), short, padded and sentinel rows, a spare output row.
+TEST_F(ParityAttention, SparseMlaVariantsCompact) {
+  int cases = 0;
+  for (int heads_per_cta : {16, 32, 64}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      SparseMlaCase c({dtype, 4, 16, 1300, true, heads_per_cta, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 980 + cases++));
+    }
+  }
+}
+
 // A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
 // with the batch's own variant choice and with each variant forced on sizes it would not pick:
 // every family compares its rows with those of its 256-row run, so a variant whose per-head

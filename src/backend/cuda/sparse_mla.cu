@@ -1,21 +1,23 @@
 // Absorbed sparse MLA decode (DESIGN §1.7) on tensor cores (mma.sync m16n8k16 bf16, f32 acc),
 // split over the selected tokens across the CTAs of a thread-block cluster.
 //
-// Launch: grid (rows * S, ceil(heads / H)), 64 H / 16 threads, clusters of (S, 1, 1), where H
-// (heads per CTA: 64, 32 or 16) follows the batch and S (splits) follows topk alone. The S CTAs of
-// a cluster share one (row, group of H heads); CTA `split` (its rank in the cluster) walks the
-// chunks [split * cps, (split + 1) * cps) of the row's selected tokens, cps = ceil(chunks / S),
-// 32 tokens per chunk, flash-decoding style, and keeps an unnormalized partial (m, l, o). The
-// partials meet in distributed shared memory: CTA `split` combines the output dims
-// [split * 512 / S, (split + 1) * 512 / S) of its H heads over the partials in the fixed order
-// 0, 1, ..., S - 1.
+// Launch: rows * G * S CTAs of 64 H / 16 threads in clusters of S, where H (heads per CTA: 64, 32
+// or 16, G = ceil(heads / H) groups) follows the batch and S (splits) follows topk alone. CTA x
+// is split x % S of head group (x / S) % G of row x / (S G): a row's groups run side by side, so
+// its latent rows cross HBM once. The S CTAs of a cluster share one (row, group); CTA `split`
+// (its rank in the cluster) walks the chunks [split * cps, (split + 1) * cps) of the row's
+// selected tokens, cps = ceil(chunks / S), 32 tokens per chunk, flash-decoding style, and keeps
+// an unnormalized partial (m, l, o). Each CTA reads 1/S of the group's q and stores it (bf16) in
+// all S CTAs through distributed shared memory. The partials meet there too: CTA `split` combines
+// the output dims [split * 512 / S, (split + 1) * 512 / S) of its H heads over the partials in
+// the fixed order 0, 1, ..., S - 1.
 //
 // Batch invariance. A head's arithmetic is that of its 16-head m-tile, worked by one pair of
 // warps, and it is the same in every variant: the 288/288 dim split of Q K^T within the pair,
 // the 256/256 split of the output dims, the chunk order, the split boundaries (split_plan(),
 // from topk alone) and the combine order. H only decides how many m-tiles (pairs) share a CTA and
-// its latent chunks, and the pipeline depth only decides when a chunk arrives, so a row's bits are
-// the same alone or in any batch, whatever variant the batch picks (tests force every variant).
+// its latent chunks, and the ring depth only decides when a chunk arrives, so a row's bits are
+// the same alone or in any batch, whatever variant the batch picks (the tests force each).
 //
 // Inside a CTA of T = H / 16 m-tiles, warp w: m-tile mt = w % T (16 heads) and half = w / T.
 //   S = Q K^T over 576 dims: each warp of a pair (mt, 0), (mt, 1) computes the partial over its
@@ -25,28 +27,32 @@
 //   O += P V with P rounded to bf16 from the S accumulators in registers (the C fragment of S is
 //       the A fragment of P) and V = c, the first 512 latent dims; each warp of the pair owns
 //       256 of the 512 output dims (128 f32 accumulators per lane).
-// Latent chunks go through a ring of kStages shared-memory buffers (cp.async, kStages - 1 chunks
-// in flight while one is computed), as bf16. fp8 latent lands raw (e4m3 and the tile scales) in
-// a staging ring and is dequantized to bf16 by the thread that copied it, after its own wait and
-// before the step's barrier. The selected slots are staged kStages chunks ahead.
+// Chunks land by cp.async in a ring of kStages stages (the deepest of 2..4 that fits: kStages - 1
+// chunks in flight while one is computed). bf16: the stage is the chunk's bf16 rows. fp8: the
+// stage holds the raw bytes (e4m3 by units of 64 values with their tile scale, the rope), which
+// the thread that copied them dequantizes into one of 2 bf16 buffers after its own wait, before
+// the step's barrier; the dead raw stage then holds the pair exchange. The selected slots are
+// staged kStages chunks ahead.
 //
 // Napkin math (H200: 132 SMs; V3.2: 128 heads, topk 2048, S = 8 splits of 8 chunks):
 //   Per chunk and m-tile pair: 136 mma.sync per warp and ~43 KB of ldmatrix reads per warp
 //   (q 9 KB, k 18 KB, v 16 KB). Shared memory gives 128 B/clk per SM, so a 64-head CTA (4 pairs,
-//   344 KB per chunk) needs >= 2700 clk (1.5 us) per chunk, a 16-head CTA (one pair) ~700 clk.
-//   B = 1 with 64 heads per CTA: 2 x 8 = 16 CTAs, each 8 chunks in a row: >= 12 us of chunks
+//   344 KB per chunk) needs >= 2700 clk (1.4 us) per chunk, a 16-head CTA (one pair) ~700 clk.
+//   B = 1 with 64 heads per CTA: 2 x 8 = 16 CTAs, each 8 chunks in a row: >= 11 us of chunks
 //   alone (37 us measured). With 16 heads per CTA: 8 x 8 = 64 CTAs, one pair each: 8 chunks of
-//   ~0.5 us (latency-bound: one warp per SM sub-partition) + ~2 us prologue (indices, then q and
-//   3 chunks in flight) + ~1 us combine: ~7-8 us.
+//   ~0.5-0.8 us (latency-bound: one warp per SM sub-partition) + ~2 us prologue (indices and q,
+//   then the first chunks) + ~1 us combine: ~7-9 us. fp8 adds the dequant, 16K values per chunk
+//   and CTA (~3 instructions each): ~0.4 us per chunk for a 2-warp CTA, ~0.1 us for 8 warps.
 //   Why not more splits at small B: the split count must not follow B, and S = 16 everywhere
-//   costs every batch twice the per-CTA fixed work (q: 147 KB f32 read; partial: 128 KB through
-//   DSMEM) or, through global memory, 2 KB of partial per head and split: 4 MB per row, 268 MB at
-//   B = 64 (more than the 151 MB of latent it reads).
-//   B = 64: 1024 CTAs of 64 heads = 7.8 waves of 8 chunks: at the shared-memory bound ~12 us per
-//   CTA, ~100 us in all (~370 TFLOP/s); 327 us measured before the ring (112 TFLOP/s).
-// Variant choice (heads_per_cta()): the fewest waves x (m-tiles per CTA), ties to more heads per
-// CTA (fewer latent reads); 64 heads whenever they fill a wave. DSA_CUDA_SPARSE_MLA_HEADS=16|32|64
-// forces one.
+//   costs every batch twice the per-CTA fixed work (partial: 128 KB f32 through DSMEM, two cluster
+//   barriers) or, through global memory, 2 KB of partial per head and split: 4 MB per row, 268 MB
+//   at B = 64 (more than the 151 MB of latent it reads).
+//   B = 64: 1024 CTAs of 64 heads = 7.8 waves of 8 chunks: at the shared-memory bound ~11 us per
+//   CTA, ~100 us in all (~370 TFLOP/s); 327 us measured before (112 TFLOP/s). L2 -> SM traffic
+//   per CTA: 288 KB of latent + 18 KB of q (147 KB when every CTA read all of its group's q).
+// Variant choice (tiles_per_cta()): 64 heads whenever they fill a wave; else the fewest
+// waves x m-tiles per CTA, ties to more heads per CTA (fewer latent reads).
+// DSA_CUDA_SPARSE_MLA_HEADS=16|32|64 forces one.
 //
 // Fragment layouts relied on (PTX ISA, mma.m16n8k16 .bf16, g = lane / 4, c = lane % 4):
 //   A [16 x 16] row-major, 4 regs of 2 bf16: {row g, k 2c..2c+1}, {row g+8, k 2c..}, {row g,
@@ -90,24 +96,30 @@ constexpr size_t kSmemLimit = 227 * 1024;                    // sm_90 dynamic sh
 static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
 static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
 
-// The shared memory of one variant: kTiles m-tiles of 16 heads (2 kTiles warps), a ring of
-// `stages` latent chunks. Offsets in bytes.
+// The shared memory of one variant: kTiles m-tiles of 16 heads (2 kTiles warps), chunks landing
+// in a ring of `stages` (bf16: the bf16 rows themselves; fp8: the raw bytes, dequantized into a
+// ring of 2 bf16 buffers). Offsets in bytes.
+constexpr int kRawRopeBytes = (kLatentDim - kKvLoraRank) * 2;  // fp8 raw stage: rope, 128 B/token
+constexpr size_t kRawStageBytes =                              // e4m3, rope, unit scales
+    size_t(kChunk) * (kKvLoraRank + kRawRopeBytes + kUnits * 4);
 struct Smem {
-  size_t q, kv, raw, scale, exchange, slots, m, l, coef, bytes;
+  int kv_stages;
+  size_t q, kv, raw, exchange, slots, m, l, coef, bytes;
 };
 constexpr Smem smem_layout(KvDtype dtype, int tiles, int stages) {
   const int heads = 16 * tiles, warps = 2 * tiles;
   const bool fp8 = dtype == KvDtype::kFp8;
   Smem s{};
-  s.q = 0;                                              // [heads][kPitch] bf16
-  s.kv = s.q + size_t(heads) * kPitch * 2;              // [stages][32][kPitch] bf16
-  s.raw = s.kv + size_t(stages) * kChunk * kPitch * 2;  // fp8: [stages][32][512] e4m3
-  s.scale = s.raw + (fp8 ? size_t(stages) * kChunk * kKvLoraRank : 0);  // fp8: [stages][32][8] f32
-  s.exchange = s.scale + (fp8 ? size_t(stages) * kChunk * kUnits * 4 : 0);  // [warps][16][32] f32
-  s.slots = s.exchange + size_t(warps) * 16 * 32 * 4;  // [stages + 1][32] int64
-  s.m = s.slots + size_t(stages + 1) * kChunk * 8;     // [heads] f32
-  s.l = s.m + size_t(heads) * 4;                       // [heads] f32
-  s.coef = s.l + size_t(heads) * 4;                    // [heads][kMaxSplits] f32
+  s.kv_stages = fp8 ? 2 : stages;
+  s.q = 0;                                                           // [heads][kPitch] bf16
+  s.kv = s.q + size_t(heads) * kPitch * 2;                           // [kv_stages][32][kPitch] bf16
+  s.raw = s.kv + size_t(s.kv_stages) * kChunk * kPitch * 2;          // fp8: [stages] raw stages
+  s.exchange = s.raw + (fp8 ? size_t(stages) * kRawStageBytes : 0);  // [warps][16][32] f32
+  // fp8: the exchange lives in the raw stage of the chunk being computed, dead once dequantized.
+  s.slots = s.exchange + (fp8 ? 0 : size_t(warps) * 16 * 32 * 4);  // [stages + 1][32] int64
+  s.m = s.slots + size_t(stages + 1) * kChunk * 8;                 // [heads] f32
+  s.l = s.m + size_t(heads) * 4;                                   // [heads] f32
+  s.coef = s.l + size_t(heads) * 4;                                // [heads][kMaxSplits] f32
   s.bytes = s.coef + size_t(heads) * kMaxSplits * 4;
   return s;
 }
@@ -128,7 +140,8 @@ struct Variant {
   // After the token loop the partial o [kHeads][kPartPitch] f32 overlays q and the latent ring.
   static constexpr size_t kPartBytes = size_t(kHeads) * kPartPitch * 4;
   static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
-  static_assert(kPartBytes <= kSmem.exchange);
+  static_assert(kPartBytes <= kSmem.slots);
+  static_assert(size_t(kWarps) * 16 * 32 * 4 <= kRawStageBytes);  // fp8 exchange
   static_assert(kChunk * kPieces % kThreads == 0 && kChunk * kUnits % kThreads == 0);
   static_assert(kThreads >= kChunk && kHeads <= kThreads);
 };
@@ -167,18 +180,19 @@ __device__ __forceinline__ int64_t checked_slot(const SparseMlaParams& p, int64_
   return (slot < 0 || slot >= p.pool.capacity()) ? int64_t(-1) : slot;
 }
 
-// One stage of the latent ring: the chunk's bf16 rows and, for fp8, its raw e4m3 values and the
-// scale of each 64-value unit.
+// One chunk's place in the rings: its bf16 rows and, for fp8, its raw stage: the e4m3 values, the
+// rope (bf16 as stored) and the scale of each 64-value unit.
 struct Stage {
   __nv_bfloat16* kv;  // [32][kPitch]
   uint8_t* raw;       // fp8: [32][512] e4m3
+  uint8_t* rope;      // fp8: [32][128 B]
   float* scale;       // fp8: [32][kUnits]
 };
 
-// Starts the copies of one chunk into a stage from its staged slots [32] (the caller commits the
-// group). bf16: cp.async for every 16-byte piece. fp8: the rope pieces straight into kv, the e4m3
-// values by units of 64 (4 pieces) into raw with the unit's tile scale (4 bytes) beside them, for
-// dequantize_chunk(). Unused tokens: zero rope and bf16 rows here, zero c in dequantize_chunk().
+// Starts the copies of one chunk from its staged slots [32] (the caller commits the group).
+// bf16: cp.async for every 16-byte piece into kv, zeros for unused tokens. fp8: into the raw stage,
+// the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4 bytes) beside them, and
+// the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros for unused tokens).
 template <KvDtype D, int kThreads>
 __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int64_t* slots,
                                             const Stage& st) {
@@ -217,20 +231,17 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int6
       const int idx = threadIdx.x + i * kThreads;
       const int token = idx / kRopePieces, piece = idx % kRopePieces;
       const int64_t slot = slots[token];
-      __nv_bfloat16* dst = st.kv + token * kPitch + kKvLoraRank + piece * 8;
-      if (slot >= 0) {
-        cp_async16(dst,
-                   p.pool.data + slot * kLatentFp8TokenBytes + kLatentFp8RopeOffset + piece * 16);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
+      if (slot < 0) continue;
+      cp_async16(st.rope + token * kRawRopeBytes + piece * 16,
+                 p.pool.data + slot * kLatentFp8TokenBytes + kLatentFp8RopeOffset + piece * 16);
     }
   }
 }
 
-// fp8 only: e4m3 * tile scale, rounded to bf16, from raw into the chunk's kv rows (zeros for
-// unused tokens). Each thread converts the units it copied itself in fetch_chunk(), so its own
-// cp.async wait is all it needs; the step's barrier then publishes the rows.
+// fp8 only: the chunk's bf16 rows from its raw stage: c = e4m3 * tile scale rounded to bf16, the
+// rope as it is, zeros for unused tokens. Each thread converts the units and rope pieces it
+// copied itself in fetch_chunk(), so its own cp.async wait is all it needs; the step's barrier
+// then publishes the rows.
 __device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
@@ -262,36 +273,66 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
       *reinterpret_cast<uint4*>(dst + j * 16 + 8) = hi;
     }
   }
+#pragma unroll
+  for (int i = 0; i < kChunk * kRopePieces / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int token = idx / kRopePieces, piece = idx % kRopePieces;
+    const uint4 v =
+        slots[token] >= 0
+            ? *reinterpret_cast<const uint4*>(st.rope + token * kRawRopeBytes + piece * 16)
+            : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(st.kv + token * kPitch + kKvLoraRank + piece * 8) = v;
+  }
 }
 
-// q of the block's kHeads heads, rounded to bf16; heads past p.heads are zero. Two batches of
-// kQueryBatch 4-float pieces per thread (batch 0, then 1), all loads of a batch in flight at once
-// (16-byte loads when the row is 16-byte aligned; a head's 576 floats keep that alignment).
-constexpr int kQueryBatch = 18;
+// Halves of the cluster barrier (every thread of every CTA of the cluster, in the same order).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// q of the cluster's kHeads heads, rounded to bf16, into the q_s of every CTA of the cluster
+// (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte loads
+// when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them in
+// all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA.
+// The caller has arrived at the cluster barrier once; this waits for that phase (every CTA has
+// started, so its shared memory may be written) before the first remote store.
 template <int kHeads, int kThreads>
-__device__ __forceinline__ void load_query_batch(const SparseMlaParams& p, int row, int head0,
-                                                 int batch, __nv_bfloat16* q_s) {
+__device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
+                              int split, int row, int head0, __nv_bfloat16* q_s) {
   constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
-  static_assert(kHeads * kRowPieces == 2 * kQueryBatch * kThreads);
+  constexpr int kBatch = 6;                   // loads in flight per thread
+  const int share = kHeads * kRowPieces / splits, begin = split * share;
   const float* q = p.q + int64_t(row) * p.ld_q;
   const bool aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
-  float4 v[kQueryBatch];
+  for (int b0 = 0; b0 < share; b0 += kBatch * kThreads) {
+    float4 v[kBatch];
 #pragma unroll
-  for (int i = 0; i < kQueryBatch; ++i) {
-    const int piece = threadIdx.x + (batch * kQueryBatch + i) * kThreads;
-    const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
-    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (head0 + h >= p.heads) continue;
-    const float* src = q + int64_t(head0 + h) * kLatentDim + d;
-    v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
-                   : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
-  }
+    for (int i = 0; i < kBatch; ++i) {
+      const int at = b0 + i * kThreads + int(threadIdx.x);
+      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
+      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (at >= share || head0 + h >= p.heads) continue;
+      const float* src = q + int64_t(head0 + h) * kLatentDim + d;
+      v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
+                     : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+    }
+    if (b0 == 0) cluster_wait_acquire();
 #pragma unroll
-  for (int i = 0; i < kQueryBatch; ++i) {
-    const int piece = threadIdx.x + (batch * kQueryBatch + i) * kThreads;
-    const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
-    *reinterpret_cast<uint2*>(q_s + h * kPitch + d) =
-        make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
+    for (int i = 0; i < kBatch; ++i) {
+      const int at = b0 + i * kThreads + int(threadIdx.x);
+      if (at >= share) continue;
+      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
+      const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
+      for (int r = 0; r < splits; ++r) {
+        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_s + h * kPitch + d, r)) = bf;
+      }
+    }
   }
 }
 
@@ -409,19 +450,23 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   extern __shared__ __align__(16) uint8_t smem[];
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem + V::kSmem.q);
-  auto* exchange = reinterpret_cast<float*>(smem + V::kSmem.exchange);
   auto* slots_s = reinterpret_cast<int64_t*>(smem + V::kSmem.slots);
   auto stage_of = [&](int chunk) {
-    const int i = chunk % kStages;
-    return Stage{reinterpret_cast<__nv_bfloat16*>(smem + V::kSmem.kv) + i * kChunk * kPitch,
-                 smem + V::kSmem.raw + i * kChunk * kKvLoraRank,
-                 reinterpret_cast<float*>(smem + V::kSmem.scale) + i * kChunk * kUnits};
+    uint8_t* raw = smem + V::kSmem.raw + chunk % kStages * kRawStageBytes;
+    return Stage{reinterpret_cast<__nv_bfloat16*>(smem + V::kSmem.kv) +
+                     chunk % V::kSmem.kv_stages * kChunk * kPitch,
+                 raw, raw + kChunk * kKvLoraRank,
+                 reinterpret_cast<float*>(raw + kChunk * (kKvLoraRank + kRawRopeBytes))};
   };
   auto slots_of = [&](int chunk) { return slots_s + (chunk % kRing) * kChunk; };
 
   cg::cluster_group cluster = cg::this_cluster();
+  // blockIdx.x = (row * groups + group) * splits + split: the head groups of a row run side by
+  // side, so the second reads the row's latent rows from L2.
   const int split = int(cluster.block_rank());  // blockIdx.x % plan.splits
-  const int row = blockIdx.x / plan.splits, head0 = blockIdx.y * V::kHeads;
+  const int groups = (p.heads + V::kHeads - 1) / V::kHeads;
+  const int row = int(blockIdx.x / plan.splits) / groups;
+  const int head0 = int(blockIdx.x / plan.splits) % groups * V::kHeads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int mt = warp % kTiles, half = warp / kTiles;
   const int g = lane / 4, c = lane % 4;
@@ -431,16 +476,18 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   const int n_chunks = max(0, min(plan.chunks_per_split, total_chunks - chunk0));
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
-  // Prologue, two memory round trips: the slots of the first kStages chunks with the first half
-  // of q; then the first kStages - 1 chunks (one cp.async group each, empty past the split's end)
-  // with the second half of q.
+  // Prologue, two memory round trips: the slots of the first kStages chunks with this CTA's
+  // share of q (stored in every CTA of the cluster); then the first kStages - 1 chunks (one
+  // cp.async group each, empty past the split's end), while the cluster's q stores settle.
+  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
   int64_t first_slots[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {
     const bool load = threadIdx.x < kChunk && i < n_chunks;
     first_slots[i] = load ? raw_slot(p, indices, chunk0 + i, threadIdx.x) : int64_t(-1);
   }
-  load_query_batch<V::kHeads, V::kThreads>(p, row, head0, 0, q_s);
+  share_queries<V::kHeads, V::kThreads>(p, cluster, plan.splits, split, row, head0, q_s);
+  cluster_arrive_release();  // this CTA's q stores are done
   if (threadIdx.x < kChunk) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) slots_of(i)[threadIdx.x] = checked_slot(p, first_slots[i]);
@@ -451,7 +498,7 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     if (i < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(i), stage_of(i));
     cp_async_commit();
   }
-  load_query_batch<V::kHeads, V::kThreads>(p, row, head0, 1, q_s);
+  cluster_wait_acquire();  // q is complete in every CTA of the cluster
 
   float o[32][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
@@ -462,10 +509,10 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     // kStages - 2 have landed, so chunk ch has (this thread's copies).
     cp_async_wait<kStages - 2>();
     if constexpr (D == KvDtype::kFp8) dequantize_chunk<V::kThreads>(slots, st);
-    // Chunk ch (and q) is visible to all, and every warp is done with step ch - 1: its stage
+    // Chunk ch is visible to all, and every warp is done with step ch - 1: its stage
     // ((ch - 1) % kStages, refilled below with chunk ch + kStages - 1), its slot stage
-    // ((ch + kStages) % kRing, restaged at the end of this step) and the exchange area may be
-    // overwritten from here on.
+    // ((ch + kStages) % kRing, restaged at the end of this step) and the exchange area (fp8: the
+    // raw values of chunk ch, dead from here on) may be overwritten from here on.
     __syncthreads();
     const int ahead = ch + kStages - 1;
     if (ahead < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(ahead), stage_of(ahead));
@@ -476,6 +523,9 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
 
     float s[4][4];
     partial_scores(q_s, st.kv, mt, half, s);
+    // fp8: the exchange is the raw stage of chunk ch, which every thread has dequantized.
+    float* exchange = D == KvDtype::kFp8 ? reinterpret_cast<float*>(st.raw)
+                                         : reinterpret_cast<float*>(smem + V::kSmem.exchange);
     float* mine = exchange + warp * 16 * 32;
     const float* partner = exchange + (warp ^ kTiles) * 16 * 32;
 #pragma unroll
@@ -577,8 +627,8 @@ cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t
   const cudaError_t e = opt_in<D, kTiles>();
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(p.rows) * unsigned(plan.splits),
-                        unsigned((p.heads + V::kHeads - 1) / V::kHeads));
+  const unsigned groups = unsigned((p.heads + V::kHeads - 1) / V::kHeads);
+  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
   config.blockDim = dim3(V::kThreads);
   config.dynamicSmemBytes = V::kSmem.bytes;
   config.stream = stream;
