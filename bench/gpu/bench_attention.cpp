@@ -6,8 +6,8 @@
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
 // indexer_logits_legacy/... (DSA_CUDA_INDEXER_BLOCK_TOKENS=2048), timed in the same process.
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more; at B = 1 also .../heads=H,
-//       each CUDA variant forced (DSA_CUDA_SPARSE_MLA_HEADS), and .../graph (graph-launched)
+//       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
+//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), and at B = 1 .../graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -217,12 +217,11 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.rows = kRows, p.heads = kHeads, p.topk = kTopk;
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
-  // One row per variant: the batch's own choice, then (small batches) each heads-per-CTA forced,
-  // named .../heads=H, so the dispatch is checked against the alternatives in the same run.
+  // One row per variant: the batch's own choice, then each heads-per-CTA forced, named
+  // .../heads=H, so the dispatch is checked against the alternatives in the same run.
   // At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host launch cost, as in
   // the decode graphs), the batch's own choice.
-  std::vector<int> variants = {0};
-  if (kRows <= 4) variants.insert(variants.end(), {16, 32, 64});
+  std::vector<int> variants = {0, 16, 32, 64};
   if (kRows == 1) variants.push_back(-1);
   for (int heads_per_cta : variants) {
     int64_t call = 0;
@@ -294,7 +293,12 @@ void run_attention_benches(BenchContext& ctx) {
   }
   if (wanted("sparse_mla")) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+      for (int rows : {1, 64, 256}) {
+        const auto& only = ctx.sparse_mla_rows;
+        if (only.empty() || std::find(only.begin(), only.end(), rows) != only.end()) {
+          bench_sparse_mla(ctx, dtype, rows, gen);
+        }
+      }
     }
   }
 }
