@@ -336,49 +336,67 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
   }
 }
 
-// Partial S[16 heads, 32 tokens] of this warp over its 288 dims.
+// Partial S[16 heads, 32 tokens] of this warp over its 288 dims. The fragments of k-step ks + 1
+// are loaded before the mma of k-step ks (two register sets), so ldmatrix latency hides behind
+// the tensor cores even with one or two warps per SM sub-partition; the mma order per
+// accumulator is the plain k order.
 __device__ __forceinline__ void partial_scores(const __nv_bfloat16* q_s, const __nv_bfloat16* kv,
                                                int mt, int half, float (&s)[4][4]) {
+  constexpr int kSteps = kHalfDims / 16;  // 18
   const int lane = threadIdx.x % 32;
   const uint32_t a_base =
-      smem_addr(q_s + (mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8);
+      smem_addr(q_s + (mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8) +
+      uint32_t(half * kHalfDims) * 2;
   const uint32_t b_base =
-      smem_addr(kv + ((lane / 16) * 8 + (lane % 8)) * kPitch + ((lane / 8) % 2) * 8);
+      smem_addr(kv + ((lane / 16) * 8 + (lane % 8)) * kPitch + ((lane / 8) % 2) * 8) +
+      uint32_t(half * kHalfDims) * 2;
 #pragma unroll
   for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll 6
-  for (int ks = 0; ks < kHalfDims / 16; ++ks) {
-    const uint32_t k_bytes = uint32_t(half * kHalfDims + ks * 16) * 2;
-    uint32_t a[4], b01[4], b23[4];
-    ldmatrix_x4(a, a_base + k_bytes);
-    ldmatrix_x4(b01, b_base + k_bytes);
-    ldmatrix_x4(b23, b_base + k_bytes + 16 * kPitch * 2);
-    mma_bf16(s[0], a, b01[0], b01[1]);
-    mma_bf16(s[1], a, b01[2], b01[3]);
-    mma_bf16(s[2], a, b23[0], b23[1]);
-    mma_bf16(s[3], a, b23[2], b23[3]);
+  uint32_t a[2][4], b01[2][4], b23[2][4];
+  auto load = [&](int ks, int set) {
+    ldmatrix_x4(a[set], a_base + uint32_t(ks * 16 * 2));
+    ldmatrix_x4(b01[set], b_base + uint32_t(ks * 16 * 2));
+    ldmatrix_x4(b23[set], b_base + uint32_t(ks * 16 * 2 + 16 * kPitch * 2));
+  };
+  load(0, 0);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    const int set = ks & 1;
+    if (ks + 1 < kSteps) load(ks + 1, set ^ 1);
+    mma_bf16(s[0], a[set], b01[set][0], b01[set][1]);
+    mma_bf16(s[1], a[set], b01[set][2], b01[set][3]);
+    mma_bf16(s[2], a[set], b23[set][0], b23[set][1]);
+    mma_bf16(s[3], a[set], b23[set][2], b23[set][3]);
   }
 }
 
-// O[16 heads, 256 dims of this half] += P[16, 32] V[32, 256].
+// O[16 heads, 256 dims of this half] += P[16, 32] V[32, 256], the V fragments of step i + 1
+// loaded before the mma of step i (as in partial_scores).
 __device__ __forceinline__ void accumulate_pv(const __nv_bfloat16* kv, int half,
                                               const float (&pr)[4][4], float (&o)[32][4]) {
   const int lane = threadIdx.x % 32;
   const uint32_t v_base = smem_addr(kv + (((lane / 8) % 2) * 8 + (lane % 8)) * kPitch +
                                     half * kHalfOut + (lane / 16) * 8);
+  uint32_t a[2][4];
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-    const uint32_t a[4] = {pack_bf16(pr[2 * kk][0], pr[2 * kk][1]),
-                           pack_bf16(pr[2 * kk][2], pr[2 * kk][3]),
-                           pack_bf16(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
-                           pack_bf16(pr[2 * kk + 1][2], pr[2 * kk + 1][3])};
+    a[kk][0] = pack_bf16(pr[2 * kk][0], pr[2 * kk][1]);
+    a[kk][1] = pack_bf16(pr[2 * kk][2], pr[2 * kk][3]);
+    a[kk][2] = pack_bf16(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+  }
+  // Step i: k-step kk = i / 16 (tokens 16 kk..), output pair jp = i % 16 (dims 16 jp..).
+  uint32_t b[2][4];
+  auto load = [&](int i, int set) {
+    ldmatrix_x4_trans(b[set], v_base + uint32_t((i / 16) * 16 * kPitch + (i % 16) * 16) * 2);
+  };
+  load(0, 0);
 #pragma unroll
-    for (int jp = 0; jp < 16; ++jp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, v_base + uint32_t(kk * 16 * kPitch + jp * 16) * 2);
-      mma_bf16(o[2 * jp], a, b[0], b[1]);
-      mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
-    }
+  for (int i = 0; i < 32; ++i) {
+    const int set = i & 1;
+    if (i + 1 < 32) load(i + 1, set ^ 1);
+    mma_bf16(o[2 * (i % 16)], a[i / 16], b[set][0], b[set][1]);
+    mma_bf16(o[2 * (i % 16) + 1], a[i / 16], b[set][2], b[set][3]);
   }
 }
 
@@ -566,10 +584,13 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
         l[e / 2] += s[n][e];
       }
     }
+    // Rescale o, unless no lane's row max moved (o * 1 is o: the same bits either way).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      for (int j = 0; j < 32; ++j) {
+        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      }
     }
     accumulate_pv(st.kv, half, s, o);
     if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
