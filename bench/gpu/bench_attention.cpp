@@ -7,7 +7,8 @@
 // indexer_logits_legacy/... (DSA_CUDA_INDEXER_BLOCK_TOKENS=2048), timed in the same process.
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
-//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), and at B = 1 .../graph (graph-launched)
+//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS)
+//       and at B = 1 .../graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -217,16 +218,25 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.rows = kRows, p.heads = kHeads, p.topk = kTopk;
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
-  // One row per variant: the batch's own choice, then each heads-per-CTA forced, named
-  // .../heads=H, so the dispatch is checked against the alternatives in the same run.
-  // At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host launch cost, as in
-  // the decode graphs), the batch's own choice.
-  std::vector<int> variants = {0, 16, 32, 64};
-  if (kRows == 1) variants.push_back(-1);
-  for (int heads_per_cta : variants) {
+  // One row per variant: the batch's own choice, then each heads-per-CTA forced (.../heads=H),
+  // and 16 splits per row (.../splits=16), so the dispatch is checked against the alternatives
+  // in the same run. At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host
+  // launch cost, as in the decode graphs), the batch's own choice.
+  struct Variant {
+    const char* env;  // null: none
+    const char* value;
+    const char* suffix;
+    bool graph;
+  };
+  std::vector<Variant> variants = {{nullptr, "", "", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
+                                   {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false}};
+  if (kRows == 1) variants.push_back({nullptr, "", "/graph", true});
+  for (const Variant& v : variants) {
     int64_t call = 0;
     double us = 0;
-    const std::string forced = std::to_string(heads_per_cta);
     auto launch = [&] {
       const int64_t s = call++ % sets;
       p.q = q.data() + s * q_count;
@@ -235,17 +245,13 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       p.lse = lse.data() + s * kRows * kHeads;
       be.sparse_mla(p);
     };
-    with_env(heads_per_cta > 0 ? "DSA_CUDA_SPARSE_MLA_HEADS" : nullptr, forced.c_str(), [&] {
-      us = heads_per_cta < 0 ? ctx.time_graph_us(launch, 50)
-                             : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+    with_env(v.env, v.value, [&] {
+      us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
     });
 
     BenchResult r;
     r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
-             "/H=128/topk=2048" +
-             (heads_per_cta > 0   ? "/heads=" + forced
-              : heads_per_cta < 0 ? "/graph"
-                                  : "");
+             "/H=128/topk=2048" + v.suffix;
     r.us = us;
     r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
     r.bytes = set_bytes;
@@ -255,7 +261,7 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     r.extra = {{"tflops", tflops},
                {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
                {"rotation_sets", sets},
-               {"heads_per_cta", heads_per_cta}};
+               {"variant", v.env == nullptr ? "" : std::string(v.env) + "=" + v.value}};
     std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
                 100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
     ctx.add(std::move(r));

@@ -258,6 +258,9 @@ struct MlaSpec {
   // The outputs get one more row than the batch, which must stay poison (nothing written past
   // the batch). Off in the batch-invariance families, whose rows are compared by prefix.
   bool spare_row = false;
+  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
+  // the default (8). It moves the split boundaries, so only runs with the same bound compare.
+  int max_splits = 0;
 };
 
 // Sets an environment variable for a scope (unset again at its end); null value: leaves it unset.
@@ -283,6 +286,7 @@ class SparseMlaCase final : public OpCase {
            ",heads=" + std::to_string(s_.heads) + ",topk=" + std::to_string(s_.topk) +
            (s_.padded_stride ? ",padded_stride" : "") +
            (s_.heads_per_cta ? ",heads_per_cta=" + std::to_string(s_.heads_per_cta) : "") +
+           (s_.max_splits ? ",max_splits=" + std::to_string(s_.max_splits) : "") +
            (s_.spare_row ? ",spare_row" : "");
   }
 
@@ -344,7 +348,10 @@ class SparseMlaCase final : public OpCase {
     p.ld_q = ld_q_, p.ld_indices = ld_idx_, p.ld_out = ld_out_;
     p.scale = 1.0f / std::sqrt(float(128 + kRopeDim));
     const std::string forced = std::to_string(s_.heads_per_cta);
-    ScopedEnv env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
+    const std::string splits = std::to_string(s_.max_splits);
+    ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
+    ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
+                         s_.max_splits ? splits.c_str() : nullptr);
     ws.backend(side).sparse_mla(p);
   }
 
@@ -534,13 +541,16 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
 }
 
 // One small case per CUDA variant and dtype, for the sanitizers (scripts/gpu-attn.sh): 6 chunks
-// per split (the rings wrap), short, padded and sentinel rows, a spare output row.
+// per split (the rings wrap; 3 with 16 splits), short, padded and sentinel rows, a spare output
+// row; with the default bound of 8 splits and with 16 (a non-portable cluster).
 TEST_F(ParityAttention, SparseMlaVariantsCompact) {
   int cases = 0;
-  for (int heads_per_cta : {16, 32, 64}) {
-    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      SparseMlaCase c({dtype, 4, 16, 1300, true, heads_per_cta, true});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 980 + cases++));
+  for (int max_splits : {0, 16}) {
+    for (int heads_per_cta : {16, 32, 64}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, heads_per_cta, true, max_splits});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 980 + cases++));
+      }
     }
   }
 }
@@ -567,6 +577,14 @@ TEST_F(ParityAttention, SparseMlaBatchInvariant) {
             << "heads per CTA mapping " << m;
       }
     }
+    // The same with 16 splits per row in every run (the bound is process-wide).
+    auto make16 = [&](int rows) -> std::unique_ptr<OpCase> {
+      const size_t at = size_t(std::find(kInvarianceRows.begin(), kInvarianceRows.end(), rows) -
+                               kInvarianceRows.begin());
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{dtype, rows, 128, 2048, false, mappings[1].at(at), false, 16});
+    };
+    EXPECT_TRUE(check_batch_invariance(make16, kInvarianceRows, cpu(), cuda())) << "16 splits";
   }
 }
 

@@ -44,9 +44,11 @@
 //   then the first chunks) + ~1 us combine: ~7-9 us. fp8 adds the dequant, 16K values per chunk
 //   and CTA (~3 instructions each): ~0.4 us per chunk for a 2-warp CTA, ~0.1 us for 8 warps.
 //   Why not more splits at small B: the split count must not follow B, and S = 16 everywhere
-//   costs every batch twice the per-CTA fixed work (partial: 128 KB f32 through DSMEM, two cluster
-//   barriers) or, through global memory, 2 KB of partial per head and split: 4 MB per row, 268 MB
-//   at B = 64 (more than the 151 MB of latent it reads).
+//   costs every batch twice the per-CTA fixed work (partial: 128 KB f32 through DSMEM, three
+//   cluster barriers; ~2-3 us per CTA, ~20 us at B = 64) or, through global memory, 2 KB of
+//   partial per head and split: 4 MB per row, 268 MB at B = 64 (more than the 151 MB of latent
+//   it reads). S = 16 (a non-portable cluster) halves B = 1's chunk chain (~3 us); it is a
+//   process-wide option (DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16) until measured at every B.
 //   B = 64: 1024 CTAs of 64 heads = 7.8 waves of 8 chunks: at the shared-memory bound ~11 us per
 //   CTA, ~100 us in all (~370 TFLOP/s); 327 us measured before (112 TFLOP/s). L2 -> SM traffic
 //   per CTA: 288 KB of latent + 18 KB of q (147 KB when every CTA read all of its group's q).
@@ -82,8 +84,9 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kChunk = 32;                    // selected tokens per step
-constexpr int kMaxSplits = 8;                 // CTAs per cluster: the portable cluster size
+constexpr int kChunk = 32;         // selected tokens per step
+constexpr int kMaxSplits = 16;     // CTAs per cluster at most (16: a non-portable cluster size)
+constexpr int kDefaultSplits = 8;  // the portable cluster size: the default bound
 constexpr int kPitch = kLatentDim + 8;        // smem row pitch in bf16: 1168 B, no bank conflicts
 constexpr int kPieces = kLatentDim / 8;       // 16-byte pieces of a bf16 token row: 72
 constexpr int kHalfDims = kLatentDim / 2;     // 288: the QK^T dims of one warp of a pair
@@ -146,15 +149,16 @@ struct Variant {
   static_assert(kThreads >= kChunk && kHeads <= kThreads);
 };
 
-// The fixed split of a row's selected tokens: a function of topk alone (batch invariance).
+// The fixed split of a row's selected tokens: a function of topk and the process's split bound
+// alone, never of the batch (batch invariance).
 struct SplitPlan {
-  int splits = 1;            // CTAs per (row, head group): a power of two <= kMaxSplits
+  int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
   int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
 };
-SplitPlan split_plan(int topk) {
+SplitPlan split_plan(int topk, int max_splits) {
   const int chunks = (topk + kChunk - 1) / kChunk;
   SplitPlan plan;
-  while (plan.splits * 2 <= kMaxSplits && plan.splits * 2 <= chunks) plan.splits *= 2;
+  while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
   plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
   return plan;
 }
@@ -637,6 +641,9 @@ cudaError_t opt_in() {
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(Variant<D, kTiles>::kSmem.bytes));
     if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
   return cudaSuccess;
@@ -688,9 +695,17 @@ int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
   return best;
 }
 
+// The bound on splits per row: 8 (the portable cluster size), or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
+// changes the bits: set it for a whole process or not at all.
+int max_splits() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
+  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
+}
+
 template <KvDtype D>
 cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
-  const SplitPlan plan = split_plan(p.topk);
+  const SplitPlan plan = split_plan(p.topk, max_splits());
   switch (tiles_per_cta(p, plan)) {
     case 1:
       return launch<D, 1>(p, plan, stream);
