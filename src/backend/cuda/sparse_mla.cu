@@ -649,6 +649,26 @@ cudaError_t opt_in() {
   return cudaSuccess;
 }
 
+// Whether the GPU can place one cluster of config's size (asked once per device), else
+// cudaErrorInvalidClusterSize, with nothing launched (a launch that fails would be sticky in the
+// worst case; this never is).
+template <KvDtype D, int kTiles>
+cudaError_t cluster_fits(const cudaLaunchConfig_t& config) {
+  static std::atomic<uint64_t> asked{0}, fits{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(asked.load(std::memory_order_relaxed) & bit)) {
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_kernel<D, kTiles>, &config);
+    if (err != cudaSuccess) return err;
+    if (clusters > 0) fits.fetch_or(bit, std::memory_order_relaxed);
+    asked.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return (fits.load(std::memory_order_relaxed) & bit) ? cudaSuccess : cudaErrorInvalidClusterSize;
+}
+
 template <KvDtype D, int kTiles>
 cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t stream) {
   using V = Variant<D, kTiles>;
@@ -667,6 +687,10 @@ cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
+  if (plan.splits > kDefaultSplits) {  // a non-portable cluster: refuse (no launch) if unplaceable
+    const cudaError_t placed = cluster_fits<D, kTiles>(config);
+    if (placed != cudaSuccess) return placed;
+  }
   const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_kernel<D, kTiles>, p, plan);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
