@@ -199,7 +199,7 @@ def audit_rows():
     auditor.verify(wait=False)  # "all", asynchronously
     (g,) = auditor.findings()
     out["clobber_found_async"] = [g.layer, g.pool, g.slot, g.owner]
-    auditor.record([12345 + 64], [g.owner])  # the zeroed bytes become the truth: later verifies find nothing
+    auditor.record([12345 + 64], [g.owner])  # the zeroed bytes become the truth: no more findings
     # the bytes verify reads: every watched slot of both pools (1152 + 256 B per token)
     out["verify_all_GBps"] = POOL_TOKENS * (1152 + 256) / out["verify_all_us"] / 1e3
     print(json.dumps(out), flush=True)
@@ -314,8 +314,9 @@ def markdown(stores, audit, device, steps=(), model=None, model_note=""):
     lines += ["", f"SlotAuditor on a 1M-token layer (index-K + latent bf16, "
               f"{audit['watched_slots']} live slots): verify all {audit['verify_all_us']:.0f} µs "
               f"({audit['verify_all_GBps']:.0f} GB/s); record of 1M slots from int64 tensors "
-              f"{audit['record_1M_ms']:.0f} ms (from Python lists {audit['record_1M_from_lists_ms']:.0f}"
-              f" ms); a planted clobber found as {audit['clobber_found']} (synchronous) and "
+              f"{audit['record_1M_ms']:.0f} ms (from Python lists "
+              f"{audit['record_1M_from_lists_ms']:.0f} ms); a planted clobber found as "
+              f"{audit['clobber_found']} (synchronous) and "
               f"{audit['clobber_found_async']} (asynchronous).",
               "",
               "| verify, 256 sampled slots, both pools | host µs per call | GPU µs |",
@@ -358,7 +359,8 @@ def markdown(stores, audit, device, steps=(), model=None, model_note=""):
         step_ms = 61 * DECODE_STEP_MS["B=1"]
         lines += ["", f"Whole model: {m['layers']} layers of 1M-token pools (index-K + latent "
                   f"bf16, distinct memory, {m['layers'] * 2} pools in one auditor): record of 1M "
-                  f"slots {m['record_1M_ms']:.0f} ms, verify all {m['verify_all_us'] / 1e3:.1f} ms, "
+                  f"slots {m['record_1M_ms']:.0f} ms, verify all "
+                  f"{m['verify_all_us'] / 1e3:.1f} ms, "
                   f"synchronous sample of 256 {m['verify_sample_us']:.1f} µs; asynchronous "
                   f"sample of 256 (every pool in one launch): {m['async_call_us']:.1f} µs host, "
                   f"{m['async_kernel_us']:.1f} µs GPU = "

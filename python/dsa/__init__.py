@@ -313,14 +313,6 @@ class Finding(NamedTuple):
     detected_step: int  #: the step of the verify that found it
 
 
-def _capturing(pool: Any) -> bool:
-    """Whether torch is capturing a CUDA graph on its current stream of pool's device."""
-    if not _is_torch(pool) or not pool.is_cuda:
-        return False
-    torch = _sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_current_stream_capturing())
-
-
 class SlotAuditor:
     """The slot-integrity auditor on the caller's pools.
 
@@ -347,7 +339,8 @@ class SlotAuditor:
         auditor.record(loc[:n_real], req_ids, values=...)  # int64 tensors, read on the host
         auditor.verify(sample=256, wait=False)              # or inside the captured step
         for f in auditor.poll():                            # findings of earlier steps
-            log.error("slot %d of request %d clobbered (layer %d %s)", f.slot, f.owner, f.layer, f.pool)
+            log.error("slot %d of request %d clobbered (layer %d %s)",
+                      f.slot, f.owner, f.layer, f.pool)
 
     Args:
         pools: one entry per layer: a pool array, or a tuple of that layer's pools (e.g.
@@ -470,17 +463,13 @@ class SlotAuditor:
         s = None if stream is None else int(stream)
         if what is None:
             what = "sample" if sample is not None else "all"
-        count = 256 if sample is None else int(sample)
-        if isinstance(what, str) and what not in ("all", "sample"):
+        elif isinstance(what, str) and what not in ("all", "sample"):
             raise ValueError(f"argument 'what' must be \"all\", \"sample\" or slots, got {what!r}")
+        count = 256 if sample is None else int(sample)
         if not wait:
             if not isinstance(what, str):
                 raise ValueError("wait=False verifies \"sample\" or \"all\", not listed slots")
-            if self._impl.mirror_dirty and _capturing(self._ref):
-                raise RuntimeError(
-                    "verify(wait=False) under graph capture needs the device mirror current: call "
-                    "auditor.flush() before capturing (and after release() with no record since)")
-            self._impl.verify_async(-1 if what == "all" else count, int(seed) & (2**64 - 1),
+            self._impl.verify_async(-1 if what == "all" else count, int(seed) & 0xFFFFFFFFFFFFFFFF,
                                     -1 if step is None else int(step), s)
             return None
         step = self.step if step is None else int(step)
@@ -503,7 +492,8 @@ class SlotAuditor:
         now. At most 32 findings per snapshot are listed; :attr:`async_counts` counts them all.
         Not under graph capture.
         """
-        return [Finding(*f) for f in self._impl.poll(False, None if stream is None else int(stream))]
+        s = None if stream is None else int(stream)
+        return [Finding(*f) for f in self._impl.poll(False, s)]
 
     def findings(self, *, stream: Optional[int] = None) -> List[Finding]:
         """As :meth:`poll`, but waits for every asynchronous verify enqueued so far."""
@@ -534,7 +524,8 @@ class SlotAuditor:
 
     @property
     def audited(self) -> int:
-        """Slot checks run so far (each verified slot counts once per verify)."""
+        """Slot checks run so far by synchronous verifies (each verified slot counts once per
+        verify); asynchronous ones are counted by :attr:`async_counts`."""
         return self._impl.audited
 
     def __repr__(self) -> str:

@@ -1,5 +1,5 @@
-"""SlotAuditor's asynchronous sampled verify (verify(wait=False), poll, findings) on numpy pools: the
-device draws its sample by the host's stratified rule, finds a clobbered slot with its owner and
+"""SlotAuditor's asynchronous sampled verify (verify(wait=False), poll, findings) on numpy pools:
+the device draws its sample by the host's stratified rule, finds a clobbered slot with its owner and
 steps, finds nothing on intact pools, and hands findings back through poll. The CPU backend runs
 the same op as the GPU one, at once. Also record() of int64 arrays without Python ints."""
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <stdexcept>
 
 #include "dsa/slot_digest.h"
 #include "python/auditor.h"
@@ -15,6 +16,14 @@ namespace {
 // The part of AuditSampleRecord a snapshot copies and zeroes: everything after the op's own state.
 constexpr size_t kCollectedAt = offsetof(AuditSampleRecord, verifies);
 constexpr size_t kCollectedBytes = sizeof(AuditSampleRecord) - kCollectedAt;
+
+// Whether torch, when imported, is capturing a CUDA graph on its current stream: the mirror's
+// upload (a copy from pageable memory) must not be captured.
+bool torch_capturing() {
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (torch == nullptr) return false;
+  return pyb::handle(torch).attr("cuda").attr("is_current_stream_capturing")().cast<bool>();
+}
 }  // namespace
 
 PoolAuditor::~PoolAuditor() {
@@ -75,6 +84,11 @@ void PoolAuditor::verify_async(int64_t count, uint64_t seed, int64_t step,
   if (count < -1 || count > INT32_MAX) {
     throw pyb::value_error(
         fmt::format("argument 'sample' must be in [0, 2^31) (or all), got {}", count));
+  }
+  if (place_.cuda() && mirror_dirty() && torch_capturing()) {
+    throw std::runtime_error(
+        "verify(wait=False) under graph capture needs the device mirror current: call "
+        "auditor.flush() before capturing (and after release() with no record since)");
   }
   auto backend = backend_for(place_, caller_stream(stream, place_));
   flush(*backend);
