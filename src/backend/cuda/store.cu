@@ -4,7 +4,8 @@
 // the slots touched are identical to src/backend/cpu/store.cpp.
 //
 // Work split (all accesses coalesced, 16 or 8 bytes per lane):
-//   index-K: 16 lanes per token, 8 values per lane; fp8 amax over the 16 lanes.
+//   index-K: 16 lanes per token, 8 values per lane; fp8 amax over the 16 lanes. The keys come as
+//            float32 or as bf16 (copied bit for bit into a bf16 pool, widened exactly for fp8).
 //   latent:  a warp per token, 16 values of c per lane; fp8 tile t (128 values) is lanes
 //            8t..8t+7; lanes 0..7 also write the 64 rope values (8 each).
 // The row count is batch.rows (a host int, fixed at capture); n_real is read on the device.
@@ -102,33 +103,35 @@ __global__ void __launch_bounds__(kMaxBlock)
     if (sub == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
     return;
   }
-  float x[kIndexPerLane];
   uint8_t* dst = index_k_values(p.pool, slot);
-  if constexpr (kBf16In) {
+  if constexpr (kBf16In && kDtype == KvDtype::kBf16) {  // the bits as given
     uint32_t w[4];
     load_bf16x8(p.k_bf16 + row * p.ld_k + sub * kIndexPerLane, aligned, w);
-    if constexpr (kDtype == KvDtype::kBf16) {
-      store16(dst + sub * kIndexPerLane * 2, w[0], w[1], w[2], w[3]);
-      return;
-    }
+    store16(dst + sub * kIndexPerLane * 2, w[0], w[1], w[2], w[3]);
+  } else {
+    float x[kIndexPerLane];
+    if constexpr (kBf16In) {
+      uint32_t w[4];
+      load_bf16x8(p.k_bf16 + row * p.ld_k + sub * kIndexPerLane, aligned, w);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[2 * i] = __uint_as_float(w[i] << 16);
-      x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      for (int i = 0; i < 4; ++i) {  // the exact f32 widening
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    } else {
+      load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
     }
-  } else {
-    load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
-  }
-  if constexpr (kDtype == KvDtype::kBf16) {
-    store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-            pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
-  } else {
-    const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
-    const float amax = group_max<kIndexLanes>(local_amax(x), mask);
-    const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
-    fp8_quotients(x, scale, p.pool.rounding);
-    store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
-    if (sub == 0) *index_k_scale(p.pool, slot) = scale;
+    if constexpr (kDtype == KvDtype::kBf16) {
+      store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+              pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+    } else {
+      const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
+      const float amax = group_max<kIndexLanes>(local_amax(x), mask);
+      const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
+      fp8_quotients(x, scale, p.pool.rounding);
+      store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
+      if (sub == 0) *index_k_scale(p.pool, slot) = scale;
+    }
   }
 }
 
