@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The runtime half of the GPU runs. Runs ON the device from the repository root, with the build of
 # scripts/gpu-build.sh carried: the decode step (graph replay vs eager, V3.2 dims and tiny), the
-# replay check through real CUDA graphs (guarded, then the incident), and the stress matrix when
-# the dsa program has it. Writes $OUT/runtime.json and $OUT/runtime.log; prints a summary last.
+# replay check through real CUDA graphs (guarded, then the incident), the stress matrix (tiny, and
+# V3.2 dims with two layers), and the incident cell at 240 sessions. ONLY=REGEX runs only the steps
+# whose names match (e.g. ONLY='stress' or ONLY='decode-v32'). Writes $OUT/runtime.json and
+# $OUT/runtime.log; prints a summary last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 TMP="$(mktemp -d)"
+: > "$TMP/steps.tsv"
 export LD_LIBRARY_PATH="$PWD/build-gpu/lib:${LD_LIBRARY_PATH:-}"
 DSA=build-gpu/dsa
 LOG="$OUT/runtime.log"
@@ -16,6 +19,7 @@ LOG="$OUT/runtime.log"
 run() {  # run NAME TIMEOUT COMMAND...
   local name="$1" limit="$2"
   shift 2
+  [[ -n ${ONLY:-} && ! $name =~ $ONLY ]] && return 0
   echo "=== $name: $*" | tee -a "$LOG"
   local start=$SECONDS
   timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
@@ -25,7 +29,8 @@ run() {  # run NAME TIMEOUT COMMAND...
 }
 
 run decode-v32-invariant 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
-  --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --json "$TMP/decode_v32_inv.json"
+  --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --profile \
+  --json "$TMP/decode_v32_inv.json"
 run decode-v32-fast 150 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
   --batches 1 8 64 256 --context 4096 --iters 10 --gemm fast --json "$TMP/decode_v32_fast.json"
 run decode-tiny 60 "$DSA" bench-decode --backend cuda --preset tiny --layers 0 \
@@ -42,7 +47,11 @@ run stress-cuda 300 "$DSA" stress --backend cuda --sessions 60 --concurrency 60 
   --json "$TMP/stress.json" --plot "$OUT/stress.svg"
 run stress-cuda-incident-240 300 "$DSA" stress --backend cuda --sessions 240 --concurrency 120 \
   --index-k bf16 --mode all --seed 424242 --json "$TMP/stress_incident_240.json"
-cp "$TMP/stress.json" "$TMP/stress_incident_240.json" "$OUT/" 2>/dev/null
+# V3.2 dims, two layers, concurrency 60: the guarded cells' tokens/s with the real projection and
+# attention shapes (synthetic weights), every cell compared with its eager cache-off references.
+run stress-cuda-v32-2layers 300 "$DSA" stress --backend cuda --preset v32 --layers 2 \
+  --sessions 60 --concurrency 60 --index-k all --json "$TMP/stress_v32.json"
+cp "$TMP"/stress*.json "$OUT/" 2>/dev/null
 
 python3 - "$TMP" "$OUT/runtime.json" <<'PY'
 import glob, json, os, sys
