@@ -100,21 +100,28 @@ void store_latent_kv(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle la
 }
 
 // A one-element int32 array holding `value` beside `pool`, made by the pool's own library
-// (torch.full on the pool's device, numpy.full); None for any other kind of array. Not under CUDA
-// graph capture, where torch.full would only be recorded: the value must be there when made.
+// (torch.full on the pool's device, waited for; numpy.full); None for any other kind of array. Not
+// under CUDA graph capture, where torch.full would only be recorded: the value must be there when
+// made.
 pyb::object int32_scalar_like(pyb::handle pool, int32_t value) {
   const std::string module = pyb::str(pyb::type::handle_of(pool).attr("__module__"));
   const std::string root = module.substr(0, module.find('.'));
   if (root == "torch") {
     const pyb::module_ torch = pyb::module_::import("torch");
-    if (pool.attr("is_cuda").cast<bool>() &&
-        torch.attr("cuda").attr("is_current_stream_capturing")().cast<bool>()) {
+    const bool cuda = pool.attr("is_cuda").cast<bool>();
+    if (cuda && torch.attr("cuda").attr("is_current_stream_capturing")().cast<bool>()) {
       throw pyb::value_error(
           "make the writer outside CUDA graph capture: its device scalars (the error counter, and "
           "the count an int n_real runs against) are filled when it is made");
     }
-    return torch.attr("full")(pyb::make_tuple(1), value, "dtype"_a = torch.attr("int32"),
-                              "device"_a = pool.attr("device"));
+    pyb::object scalar =
+        torch.attr("full")(pyb::make_tuple(1), value, "dtype"_a = torch.attr("int32"),
+                           "device"_a = pool.attr("device"));
+    // Filled before any stream reads it: the writer may run on another stream than this one.
+    if (cuda) {
+      torch.attr("cuda").attr("current_stream")(pool.attr("device")).attr("synchronize")();
+    }
+    return scalar;
   }
   if (root == "numpy") {
     const pyb::module_ numpy = pyb::module_::import("numpy");
