@@ -1,7 +1,11 @@
 """What an engine pays for dsa from torch, on one GPU, in one run:
 
-- dsa.store_index_k vs the incident's torch line ``pool.view(-1, 128)[loc] = k`` (index_put_) at
-  decode sizes (1-256 tokens) and at 1M tokens, eagerly and inside a torch CUDA graph;
+- the guarded index-K store vs the incident's torch line ``pool.view(-1, 128)[loc] = k``
+  (index_put_, bf16 k: what engines hold) at decode sizes (1-256 tokens) and at 1M tokens, eagerly
+  and inside a torch CUDA graph, four ways: dsa.store_index_k with float32 k (the old way: an engine
+  pays an extra k.float() kernel, not timed here), dsa.store_index_k with the bf16 k itself, the
+  bound writer dsa.IndexKWriter with bf16 k (what an engine holds per layer), and that writer on an
+  fp8 pool;
 - SlotAuditor on a 1M-token pool (index-K + latent, bf16): record of 1M slots, verify of all live
   slots, the synchronous sample of 256 (host time by phase) and the asynchronous one
   (verify(sample=256, wait=False): host µs per call, its kernel's GPU µs, poll); the time it adds
@@ -9,14 +13,10 @@
   dims, context 4096, B=1 and B=64), verify after each replay and captured inside; and the same
   audit over a whole model's pools (61 layers of 1M tokens when the GPU's memory holds them).
 
-The eager dsa bf16 store is also timed "before": the same build with torch tensors crossing by
-DLPack (_dsa.set_torch_attributes(False)) and the stream found by torch.cuda.current_stream, as
-the wrapper did before tensors were read by their attributes.
-
-Inputs: dsa takes float32 k (its activations), the torch line bf16 k (what engines hold); both
-write the same bf16 bytes. Eager times include each call's host work (Python, DLPack, launch), as
-an engine pays it; graph times are per store with 20 stores captured in one graph. Napkin math: the
-bf16 store moves 4 B/value read (f32) + 2 B written + 8 B of slot per token.
+Every bf16 variant writes the same bf16 bytes (checked: the pools are compared after each size).
+Eager times include each call's host work (Python, argument reads, launch), as an engine pays it;
+graph times are per store with 20 stores captured in one graph. Napkin math: the bf16 store from
+bf16 k moves 2 B/value read + 2 B written + 8 B of slot per token (from f32 k: 4 B read).
 
     PYTHONPATH=build-gpu/python python3 bench/gpu/py_store_bench.py --json out.json --markdown out.md
 """
@@ -30,7 +30,6 @@ import time
 import torch
 
 import dsa
-from dsa import _dsa
 
 DEV = torch.device("cuda")
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1 << 20]
@@ -66,45 +65,64 @@ def graph_time_us(fn, iters):
     return cuda_time_us(graph.replay, iters) / PER_GRAPH
 
 
+# (key, label) of the timed stores; ratios are torch / variant (> 1: dsa is faster).
+VARIANTS = [
+    ("torch_index_put", "torch index_put_ (bf16 k)"),
+    ("dsa_f32k", "dsa.store_index_k (f32 k)"),
+    ("dsa_bf16k", "dsa.store_index_k (bf16 k)"),
+    ("writer_bf16k", "IndexKWriter (bf16 k)"),
+    ("writer_fp8_bf16k", "IndexKWriter fp8 pool (bf16 k)"),
+]
+
+
 def store_rows(pool_bf16, pool_fp8):
     rows = []
+    writer = dsa.IndexKWriter(pool_bf16)
+    writer_fp8 = dsa.IndexKWriter(pool_fp8, layout="fp8", errors=writer.errors)
+    flat = pool_bf16.view(-1, 128)
     for n in SIZES:
         g = torch.Generator(device=DEV).manual_seed(n)
         slots = torch.randperm(POOL_TOKENS, device=DEV, generator=g)[:n] + 64  # distinct, live
         k32 = torch.randn(n, 128, device=DEV)
         k16 = k32.to(torch.bfloat16)
         n_real = torch.full((1,), n, dtype=torch.int32, device=DEV)
-        errors = torch.zeros(1, dtype=torch.int32, device=DEV)
-        flat = pool_bf16.view(-1, 128)
+        errors = writer.errors
 
         def torch_line():
             flat[slots] = k16
 
-        def dsa_bf16():
+        def dsa_f32k():
             dsa.store_index_k(pool_bf16, slots, k32, n_real, errors=errors)
 
-        def dsa_fp8():
-            dsa.store_index_k(pool_fp8, slots, k32, n_real, layout="fp8", errors=errors)
+        def dsa_bf16k():
+            dsa.store_index_k(pool_bf16, slots, k16, n_real, errors=errors)
 
-        def dsa_bf16_before():
-            dsa.store_index_k(pool_bf16, slots, k32, n_real, errors=errors,
-                              stream=torch.cuda.current_stream(pool_bf16.device.index).cuda_stream)
+        def writer_bf16k():
+            writer(slots, k16, n_real)
 
+        def writer_fp8_bf16k():
+            writer_fp8(slots, k16, n_real)
+
+        fns = {"torch_index_put": torch_line, "dsa_f32k": dsa_f32k, "dsa_bf16k": dsa_bf16k,
+               "writer_bf16k": writer_bf16k, "writer_fp8_bf16k": writer_fp8_bf16k}
         iters = 200 if n <= 256 else 20
         row = {"tokens": n}
-        for name, fn in (("torch_index_put", torch_line), ("dsa_bf16", dsa_bf16),
-                         ("dsa_fp8", dsa_fp8)):
-            row[f"{name}_eager_us"] = cuda_time_us(fn, iters)
-            row[f"{name}_graph_us"] = graph_time_us(fn, max(iters // 10, 5))
-        _dsa.set_torch_attributes(False)
-        try:
-            row["dsa_bf16_eager_before_us"] = cuda_time_us(dsa_bf16_before, iters)
-        finally:
-            _dsa.set_torch_attributes(True)
+        for name, _ in VARIANTS:
+            row[f"{name}_eager_us"] = cuda_time_us(fns[name], iters)
+            row[f"{name}_graph_us"] = graph_time_us(fns[name], max(iters // 10, 5))
+        # the same bytes: each bf16 variant rewrites the slots with k16, and the torch line's
+        # rows must read back identically
+        flat[slots] = 0
+        writer(slots, k16, n)
+        assert torch.equal(flat[slots], k16), "the writer and the torch line disagree"
         torch.cuda.synchronize()
         assert int(errors) == 0, "a store raised the error counter"
-        moved = n * (128 * 4 + 128 * 2 + 8)
-        row["dsa_bf16_graph_GBps"] = moved / row["dsa_bf16_graph_us"] / 1e3
+        for name, _ in VARIANTS[1:]:
+            for mode in ("eager", "graph"):
+                row[f"{name}_{mode}_vs_torch"] = (row[f"torch_index_put_{mode}_us"]
+                                                  / row[f"{name}_{mode}_us"])
+        moved = n * (128 * 2 + 128 * 2 + 8)
+        row["writer_bf16k_graph_GBps"] = moved / row["writer_bf16k_graph_us"] / 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -290,24 +308,26 @@ def step_graph_rows(layer, auditor, batches=(1, 64), replays=200):
 
 
 def markdown(stores, audit, device, steps=(), model=None, model_note=""):
+    head = " | ".join(f"{label} eager / graph µs" for _, label in VARIANTS)
+    ratios = " | ".join(f"{label}: eager / graph" for _, label in VARIANTS[1:])
     lines = [f"## dsa from torch on {device} (torch {torch.__version__})", "",
-             "| tokens | torch index_put_ eager / graph µs | dsa bf16 eager / graph µs | "
-             "dsa fp8 eager / graph µs | dsa bf16 eager before (DLPack) µs | eager: torch/dsa bf16 | "
-             "graph: torch/dsa bf16 |", "|---|---|---|---|---|---|---|"]
+             "Times per store; ratios = torch µs / dsa µs (> 1: the guarded store is faster).", "",
+             f"| tokens | {head} |", "|---|" + "---|" * len(VARIANTS),]
     for r in stores:
-        eager = r["torch_index_put_eager_us"] / r["dsa_bf16_eager_us"]
-        graph = r["torch_index_put_graph_us"] / r["dsa_bf16_graph_us"]
-        lines.append(
-            f"| {r['tokens']} | {r['torch_index_put_eager_us']:.1f} / "
-            f"{r['torch_index_put_graph_us']:.1f} | {r['dsa_bf16_eager_us']:.1f} / "
-            f"{r['dsa_bf16_graph_us']:.1f} | {r['dsa_fp8_eager_us']:.1f} / "
-            f"{r['dsa_fp8_graph_us']:.1f} | {r['dsa_bf16_eager_before_us']:.1f} | {eager:.2f}x | "
-            f"{graph:.2f}x |")
-    slower = [r["tokens"] for r in stores
-              if r["dsa_bf16_eager_us"] >= r["torch_index_put_eager_us"]
-              or r["dsa_bf16_graph_us"] >= r["torch_index_put_graph_us"]]
-    lines += ["", "Guarded store faster than the torch line at every size, eager and graph: "
-              + ("yes" if not slower else f"NO (tokens {slower})")]
+        cells = " | ".join(f"{r[f'{k}_eager_us']:.1f} / {r[f'{k}_graph_us']:.1f}"
+                           for k, _ in VARIANTS)
+        lines.append(f"| {r['tokens']} | {cells} |")
+    lines += ["", f"| tokens | {ratios} |", "|---|" + "---|" * (len(VARIANTS) - 1)]
+    for r in stores:
+        cells = " | ".join(f"{r[f'{k}_eager_vs_torch']:.2f}x / {r[f'{k}_graph_vs_torch']:.2f}x"
+                           for k, _ in VARIANTS[1:])
+        lines.append(f"| {r['tokens']} | {cells} |")
+    lines.append("")
+    for key, label in VARIANTS[1:]:
+        slower = [r["tokens"] for r in stores
+                  if r[f"{key}_eager_vs_torch"] <= 1.0 or r[f"{key}_graph_vs_torch"] <= 1.0]
+        lines.append(f"- {label} faster than the torch line at every size, eager and graph: "
+                     + ("yes" if not slower else f"NO (tokens {slower})"))
     phases = " + ".join(f"{k} {v:.1f}" for k, v in audit["verify_sample_phases_us"].items()
                         if k != "total")
     sample_bytes = 256 * (1152 + 256)

@@ -38,6 +38,8 @@ __all__ = [
     "__version__",
     "store_index_k",
     "store_latent_kv",
+    "IndexKWriter",
+    "LatentKVWriter",
     "indexer_logits",
     "topk",
     "sparse_mla",
@@ -132,8 +134,10 @@ def store_index_k(
             ``[pages * 64, 128]`` for ``layout="bf16"``; uint8 ``[pages, 8448]`` for
             ``layout="fp8"``. C-contiguous, 16-byte aligned. uint16 is read as bf16 bit patterns.
         slots: int64 ``[rows]`` contiguous, the slot map (``page * 64 + offset``; -1 = padding).
-        k: float32 ``[>= rows, 128]``, unit inner stride, any row stride >= 128. A bf16 k must be
-            converted by the caller (``k.float()``): dsa never converts silently.
+        k: float32 or bfloat16 ``[>= rows, 128]`` (a numpy uint16 array is read as bf16 bit
+            patterns), unit inner stride, any row stride >= 128. bf16 keys go to a bf16 pool bit
+            for bit, and an fp8 pool quantizes their exact float32 widening (the bytes of
+            ``k.float()``, without the conversion's extra kernel).
         n_real: the count of real rows: a Python int (baked into a captured graph), or a
             one-element int32 array on the pool's device, read by the kernel (what a captured
             graph needs: rewrite it before each replay).
@@ -202,6 +206,46 @@ def store_latent_kv(
 
 
 store_latent_kv.__doc__ += _STORE_RULES
+
+
+IndexKWriter = _dsa.IndexKWriter
+IndexKWriter.__module__ = __name__
+IndexKWriter.__doc__ = """One layer's index-K pool bound to dsa's guarded writer: what an engine holds per layer.
+
+    ``writer = dsa.IndexKWriter(pool, layout="bf16", ue8m0=False, errors=None, guard="contract",
+    stream=None)``, then each step ``writer(slots, k, n_real)``: the same store, rules and bytes as
+    :func:`store_index_k`, for less host time. The pool's dtype, shape, layout and alignment, the
+    error counter and the stream are checked once, here; a call reads and checks only ``slots``,
+    ``k`` and ``n_real`` and goes straight to the extension (no Python in between). The writer
+    keeps a reference to ``pool``, so the pool lives as long as the writer; don't replace the
+    pool's storage (``resize_``, ``set_``) while it is bound.
+
+    Args:
+        pool, layout, ue8m0, guard: as for :func:`store_index_k`.
+        errors: the device error counter every call adds to (a one-element int32 array on the
+            pool's device); a new zeroed one when None. Read it as ``writer.errors``.
+        stream: CUDA stream handle (int) for every call; None: torch's current stream, looked up
+            on each call (so ``torch.cuda.stream(...)`` and graph capture are followed).
+
+    Call ``writer(slots, k, n_real)``:
+        slots: int64 ``[rows]``, the slot map (-1 = padding).
+        k: float32 or bfloat16 (numpy: uint16 bf16 bit patterns) ``[>= rows, 128]``.
+        n_real: a Python int (baked into a captured graph; no device scalar is made: the writer
+            processes ``min(rows, n_real)`` rows), or a one-element int32 array on the pool's
+            device that the kernel reads (what a captured graph needs).
+        Returns ``writer.errors``.
+    """ + _STORE_RULES
+
+LatentKVWriter = _dsa.LatentKVWriter
+LatentKVWriter.__module__ = __name__
+LatentKVWriter.__doc__ = """One layer's latent pool bound to dsa's guarded writer: what an engine holds per layer.
+
+    ``writer = dsa.LatentKVWriter(pool, layout="bf16", ue8m0=False, errors=None, stream=None)``,
+    then each step ``writer(slots, latent, k_rope, n_real)``: the same store, rules and bytes as
+    :func:`store_latent_kv`, with the pool, the error counter and the stream checked once (see
+    :class:`IndexKWriter`; ``latent`` float32 ``[>= rows, 512]``, ``k_rope`` float32
+    ``[>= rows, 64]``). Returns ``writer.errors``.
+    """ + _STORE_RULES
 
 
 def indexer_logits(

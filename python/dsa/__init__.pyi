@@ -39,6 +39,42 @@ def store_latent_kv(
     errors: Optional[Array] = None,
     stream: Optional[int] = None,
 ) -> Array: ...
+
+class _BoundWriter:  # what both bound writers have (not a runtime base class)
+    @property
+    def pool(self) -> Array: ...
+    @property
+    def errors(self) -> Array: ...
+    @property
+    def layout(self) -> Layout: ...
+
+class IndexKWriter(_BoundWriter):
+    def __init__(
+        self,
+        pool: Array,
+        *,
+        layout: Layout = "bf16",
+        ue8m0: bool = False,
+        errors: Optional[Array] = None,
+        guard: Literal["contract", "incident"] = "contract",
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def __call__(self, slots: Array, k: Array, n_real: Union[int, Array]) -> Array: ...
+
+class LatentKVWriter(_BoundWriter):
+    def __init__(
+        self,
+        pool: Array,
+        *,
+        layout: Layout = "bf16",
+        ue8m0: bool = False,
+        errors: Optional[Array] = None,
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def __call__(
+        self, slots: Array, latent: Array, k_rope: Array, n_real: Union[int, Array]
+    ) -> Array: ...
+
 def indexer_logits(
     q: Array,
     w: Array,

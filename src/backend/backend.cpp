@@ -114,6 +114,7 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t) {
   return make_cuda_backend(device);
 }
+int cuda_current_device() { return -1; }
 #endif
 
 }  // namespace dsa

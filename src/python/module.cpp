@@ -68,5 +68,6 @@ PYBIND11_MODULE(_dsa, m) {
     }
   });
   dsa::py::bind_ops(m);
+  dsa::py::bind_stores(m);
   dsa::py::bind_auditor(m);
 }

@@ -145,6 +145,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 // destruction. Cheap enough to make per call (bindings do). Throws kBackend as make_cuda_backend.
 std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream);
 bool cuda_available();  // built with CUDA and a device is present
+// The calling thread's current CUDA device, or -1 without CUDA (or when it cannot be read). A
+// backend from make_cuda_backend_on_stream made while its device is current switches no device, so
+// a binding may keep it and reuse it for as long as that device is current.
+int cuda_current_device();
 
 std::unique_ptr<Backend> make_backend(BackendKind kind);
 

@@ -178,12 +178,17 @@ struct SlotBatch {
 // incident (DESIGN §5): it ignores rules 1-3 and wraps a negative slot from the end of the pool.
 enum class StoreGuard : uint8_t { kEnforced, kIncidentScatter };
 
+// The keys come as float32 (k) or as bf16 (k_bf16, what engines hold): exactly one is set, and
+// ld_k is in elements of that one. From bf16 the bf16 layout stores each value as it is (bit for
+// bit) and the fp8 layout quantizes its exact f32 widening: the bytes of the f32 path on those
+// widened values (encode_index_k_token, dsa/token_codec.h).
 struct StoreIndexKParams {
   SlotBatch batch;
   const float* k = nullptr;  // [batch.rows, 128], row stride ld_k
   int64_t ld_k = 0;
   PoolView pool;  // index-K layout, bf16 or fp8
   StoreGuard guard = StoreGuard::kEnforced;
+  const Bf16* k_bf16 = nullptr;  // instead of k: [batch.rows, 128] bf16, row stride ld_k
 };
 
 struct StoreLatentKvParams {

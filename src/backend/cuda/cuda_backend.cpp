@@ -577,4 +577,13 @@ std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t strea
   return std::make_unique<CudaBackend>(device, reinterpret_cast<cudaStream_t>(stream));
 }
 
+int cuda_current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+
 }  // namespace dsa
