@@ -203,6 +203,11 @@ int main(int argc, char** argv) {
   app.add_flag("--legacy", legacy_rows,
                "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer blocks "
                "(2048 tokens): rows topk_legacy/... and indexer_logits_legacy/...");
+  std::vector<int> sparse_mla_rows;
+  app.add_option("--sparse-mla-rows", sparse_mla_rows,
+                 "run only these batch sizes of the sparse MLA rows (1, 64, 256)")
+      ->check(CLI::IsMember({1, 64, 256}))
+      ->delimiter(',');
   std::vector<std::string> gemm_kernels;
   app.add_option("--gemm-kernels", gemm_kernels,
                  "the invariant GEMM kernels the GEMM benches time (default: mma,wgmma)")
@@ -226,6 +231,7 @@ int main(int argc, char** argv) {
     dsa::bench::BenchContext ctx(*backend, dsa::cuda_stream(*backend));
     ctx.attention_only = attention_only;
     ctx.legacy_rows = legacy_rows;
+    ctx.sparse_mla_rows = sparse_mla_rows;
     ctx.gemm_kernels = gemm_kernels;
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);
