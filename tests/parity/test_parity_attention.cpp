@@ -379,29 +379,89 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
-// CUDA's tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one):
-// every size gives the same logits, in rows shorter and longer than a block.
-TEST_F(ParityAttention, IndexerLogitsEveryBlockSizeMatchesCpu) {
+// The CUDA kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one) and tokens per block (chosen
+// from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one): every pair gives the CPU's logits, in
+// rows shorter and longer than a block, with every count of 16-head m-tiles (1 to 4).
+const char* const kIndexerVariants[] = {"resident", "legacy"};
+
+// Sets an environment variable for the scope's lifetime (unset after, as the tests start).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST_F(ParityAttention, IndexerLogitsEveryVariantAndBlockSizeMatchesCpu) {
   int cases = 0;
-  for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
-    setenv("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens, 1);
-    for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
-      IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << tokens << " tokens per block";
-      IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
-      EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
-          << tokens << " tokens per block";
+  for (const char* variant : kIndexerVariants) {
+    ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
+    for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
+      ScopedEnv t("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+      for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
+        IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << variant << ", " << tokens;
+        IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
+        EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
+            << variant << ", " << tokens << " tokens per block";
+        IndexerCase wide({d.dtype, d.rounding, 2, 64, 9000, false});
+        EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 550 + cases++))
+            << variant << ", " << tokens << " tokens per block";
+      }
+    }
+    for (int heads : {32, 48, 20}) {  // m-tiles 2 and 3, and a partial one
+      IndexerCase c({KvDtype::kFp8, ScaleRounding::kExact, 5, heads, 700, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << variant << ", " << heads;
+    }
+    IndexerCase bad({KvDtype::kFp8, ScaleRounding::kUe8m0, 9, 64, 2500, false, true});
+    EXPECT_TRUE(check_parity(bad, cpu(), cuda(), 550 + cases++)) << variant;
+  }
+}
+
+// The variants share their arithmetic: the same logits bit for bit (and the same error count),
+// at the default and at forced block sizes, bad page ids and padded rows included.
+TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
+  int cases = 0;
+  for (const auto& d : kIndexDtypes) {
+    for (int heads : {64, 4}) {
+      for (const char* tokens : {"", "512", "8192"}) {
+        IndexerCase c({d.dtype, d.rounding, 9, heads, 12000, true, /*bad_pages=*/true});
+        Workspace ws(cpu(), cuda());
+        testing::Rng rng(700 + cases++);
+        c.init(ws, rng);
+        std::vector<std::vector<uint8_t>> outs[2];
+        for (int v = 0; v < 2; ++v) {
+          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", kIndexerVariants[v]);
+          std::unique_ptr<ScopedEnv> size;
+          if (*tokens) size = std::make_unique<ScopedEnv>("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+          auto rb = run_side(c, ws, Side::kCuda);
+          EXPECT_EQ(rb.guard_report, "") << kIndexerVariants[v];
+          outs[v] = std::move(rb.outputs);
+        }
+        ASSERT_EQ(outs[0].size(), outs[1].size());
+        for (size_t i = 0; i < outs[0].size(); ++i) {
+          EXPECT_TRUE(outs[0][i] == outs[1][i])
+              << c.vars() << ", tokens '" << tokens << "': output " << i << " differs";
+        }
+      }
     }
   }
-  unsetenv("DSA_CUDA_INDEXER_BLOCK_TOKENS");
 }
 
 TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {
-  for (const auto& d : kIndexDtypes) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<IndexerCase>(IndexerSpec{d.dtype, d.rounding, rows, 64, 3000, false});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  for (const char* variant : kIndexerVariants) {
+    ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
+    for (const auto& d : kIndexDtypes) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<IndexerCase>(
+            IndexerSpec{d.dtype, d.rounding, rows, 64, 3000, false});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda())) << variant;
+    }
   }
 }
 
