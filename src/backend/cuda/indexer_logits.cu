@@ -108,9 +108,19 @@ __device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row
   }
 }
 
+// float_to_fp8(x).bits with the conversion unit: round to nearest even, saturated to +-448 (the
+// infinities too), the sign of zero kept, NaN 0x7f.
+__device__ __forceinline__ uint8_t e4m3_bits(float x) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.0f), "f"(x));
+  return x != x ? uint8_t(0x7f) : uint8_t(pair & 0xff);
+}
+
 // Quantizes (or rounds) the loaded query into `natural` ([head][stride] bytes: bf16 or e4m3) and
-// `weight` (w, or w * s_q for fp8; 0 for padded heads), for heads < heads_padded.
-template <KvDtype D, int kW>
+// `weight` (w, or w * s_q for fp8; 0 for padded heads), for heads < heads_padded. kFastCvt: e4m3
+// by e4m3_bits (a few instructions) instead of float_to_fp8's integer code (a few dozen, which at
+// B = 1 costs a block a few microseconds); the bits are the same (the tests compare the variants).
+template <KvDtype D, int kW, bool kFastCvt = false>
 __device__ __forceinline__ void encode_query(const QueryLoad<kW>& l, int heads_padded,
                                              uint8_t* natural, int stride, float* weight) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -135,7 +145,10 @@ __device__ __forceinline__ void encode_query(const QueryLoad<kW>& l, int heads_p
       }
       const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
       uint8_t* dst = natural + h * stride + lane * 4;
-      for (int j = 0; j < 4; ++j) dst[j] = float_to_fp8(l.x[i][j] / s_q).bits;
+      for (int j = 0; j < 4; ++j) {
+        const float scaled = l.x[i][j] / s_q;
+        dst[j] = kFastCvt ? e4m3_bits(scaled) : float_to_fp8(scaled).bits;
+      }
       if (lane == 0) weight[h] = l.w[i] * s_q;  // 0 for padded heads
     }
   }
@@ -457,7 +470,9 @@ template <KvDtype D>
 struct Resident {
   static constexpr int kStages = D == KvDtype::kFp8 ? 5 : 3;
   static constexpr int kStageRowBytes = kResWarps * Stage<D>::kBytes;  // one stage, every warp
-  static constexpr int kQueryStride = KeyShape<D>::kRowBytes;  // natural query bytes per head
+  // Natural query bytes per head: a row and 64 bytes, so that the 8 lanes of a 16-byte shared
+  // load phase (rows g, g + 1, columns c) hit 8 distinct 16-byte bank groups.
+  static constexpr int kQueryStride = KeyShape<D>::kRowBytes + 64;
   static constexpr int kQueryBytes = kMaxHeads * kQueryStride + kMaxHeads * 4;
   static constexpr int kSmemBytes = kStages * kStageRowBytes;
   static_assert(kQueryBytes <= kStageRowBytes, "the query fits in the last stage");
@@ -518,6 +533,37 @@ __device__ __forceinline__ void resident_group(const uint4 (&a)[kMT][kKSteps],
   if (t0 + col < seq_len) logits[t0 + col] = sum;
 }
 
+// This lane's A fragments of the whole query, as query_fragment makes them (the same bits), from
+// 16-byte loads: the lane's words of a head row are its kLoads pieces [u*64 + c*16, +16).
+template <KvDtype D, int kMT>
+__device__ __forceinline__ void resident_query(const uint8_t* natural, int stride, int lane,
+                                               uint4 (&a)[kMT][kKSteps]) {
+  constexpr int kLoads = KeyShape<D>::kLoads;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    uint4 r0[kLoads], r1[kLoads];  // rows g and g + 8 of the m-tile
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      r0[u] = *reinterpret_cast<const uint4*>(natural + (mt * 16 + g) * stride + u * 64 + c * 16);
+      r1[u] =
+          *reinterpret_cast<const uint4*>(natural + (mt * 16 + g + 8) * stride + u * 64 + c * 16);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      if constexpr (D == KvDtype::kBf16) {
+        const int w0 = 2 * ks, w1 = 2 * ks + 1;
+        a[mt][ks] = make_uint4(word_of(r0[w0 / 4], w0 % 4), word_of(r1[w0 / 4], w0 % 4),
+                               word_of(r0[w1 / 4], w1 % 4), word_of(r1[w1 / 4], w1 % 4));
+      } else {
+        const uint2 lo = e4m3x4_to_f16x4(word_of(r0[ks / 4], ks % 4));
+        const uint2 hi = e4m3x4_to_f16x4(word_of(r1[ks / 4], ks % 4));
+        a[mt][ks] = make_uint4(lo.x, hi.x, lo.y, hi.y);
+      }
+    }
+  }
+}
+
 // kMT: the m-tiles of 16 heads, (heads + 15) / 16.
 template <KvDtype D, int kMT>
 __global__ void __launch_bounds__(kResThreads, 2)
@@ -567,18 +613,15 @@ __global__ void __launch_bounds__(kResThreads, 2)
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);  // in flight while the query is prepared
 
-  encode_query<D>(q, kMT * 16, natural, R::kQueryStride, weight);
+  encode_query<D, kResWarps, true>(q, kMT * 16, natural, R::kQueryStride, weight);
   __syncthreads();  // natural and weight are complete
 
   const int g = lane / 4;
   uint4 a[kMT][kKSteps];
   float w_lo[kMT], w_hi[kMT];
+  resident_query<D, kMT>(natural, R::kQueryStride, lane, a);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      a[mt][ks] = query_fragment<D>(natural, R::kQueryStride, mt, ks, lane);
-    }
     w_lo[mt] = weight[mt * 16 + g];
     w_hi[mt] = weight[mt * 16 + g + 8];
   }
