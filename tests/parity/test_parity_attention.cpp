@@ -422,8 +422,31 @@ TEST_F(ParityAttention, IndexerLogitsEveryVariantAndBlockSizeMatchesCpu) {
   }
 }
 
+// The resident variant in clusters of 1, 2 and 4 blocks (DSA_CUDA_INDEXER_CLUSTER forces one; the
+// blocks of a cluster share the query's preparation, and the grid is padded to whole clusters,
+// so some blocks lie past every row and only help): the CPU's logits, at short and long blocks.
+TEST_F(ParityAttention, IndexerLogitsEveryClusterSizeMatchesCpu) {
+  int cases = 0;
+  ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", "resident");
+  for (const char* ranks : {"1", "2", "4"}) {
+    ScopedEnv c("DSA_CUDA_INDEXER_CLUSTER", ranks);
+    for (const char* tokens : {"512", "2048"}) {
+      ScopedEnv t("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+      for (const auto& d : kIndexDtypes) {
+        IndexerCase wide({d.dtype, d.rounding, 7, 64, 2500, true});
+        EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+        IndexerCase narrow({d.dtype, d.rounding, 3, 16, 20000, false});
+        EXPECT_TRUE(check_parity(narrow, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+        IndexerCase bad({d.dtype, d.rounding, 9, 40, 2500, false, /*bad_pages=*/true});
+        EXPECT_TRUE(check_parity(bad, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+      }
+    }
+  }
+}
+
 // The variants share their arithmetic: the same logits bit for bit (and the same error count),
-// at the default and at forced block sizes, bad page ids and padded rows included.
+// at the default and at forced block sizes, in every cluster size, bad page ids and padded rows
+// included.
 TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
   int cases = 0;
   for (const auto& d : kIndexDtypes) {
@@ -433,19 +456,26 @@ TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
         Workspace ws(cpu(), cuda());
         testing::Rng rng(700 + cases++);
         c.init(ws, rng);
-        std::vector<std::vector<uint8_t>> outs[2];
-        for (int v = 0; v < 2; ++v) {
-          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", kIndexerVariants[v]);
-          std::unique_ptr<ScopedEnv> size;
-          if (*tokens) size = std::make_unique<ScopedEnv>("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+        std::unique_ptr<ScopedEnv> size;
+        if (*tokens) size = std::make_unique<ScopedEnv>("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+        std::vector<std::vector<uint8_t>> legacy;
+        {
+          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "legacy");
           auto rb = run_side(c, ws, Side::kCuda);
-          EXPECT_EQ(rb.guard_report, "") << kIndexerVariants[v];
-          outs[v] = std::move(rb.outputs);
+          EXPECT_EQ(rb.guard_report, "") << "legacy";
+          legacy = std::move(rb.outputs);
         }
-        ASSERT_EQ(outs[0].size(), outs[1].size());
-        for (size_t i = 0; i < outs[0].size(); ++i) {
-          EXPECT_TRUE(outs[0][i] == outs[1][i])
-              << c.vars() << ", tokens '" << tokens << "': output " << i << " differs";
+        for (const char* ranks : {"1", "2", "4"}) {
+          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "resident");
+          ScopedEnv cluster("DSA_CUDA_INDEXER_CLUSTER", ranks);
+          auto rb = run_side(c, ws, Side::kCuda);
+          EXPECT_EQ(rb.guard_report, "") << "resident, cluster " << ranks;
+          ASSERT_EQ(rb.outputs.size(), legacy.size());
+          for (size_t i = 0; i < legacy.size(); ++i) {
+            EXPECT_TRUE(rb.outputs[i] == legacy[i])
+                << c.vars() << ", tokens '" << tokens << "', cluster " << ranks << ": output " << i
+                << " differs from the legacy variant's";
+          }
         }
       }
     }

@@ -40,6 +40,7 @@
 // power of two in [512, 8192]) the tokens per block, else the largest that still gives two
 // blocks per SM over the batch: few long blocks amortize the per-block query setup at large
 // batches, many short ones spread a single long row over the GPU.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -53,6 +54,8 @@
 
 namespace dsa::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kGroupTokens = 32;  // tokens per warp iteration: 4 n-tiles of 8
 constexpr int kNTiles = kGroupTokens / 8;
@@ -93,14 +96,15 @@ struct QueryLoad {
   float x[kHeadsPerWarp][4], w[kHeadsPerWarp];
 };
 
-template <int kW>
-__device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row,
-                                           QueryLoad<kW>& l) {
+// Loads the heads h of this warp (h = warp + i * kW) that satisfy own(h); padded heads are zero.
+template <int kW, typename Own>
+__device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row, QueryLoad<kW>& l,
+                                           Own own) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < QueryLoad<kW>::kHeadsPerWarp; ++i) {
     const int h = warp + i * kW;
-    const bool real = h < p.heads;  // padded heads are zero
+    const bool real = h < p.heads && own(h);
     const float* qh = p.q + int64_t(row) * p.ld_q + int64_t(h) * kIndexHeadDim + lane * 4;
 #pragma unroll
     for (int j = 0; j < 4; ++j) l.x[i][j] = real ? qh[j] : 0.0f;
@@ -110,17 +114,59 @@ __device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row
 
 // float_to_fp8(x).bits with the conversion unit: round to nearest even, saturated to +-448 (the
 // infinities too), the sign of zero kept, NaN 0x7f.
-__device__ __forceinline__ uint8_t e4m3_bits(float x) {
+__device__ __forceinline__ uint32_t e4m3_bits(float x) {
   uint16_t pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.0f), "f"(x));
-  return x != x ? uint8_t(0x7f) : uint8_t(pair & 0xff);
+  return x != x ? 0x7fu : uint32_t(pair & 0xff);
 }
 
-// Quantizes (or rounds) the loaded query into `natural` ([head][stride] bytes: bf16 or e4m3) and
-// `weight` (w, or w * s_q for fp8; 0 for padded heads), for heads < heads_padded. kFastCvt: e4m3
-// by e4m3_bits (a few instructions) instead of float_to_fp8's integer code (a few dozen, which at
-// B = 1 costs a block a few microseconds); the bits are the same (the tests compare the variants).
-template <KvDtype D, int kW, bool kFastCvt = false>
+// This lane's 4 dims of one head, encoded in `out`: fp8 the e4m3 bytes in .x (byte j = dim j),
+// bf16 the bf16 values in .x (dims 0-1) and .y (dims 2-3), the lower dim in the lower half.
+// Returns the head's weight: w, or w * s_q for fp8. Warp-collective for fp8 (the head's amax).
+// kFastCvt: e4m3 by e4m3_bits (a few instructions) instead of float_to_fp8's integer code (a few
+// dozen, which at B = 1 cost a block microseconds); the bits are the same (the tests compare the
+// variants, one of each).
+template <KvDtype D, bool kFastCvt>
+__device__ __forceinline__ float encode_head(const float (&x)[4], float w, uint2& out) {
+  if constexpr (D == KvDtype::kBf16) {
+    out.x = uint32_t(float_to_bf16(x[0]).bits) | uint32_t(float_to_bf16(x[1]).bits) << 16;
+    out.y = uint32_t(float_to_bf16(x[2]).bits) | uint32_t(float_to_bf16(x[3]).bits) << 16;
+    return w;
+  } else {
+    // The same encoder as the CPU: amax with NaN never winning, exact scale, x / scale.
+    float amax = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      const float a = x[j] < 0 ? -x[j] : x[j];
+      amax = a > amax ? a : amax;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, amax, o);
+      amax = other > amax ? other : amax;
+    }
+    const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
+    out = make_uint2(0, 0);
+    for (int j = 0; j < 4; ++j) {
+      const float scaled = x[j] / s_q;
+      out.x |= (kFastCvt ? e4m3_bits(scaled) : uint32_t(float_to_fp8(scaled).bits)) << (8 * j);
+    }
+    return w * s_q;  // 0 for padded heads
+  }
+}
+
+// Stores this lane's encoded dims of head h into a natural query ([head][stride] bytes).
+template <KvDtype D>
+__device__ __forceinline__ void store_head(uint8_t* natural, int stride, int h, const uint2& e) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (D == KvDtype::kBf16) {
+    *reinterpret_cast<uint2*>(natural + h * stride + lane * 8) = e;
+  } else {
+    *reinterpret_cast<uint32_t*>(natural + h * stride + lane * 4) = e.x;
+  }
+}
+
+// Quantizes (or rounds) the loaded query into `natural` and `weight` (w, or w * s_q for fp8; 0
+// for padded heads), for heads < heads_padded.
+template <KvDtype D, int kW>
 __device__ __forceinline__ void encode_query(const QueryLoad<kW>& l, int heads_padded,
                                              uint8_t* natural, int stride, float* weight) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -128,29 +174,10 @@ __device__ __forceinline__ void encode_query(const QueryLoad<kW>& l, int heads_p
   for (int i = 0; i < QueryLoad<kW>::kHeadsPerWarp; ++i) {
     const int h = warp + i * kW;
     if (h >= heads_padded) break;  // warp-uniform
-    if constexpr (D == KvDtype::kBf16) {
-      Bf16* dst = reinterpret_cast<Bf16*>(natural + h * stride) + lane * 4;
-      for (int j = 0; j < 4; ++j) dst[j] = float_to_bf16(l.x[i][j]);
-      if (lane == 0) weight[h] = l.w[i];
-    } else {
-      // The same encoder as the CPU: amax with NaN never winning, exact scale, x / scale.
-      float amax = 0.0f;
-      for (int j = 0; j < 4; ++j) {
-        const float a = l.x[i][j] < 0 ? -l.x[i][j] : l.x[i][j];
-        amax = a > amax ? a : amax;
-      }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, amax, o);
-        amax = other > amax ? other : amax;
-      }
-      const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
-      uint8_t* dst = natural + h * stride + lane * 4;
-      for (int j = 0; j < 4; ++j) {
-        const float scaled = l.x[i][j] / s_q;
-        dst[j] = kFastCvt ? e4m3_bits(scaled) : float_to_fp8(scaled).bits;
-      }
-      if (lane == 0) weight[h] = l.w[i] * s_q;  // 0 for padded heads
-    }
+    uint2 e;
+    const float w = encode_head<D, false>(l.x[i], l.w[i], e);
+    store_head<D>(natural, stride, h, e);
+    if (lane == 0) weight[h] = w;
   }
 }
 
@@ -395,7 +422,7 @@ __global__ void __launch_bounds__(kLegacyThreads)
   const int m_tiles = heads_padded / 16;
   {
     QueryLoad<kLegacyWarps> q;
-    load_query(p, row, q);
+    load_query(p, row, q, [](int) { return true; });
     encode_query<D>(q, heads_padded, s.natural, 256, s.weight);
   }
   __syncthreads();  // block_pages and s.natural are complete
@@ -564,17 +591,30 @@ __device__ __forceinline__ void resident_query(const uint8_t* natural, int strid
   }
 }
 
-// kMT: the m-tiles of 16 heads, (heads + 15) / 16.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// kMT: the m-tiles of 16 heads, (heads + 15) / 16. Launched in clusters of 1, 2 or 4 blocks along
+// a row (the grid's x padded to a whole number of clusters): block rank r of n quantizes heads
+// [r * 64 / n, (r + 1) * 64 / n) and stores them into every block's query, so a short block pays
+// 1/n of the query's loads and quantization.
 template <KvDtype D, int kMT>
 __global__ void __launch_bounds__(kResThreads, 2)
     indexer_logits_resident(IndexerLogitsParams p, int block_tokens) {
   using R = Resident<D>;
   constexpr int kStages = R::kStages;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ranks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = blockIdx.y;
   const int64_t seq_len = clamped_seq_len(p, row);
   const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
-  if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
-  const int64_t block_end = min(seq_len, block_t0 + block_tokens);
+  if (block_t0 - int64_t(rank) * block_tokens >= seq_len) return;  // the whole cluster: past
+  cluster_arrive_relaxed();  // this block has started: the others may store into its query
+  const int64_t block_end = min(seq_len, block_t0 + block_tokens);  // < block_t0: no groups
 
   extern __shared__ __align__(16) uint8_t smem[];  // the ring; the query in its last stage
   uint8_t* natural = smem + (kStages - 1) * R::kStageRowBytes;
@@ -588,14 +628,16 @@ __global__ void __launch_bounds__(kResThreads, 2)
   const int64_t warp_t0 = block_t0 + warp * kGroupTokens;
   const int groups =
       warp_t0 < block_end ? int((block_end - warp_t0 + kResStride - 1) / kResStride) : 0;
-  // Their page ids (group lane in pid0, group lane + 32 in pid1), then the query: all these loads
-  // are issued before anything waits on one.
+  // Their page ids (group lane in pid0, group lane + 32 in pid1), then this block's heads of the
+  // query: all these loads are issued before anything waits on one.
   const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
   int32_t pid0 = -1, pid1 = -1;
   if (lane < groups) pid0 = pages[(warp_t0 + int64_t(lane) * kResStride) / kPageSize];
   if (lane + 32 < groups) pid1 = pages[(warp_t0 + int64_t(lane + 32) * kResStride) / kPageSize];
+  const int heads_per_rank = kMaxHeads / ranks;
+  auto own = [&](int h) { return h / heads_per_rank == rank; };
   QueryLoad<kResWarps> q;
-  load_query(p, row, q);
+  load_query(p, row, q, own);
 
   auto page_of = [&](int i) {  // warp-uniform i < groups
     return __shfl_sync(0xffffffffu, i < 32 ? pid0 : pid1, i & 31);
@@ -613,8 +655,20 @@ __global__ void __launch_bounds__(kResThreads, 2)
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);  // in flight while the query is prepared
 
-  encode_query<D, kResWarps, true>(q, kMT * 16, natural, R::kQueryStride, weight);
-  __syncthreads();  // natural and weight are complete
+  cluster_wait();  // every block of the cluster has started
+#pragma unroll
+  for (int i = 0; i < QueryLoad<kResWarps>::kHeadsPerWarp; ++i) {
+    const int h = warp + i * kResWarps;
+    if (h >= kMT * 16 || !own(h)) continue;  // warp-uniform
+    uint2 e;
+    const float w = encode_head<D, true>(q.x[i], q.w[i], e);
+    for (int r = 0; r < ranks; ++r) {
+      store_head<D>(cluster.map_shared_rank(natural, unsigned(r)), R::kQueryStride, h, e);
+      if (lane == 0) cluster.map_shared_rank(weight, unsigned(r))[h] = w;
+    }
+  }
+  cluster.sync();                   // every block's natural query and weights are complete
+  if (block_t0 >= seq_len) return;  // a block past the row that only helped with the query
 
   const int g = lane / 4;
   uint4 a[kMT][kKSteps];
@@ -647,13 +701,13 @@ __global__ void __launch_bounds__(kResThreads, 2)
 
 enum class Variant { kLegacy, kResident };
 
+// The forced variant, or the default of the dtype (the H200 measurements in the header).
 Variant variant_for(KvDtype dtype) {
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_VARIANT")) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "resident") == 0) return Variant::kResident;
   }
-  (void)dtype;
-  return Variant::kResident;
+  return dtype == KvDtype::kFp8 ? Variant::kResident : Variant::kResident;
 }
 
 // Tokens per block: the override, or the largest size that keeps two blocks per SM (both
@@ -687,33 +741,59 @@ cudaError_t opt_in(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
   return err;
 }
 
+// Blocks per cluster of the resident variant: the override (1, 2 or 4), else 4 for short blocks
+// (a long row over many SMs, where the query's preparation is a large share of a block) when the
+// row has that many, else 1.
+int cluster_blocks_for(int block_tokens, int64_t chunks) {
+  if (const char* v = std::getenv("DSA_CUDA_INDEXER_CLUSTER")) {
+    const int forced = std::atoi(v);
+    if (forced == 1 || forced == 2 || forced == 4) return forced;
+  }
+  return block_tokens <= 1024 && chunks >= 4 ? 4 : 1;
+}
+
 template <KvDtype D, int kMT>
-cudaError_t launch_resident(const IndexerLogitsParams& p, dim3 grid, int block_tokens,
-                            cudaStream_t stream) {
+cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
   const cudaError_t e = opt_in(indexer_logits_resident<D, kMT>, Resident<D>::kSmemBytes, opted);
   if (e != cudaSuccess) return e;
-  indexer_logits_resident<D, kMT>
-      <<<grid, kResThreads, Resident<D>::kSmemBytes, stream>>>(p, block_tokens);
+  const int64_t chunks = (p.ld_logits + block_tokens - 1) / block_tokens;
+  const int ranks = cluster_blocks_for(block_tokens, chunks);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned((chunks + ranks - 1) / ranks * ranks), unsigned(p.rows));
+  config.blockDim = dim3(kResThreads);
+  config.dynamicSmemBytes = Resident<D>::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(ranks);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = ranks > 1 ? 1 : 0;
+  const cudaError_t launched =
+      cudaLaunchKernelEx(&config, indexer_logits_resident<D, kMT>, p, block_tokens);
+  if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 
 template <KvDtype D>
 cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t stream) {
   const int block_tokens = block_tokens_for(p);
-  const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if (variant == Variant::kResident) {
     switch ((p.heads + 15) / 16) {
       case 1:
-        return launch_resident<D, 1>(p, grid, block_tokens, stream);
+        return launch_resident<D, 1>(p, block_tokens, stream);
       case 2:
-        return launch_resident<D, 2>(p, grid, block_tokens, stream);
+        return launch_resident<D, 2>(p, block_tokens, stream);
       case 3:
-        return launch_resident<D, 3>(p, grid, block_tokens, stream);
+        return launch_resident<D, 3>(p, block_tokens, stream);
       default:
-        return launch_resident<D, 4>(p, grid, block_tokens, stream);
+        return launch_resident<D, 4>(p, block_tokens, stream);
     }
-  } else if constexpr (D == KvDtype::kFp8) {
+  }
+  const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
+  if constexpr (D == KvDtype::kFp8) {
     static std::atomic<uint64_t> opted{0};
     const cudaError_t e = opt_in(indexer_logits_legacy<D>, kLegacyStagedSmemBytes, opted);
     if (e != cudaSuccess) return e;
