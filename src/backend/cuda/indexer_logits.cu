@@ -14,24 +14,29 @@
 // makes every copy cover contiguous 64-byte runs. word_byte() is that permutation. Tokens come in
 // groups of 32 (4 n-tiles of 8), always inside one page.
 //
-// Variant "resident" (the default): blocks of 4 warps, two blocks per SM. Each warp keeps the
-// whole query as mma A fragments in registers (64 heads x 128 dims as f16 or bf16: 128 registers
-// per lane) and streams its groups through a private cp.async ring in shared memory, kStages deep
-// (fp8 4: three groups, 12.4 KiB, in flight per warp while it computes one; bf16 2). The block
-// first reads its page ids and queues the first groups' keys, then loads, quantizes and lays out
-// the query while they arrive. Per 32-token group a warp does 128 mma, 64 packed cvt (fp8), 8
-// 16-byte shared loads of keys and 7 shuffles (a reduce-scatter of the 8 column sums).
+// Variant "resident" (the default): blocks of 4 warps, two blocks per SM (237-255 registers, 84
+// KiB fp8 / 96 KiB bf16 of shared memory). Each warp keeps the whole query as mma A fragments in
+// registers (64 heads x 128 dims as f16 or bf16: 128 registers per lane) and streams its groups
+// through a private cp.async ring in shared memory, kStages deep (fp8 5: four groups, 16.5 KiB,
+// in flight per warp while it computes one, 132 KiB per SM; bf16 3). A block first reads its page
+// ids and queues its first groups' keys, then loads, quantizes and lays out the query while they
+// arrive (the query's bytes are the ring's last stage until the warps hold it). Per 32-token
+// group a warp does 128 mma, 64 packed cvt (fp8), 8 16-byte shared loads of keys and 7 shuffles
+// (a reduce-scatter of the 8 column sums). Short blocks (a long row over the whole GPU) run in
+// clusters of 4 that share the query's preparation: each block quantizes 16 heads (e4m3 by the
+// conversion unit) into all four blocks' shared memory.
 //   Napkin, H200 (132 SMs, ~1.9 GHz, 4.25 TB/s copy): a token is 132 B (fp8) and 16384 flop.
-//   mma.sync f16 sustains ~2100 flop/clk/SM (about half the wgmma peak), 7.7 clk/token/SM; HBM
-//   gives 32 B/ns/SM, 4.1 ns/token = 7.9 clk; the 64 cvt/token go to the conversion pipe (<= 4
-//   clk/token at 16/clk/SM). These overlap: fp8 B=64 L=32K (2.1M tokens, 16K per SM) is ~65 us of
-//   bytes and ~62 us of mma, so ~75-90 us if the two overlap well; B=1 L=128K (1000 tokens per
-//   SM, all of a block's keys in flight before its query is ready) is ~4 us of bytes or mma plus
-//   ~1.5 us of page-id, query and launch latency.
+//   mma.sync f16 sustains ~2100-2600 flop/clk/SM (half to two thirds of the wgmma peak), 6-8
+//   clk/token/SM; HBM gives 32 B/ns/SM, 4.1 ns/token = 7.9 clk; the 64 cvt/token go to the
+//   conversion pipe (<= 4 clk/token at 16/clk/SM); the head sum is ~1.3 clk/token of fp32 work.
+//   These overlap: fp8 B=64 L=32K (2.1M tokens, 16K per SM) is ~65 us of bytes and 50-62 us of
+//   mma, so ~75-90 us if they overlap well (target <= 95); B=1 L=128K (1000 tokens per SM: all
+//   of a block's 4 groups per warp are in flight before its query is ready) is ~4 us of bytes
+//   or mma after ~1.5-2 us of seq_len, page-id and query latency, so ~6 us.
 //   Shared-memory traffic is 256 B/token (the ring, written once and read once); the former
 //   kernel also reread the query's A fragments from shared memory every group (512 B/token),
-//   which with the mma made it co-limited at ~15 clk/token.
-//
+//   which with the mma made it co-limited at ~15 clk/token (124 us).
+
 // Variant "legacy": the former kernel, 8 warps per block, the query's A fragments in shared memory
 // and reread each group; fp8 keys through a 2-stage per-warp cp.async ring, bf16 keys loaded
 // straight into registers.
@@ -39,7 +44,8 @@
 // DSA_CUDA_INDEXER_VARIANT (legacy | resident) forces a variant; DSA_CUDA_INDEXER_BLOCK_TOKENS (a
 // power of two in [512, 8192]) the tokens per block, else the largest that still gives two
 // blocks per SM over the batch: few long blocks amortize the per-block query setup at large
-// batches, many short ones spread a single long row over the GPU.
+// batches, many short ones spread a single long row over the GPU; DSA_CUDA_INDEXER_CLUSTER (1, 2
+// or 4) the resident variant's blocks per cluster.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -764,11 +770,7 @@ cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cuda
   config.blockDim = dim3(kResThreads);
   config.dynamicSmemBytes = Resident<D>::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = unsigned(ranks);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  cudaLaunchAttribute cluster = cluster_dimension(unsigned(ranks));
   config.attrs = &cluster;
   config.numAttrs = ranks > 1 ? 1 : 0;
   const cudaError_t launched =
