@@ -379,9 +379,7 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
-// The CUDA kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one) and tokens per block (chosen
-// from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one): every pair gives the CPU's logits, in
-// rows shorter and longer than a block, with every count of 16-head m-tiles (1 to 4).
+// The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one).
 const char* const kIndexerVariants[] = {"resident", "legacy"};
 
 // Sets an environment variable for the scope's lifetime (unset after, as the tests start).
@@ -396,6 +394,9 @@ class ScopedEnv {
   const char* name_;
 };
 
+// Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
+// one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
+// 16-head m-tiles (1 to 4).
 TEST_F(ParityAttention, IndexerLogitsEveryVariantAndBlockSizeMatchesCpu) {
   int cases = 0;
   for (const char* variant : kIndexerVariants) {

@@ -610,16 +610,15 @@ __device__ __forceinline__ void cluster_wait() {
 // 1/n of the query's loads and quantization.
 template <KvDtype D, int kMT>
 __global__ void __launch_bounds__(kResThreads, 2)
-    indexer_logits_resident(IndexerLogitsParams p, int block_tokens) {
+    indexer_logits_resident(IndexerLogitsParams p, int block_tokens, int ranks) {
   using R = Resident<D>;
   constexpr int kStages = R::kStages;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int ranks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int rank = int(blockIdx.x) % ranks;  // in the cluster (of ranks blocks along x)
   const int row = blockIdx.y;
   const int64_t seq_len = clamped_seq_len(p, row);
   const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
   if (block_t0 - int64_t(rank) * block_tokens >= seq_len) return;  // the whole cluster: past
-  cluster_arrive_relaxed();  // this block has started: the others may store into its query
+  if (ranks > 1) cluster_arrive_relaxed();  // started: the others may store into its query
   const int64_t block_end = min(seq_len, block_t0 + block_tokens);  // < block_t0: no groups
 
   extern __shared__ __align__(16) uint8_t smem[];  // the ring; the query in its last stage
@@ -661,19 +660,28 @@ __global__ void __launch_bounds__(kResThreads, 2)
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);  // in flight while the query is prepared
 
-  cluster_wait();  // every block of the cluster has started
+  if (ranks > 1) cluster_wait();  // every block of the cluster has started
 #pragma unroll
   for (int i = 0; i < QueryLoad<kResWarps>::kHeadsPerWarp; ++i) {
     const int h = warp + i * kResWarps;
     if (h >= kMT * 16 || !own(h)) continue;  // warp-uniform
     uint2 e;
     const float w = encode_head<D, true>(q.x[i], q.w[i], e);
-    for (int r = 0; r < ranks; ++r) {
+    if (ranks == 1) {  // no cluster launched: plain shared memory
+      store_head<D>(natural, R::kQueryStride, h, e);
+      if (lane == 0) weight[h] = w;
+    }
+    for (int r = 0; r < ranks && ranks > 1; ++r) {
+      cg::cluster_group cluster = cg::this_cluster();
       store_head<D>(cluster.map_shared_rank(natural, unsigned(r)), R::kQueryStride, h, e);
       if (lane == 0) cluster.map_shared_rank(weight, unsigned(r))[h] = w;
     }
   }
-  cluster.sync();                   // every block's natural query and weights are complete
+  if (ranks > 1) {
+    cg::this_cluster().sync();  // every block's natural query and weights are complete
+  } else {
+    __syncthreads();
+  }
   if (block_t0 >= seq_len) return;  // a block past the row that only helped with the query
 
   const int g = lane / 4;
@@ -774,7 +782,7 @@ cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cuda
   config.attrs = &cluster;
   config.numAttrs = ranks > 1 ? 1 : 0;
   const cudaError_t launched =
-      cudaLaunchKernelEx(&config, indexer_logits_resident<D, kMT>, p, block_tokens);
+      cudaLaunchKernelEx(&config, indexer_logits_resident<D, kMT>, p, block_tokens, ranks);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
