@@ -132,10 +132,11 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
           runs.push_back(profiler.finish());
         }
         const std::vector<OpTiming> ops = median_timings(runs);
-        nlohmann::json j = profile_json(ops, o->ceilings);
+        const double empty_us = profiler.empty_launch_us(std::max(o->iters, 20));
+        nlohmann::json j = profile_json(ops, o->ceilings, empty_us);
         const double sum_ms = j["sum_us"].get<double>() / 1e3;
         fmt::print("\nB = {}: the eager step's ops (median of {} steps)\n{}", rows.size(), o->iters,
-                   profile_table(ops, o->ceilings));
+                   profile_table(ops, o->ceilings, empty_us));
         fmt::print(
             "graph step {:.3f} ms = {:.2f}x the sum of its ops ({:.3f} ms); eager step "
             "{:.3f} ms; floor {:.3f} ms\n\n",

@@ -38,7 +38,8 @@ std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& r
   return out;
 }
 
-std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings) {
+std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings,
+                          double empty_us) {
   double total = 0, bytes = 0, flops = 0, floor = 0;
   for (const OpTiming& t : ops) {
     total += t.us;
@@ -46,23 +47,31 @@ std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceil
     flops += t.cost.flops;
     floor += ceilings.floor_us(t.cost);
   }
-  std::string out = fmt::format("{:>4}  {:<16} {:<34} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}\n", "#",
-                                "op", "shape", "us", "%", "MB", "GFLOP", "floor us", "floor/us");
+  const bool vs_empty = empty_us > 0;
+  std::string out = fmt::format("{:>4}  {:<16} {:<34} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}{}\n", "#",
+                                "op", "shape", "us", "%", "MB", "GFLOP", "floor us", "floor/us",
+                                vs_empty ? fmt::format(" {:>7}", "/empty") : "");
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpTiming& t = ops[i];
     const double f = ceilings.floor_us(t.cost);
-    out +=
-        fmt::format("{:>4}  {:<16} {:<34} {:>9.1f} {:>6.1f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f}\n",
-                    i + 1, t.cost.op, t.cost.shape, t.us, total > 0 ? 100 * t.us / total : 0.0,
-                    t.cost.bytes / 1e6, t.cost.flops / 1e9, f, t.us > 0 ? f / t.us : 0.0);
+    out += fmt::format(
+        "{:>4}  {:<16} {:<34} {:>9.1f} {:>6.1f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f}{}\n", i + 1,
+        t.cost.op, t.cost.shape, t.us, total > 0 ? 100 * t.us / total : 0.0, t.cost.bytes / 1e6,
+        t.cost.flops / 1e9, f, t.us > 0 ? f / t.us : 0.0,
+        vs_empty ? fmt::format(" {:>7.2f}", t.us / empty_us) : "");
   }
   out += fmt::format("{:>4}  {:<16} {:<34} {:>9.1f} {:>6.1f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f}\n",
                      "", "sum", "", total, 100.0, bytes / 1e6, flops / 1e9, floor,
                      total > 0 ? floor / total : 0.0);
+  if (vs_empty) {
+    out += fmt::format("      empty launch (a 4-byte fill, timed like the ops): {:.1f} us\n",
+                       empty_us);
+  }
   return out;
 }
 
-nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings) {
+nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings,
+                            double empty_us) {
   nlohmann::json list = nlohmann::json::array();
   double total = 0, floor = 0;
   for (const OpTiming& t : ops) {
@@ -80,7 +89,21 @@ nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ce
           {"sum_us", total},
           {"floor_us", floor},
           {"gb_per_s", ceilings.gb_per_s},
-          {"tflop_per_s", ceilings.tflop_per_s}};
+          {"tflop_per_s", ceilings.tflop_per_s},
+          {"empty_launch_us", empty_us}};
+}
+
+double ProfilingBackend::empty_launch_us(int n) {
+  require(n > 0, ErrorCode::kInvalidArgument, "profile: empty_launch_us needs n > 0");
+  void* word = inner_.allocate(sizeof(uint32_t));
+  start();
+  for (int i = 0; i < n; ++i) timed({"empty", "fill 4 B", 0, 0}, [&] { inner_.fill(word, 0, 4); });
+  std::vector<OpTiming> runs = finish();
+  inner_.deallocate(word);
+  std::vector<double> us;
+  for (const OpTiming& t : runs) us.push_back(t.us);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
 }
 
 void ProfilingBackend::start() {

@@ -32,9 +32,13 @@ struct Ceilings {
 
 // Per-op medians over several recorded runs of the same op sequence.
 std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& runs);
-// The llm.c-style table: op, shape, us, % of the sum, MB, GFLOP, floor us, floor / actual.
-std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings);
-nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings);
+// The llm.c-style table: op, shape, us, % of the sum, MB, GFLOP, floor us, floor / actual, and
+// the op's time over empty_us (an empty launch timed the same way; the column is left out when
+// empty_us is 0).
+std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceilings,
+                          double empty_us = 0);
+nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ceilings,
+                            double empty_us = 0);
 
 class ProfilingBackend final : public Backend {
  public:
@@ -44,6 +48,10 @@ class ProfilingBackend final : public Backend {
 
   void start();                    // records the ops queued from now on
   std::vector<OpTiming> finish();  // synchronizes; the ops since start() with their times
+  // The median time of the smallest op there is, a 4-byte fill, bracketed by stopwatch points
+  // exactly like every profiled op (n of them, one after another): the "empty launch" the
+  // profile's small ops are compared with.
+  double empty_launch_us(int n);
   Backend& inner() const { return inner_; }
 
   BackendKind kind() const override { return inner_.kind(); }
