@@ -24,7 +24,9 @@
 // group a warp does 128 mma, 64 packed cvt (fp8), 8 16-byte shared loads of keys and 7 shuffles
 // (a reduce-scatter of the 8 column sums). Short blocks (a long row over the whole GPU) run in
 // clusters of 4 that share the query's preparation: each block quantizes 16 heads (e4m3 by the
-// conversion unit) into all four blocks' shared memory.
+// conversion unit) into all four blocks' shared memory. No key or scale at or past seq_len is
+// read: the last group's copies of those tokens are zero-filled (cp.async with a source size of
+// 0), where the legacy variant reads the whole 32-token group inside the row's last page.
 //   Napkin, H200 (132 SMs, ~1.9 GHz, 4.25 TB/s copy): a token is 132 B (fp8) and 16384 flop.
 //   mma.sync f16 sustains ~2100-2600 flop/clk/SM (half to two thirds of the wgmma peak), 6-8
 //   clk/token/SM; HBM gives 32 B/ns/SM, 4.1 ns/token = 7.9 clk; the 64 cvt/token go to the
@@ -270,23 +272,45 @@ __device__ __forceinline__ const uint8_t* page_base_of(const IndexerLogitsParams
   return p.pool.data + page * index_k_page_bytes(D);
 }
 
-// Queues the copies of one group (keys, and for fp8 the scales by lanes 0-7) into a stage.
-template <KvDtype D>
-__device__ __forceinline__ void stage_group(const uint8_t* page_base, int off0, uint8_t* stage) {
+// 16 bytes from global to shared memory, of which only the first `bytes` (0 to 16) are read; the
+// rest are zero-filled.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* global, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(global), "r"(bytes)
+               : "memory");
+}
+
+// Queues the copies of one group (keys, and for fp8 the scales by lanes 0-7) into a stage. With
+// kMasked only the group's first `valid` tokens are read (the rest of the stage is zeros): nothing
+// at or past seq_len is touched.
+template <KvDtype D, bool kMasked = false>
+__device__ __forceinline__ void stage_group(const uint8_t* page_base, int off0, uint8_t* stage,
+                                            int valid = kGroupTokens) {
   constexpr int kLoads = KeyShape<D>::kLoads;
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
     const uint8_t* row = page_base + int64_t(off0 + n * 8 + g) * KeyShape<D>::kRowBytes;
+    const int bytes = n * 8 + g < valid ? 16 : 0;
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      cp_async16(stage + ((n * kLoads + u) * 32 + lane) * 16, row + u * 64 + c * 16);
+      uint8_t* dst = stage + ((n * kLoads + u) * 32 + lane) * 16;
+      if constexpr (kMasked) {
+        cp_async16_zfill(dst, row + u * 64 + c * 16, bytes);
+      } else {
+        cp_async16(dst, row + u * 64 + c * 16);
+      }
     }
   }
   if constexpr (D == KvDtype::kFp8) {
     if (lane < kGroupTokens / 4) {
-      cp_async16(stage + Stage<D>::kKeyBytes + lane * 16,
-                 page_base + kPageSize * kIndexHeadDim + (off0 + lane * 4) * 4);
+      uint8_t* dst = stage + Stage<D>::kKeyBytes + lane * 16;
+      const uint8_t* src = page_base + kPageSize * kIndexHeadDim + (off0 + lane * 4) * 4;
+      if constexpr (kMasked) {
+        cp_async16_zfill(dst, src, 4 * min(4, max(0, valid - lane * 4)));
+      } else {
+        cp_async16(dst, src);
+      }
     }
   }
 }
@@ -651,8 +675,9 @@ __global__ void __launch_bounds__(kResThreads, 2)
     if (i < groups) {
       const int32_t page = page_of(i);
       if (valid_page(p, page)) {
-        const int off0 = int((warp_t0 + int64_t(i) * kResStride) % kPageSize);
-        stage_group<D>(page_base_of<D>(p, page), off0, stage_of(i));
+        const int64_t t0 = warp_t0 + int64_t(i) * kResStride;
+        const int valid = int(min(int64_t(kGroupTokens), seq_len - t0));
+        stage_group<D, true>(page_base_of<D>(p, page), int(t0 % kPageSize), stage_of(i), valid);
       }
     }
     cp_async_commit();
