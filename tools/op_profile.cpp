@@ -276,6 +276,11 @@ void ProfilingBackend::digest_rows(const DigestRowsParams& p) {
   timed({"digest_rows", fmt::format("rows={}", p.rows), 0, 0}, [&] { inner_.digest_rows(p); });
 }
 
+void ProfilingBackend::audit_sample(const AuditSampleParams& p) {
+  timed({"audit_sample", fmt::format("sample={} pools={}", p.sample, p.n_pools), 0, 0},
+        [&] { inner_.audit_sample(p); });
+}
+
 void ProfilingBackend::sample(const SampleParams& p) {
   timed({"sample", fmt::format("rows={} vocab={}", p.rows, p.vocab),
          f32_bytes(double(p.rows) * p.vocab), 0},

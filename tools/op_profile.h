@@ -100,6 +100,7 @@ class ProfilingBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override;
   void audit_slots(const AuditSlotsParams& p) override;
   void digest_rows(const DigestRowsParams& p) override;
+  void audit_sample(const AuditSampleParams& p) override;
   void sample(const SampleParams& p) override;
 
  private:

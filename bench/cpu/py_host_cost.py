@@ -1,6 +1,7 @@
 """The host time of dsa's Python entry points on the CPU build, per call: reading arrays (through
 the stand-in torch module of python/tests/test_torch_path.py, whose tensors wrap numpy, and numpy
-by DLPack), a whole dsa.store_index_k on numpy arrays, and the sampled SlotAuditor.verify on a
+by DLPack), a whole dsa.store_index_k and a bound dsa.IndexKWriter call on numpy arrays (float32
+and bf16 keys, n_real as a device scalar and as an int), and the sampled SlotAuditor.verify on a
 CPU pool of a decode engine's size, with the auditor's own phase clock (pick, stage, ...).
 
 Each figure is the median over --repeats runs of --calls calls (perf_counter), so a shared machine's
@@ -69,6 +70,9 @@ def main():
         rows.append(("dsa.store_index_k, 5 stand-in torch tensors (CPU backend)",
                      per_call_us(lambda: dsa.store_index_k(*tfive[:4], errors=tfive[4]), calls,
                                  repeats)))
+        twriter = dsa.IndexKWriter(tfive[0], errors=tfive[4])
+        rows.append(("IndexKWriter(pool)(slots, k, n_real), 3 stand-in torch tensors",
+                     per_call_us(lambda: twriter(*tfive[1:4]), calls, repeats)))
     finally:
         del sys.modules["torch"]
     rows.append(("5 numpy arrays by DLPack: _dsa.read_arrays(*five)",
@@ -81,6 +85,20 @@ def main():
     rows.append(("_dsa.store_index_k, numpy, 8 tokens (the extension alone)",
                  per_call_us(lambda: _dsa.store_index_k(pool, slots, k, n_real, errors, "bf16",
                                                         False, "contract", None), calls, repeats)))
+    k16 = (k.view(np.uint32) >> 16).astype(np.uint16)  # bf16 bits (truncated: any bits do)
+    rows.append(("dsa.store_index_k, numpy, 8 tokens, bf16 k (uint16)",
+                 per_call_us(lambda: dsa.store_index_k(pool, slots, k16, n_real, errors=errors),
+                             calls, repeats)))
+    writer = dsa.IndexKWriter(pool, errors=errors)
+    rows.append(("IndexKWriter(pool)(slots, k, n_real), numpy, 8 tokens, n_real device scalar",
+                 per_call_us(lambda: writer(slots, k, n_real), calls, repeats)))
+    rows.append(("IndexKWriter(pool)(slots, k, 8), numpy, n_real a Python int",
+                 per_call_us(lambda: writer(slots, k, n), calls, repeats)))
+    rows.append(("IndexKWriter(pool)(slots, k16, n_real), numpy, bf16 k (uint16)",
+                 per_call_us(lambda: writer(slots, k16, n_real), calls, repeats)))
+    rows.append(("dsa.store_index_k, numpy, 8 tokens, n_real a Python int (errors given)",
+                 per_call_us(lambda: dsa.store_index_k(pool, slots, k, n, errors=errors),
+                             calls, repeats)))
     assert int(errors[0]) == 0
 
     # The sampled verify on a decode-sized pair of pools: every slot past page 0 watched.

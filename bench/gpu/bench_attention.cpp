@@ -8,7 +8,9 @@
 // rows are timed as eager launches (us) and as launches captured into one CUDA graph (graph_us:
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more
+//       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
+//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS)
+//       and at B = 1 .../graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <random>
 #include <string>
@@ -221,33 +224,63 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.rows = kRows, p.heads = kHeads, p.topk = kTopk;
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
-  int64_t call = 0;
-  const double us = ctx.time_us(
-      [&] {
-        const int64_t s = call++ % sets;
-        p.q = q.data() + s * q_count;
-        p.indices = d_indices.data() + s * set_tokens;
-        p.out = out.data() + s * kRows * kHeads * kKvLoraRank;
-        p.lse = lse.data() + s * kRows * kHeads;
-        be.sparse_mla(p);
-      },
-      kRows == 1 ? 200 : 10);
+  // One row per variant: the batch's own choice, then each heads-per-CTA forced (.../heads=H),
+  // and 16 splits per row (.../splits=16), so the dispatch is checked against the alternatives
+  // in the same run. At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host
+  // launch cost, as in the decode graphs), the batch's own choice.
+  struct Variant {
+    const char* env;  // null: none
+    const char* value;
+    const char* suffix;
+    bool graph;
+  };
+  std::vector<Variant> variants = {{nullptr, "", "", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
+                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
+                                   {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false}};
+  if (kRows == 1) variants.push_back({nullptr, "", "/graph", true});
+  for (const Variant& v : variants) {
+    int64_t call = 0;
+    double us = 0;
+    auto launch = [&] {
+      const int64_t s = call++ % sets;
+      p.q = q.data() + s * q_count;
+      p.indices = d_indices.data() + s * set_tokens;
+      p.out = out.data() + s * kRows * kHeads * kKvLoraRank;
+      p.lse = lse.data() + s * kRows * kHeads;
+      be.sparse_mla(p);
+    };
+    // A variant that cannot launch here (16 splits: a cluster of 16 the GPU cannot place) is
+    // reported and skipped; the other rows go on.
+    try {
+      with_env(v.env, v.value, [&] {
+        us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+      });
+    } catch (const std::exception& e) {
+      unsetenv(v.env == nullptr ? "DSA_CUDA_SPARSE_MLA_HEADS" : v.env);
+      std::printf("  sparse_mla/%s/B=%d%s FAILED: %s\n", kv_dtype_name(dtype), kRows, v.suffix,
+                  e.what());
+      continue;
+    }
 
-  BenchResult r;
-  r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
-           "/H=128/topk=2048";
-  r.us = us;
-  r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
-  r.bytes = set_bytes;
-  r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
-  r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
-  const double tflops = r.flops / (us * 1e6);
-  r.extra = {{"tflops", tflops},
-             {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
-             {"rotation_sets", sets}};
-  std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
-              100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
-  ctx.add(std::move(r));
+    BenchResult r;
+    r.name = std::string("sparse_mla/") + kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) +
+             "/H=128/topk=2048" + v.suffix;
+    r.us = us;
+    r.flops = 2.0 * kHeads * kTopk * (kLatentDim + kKvLoraRank) * double(kRows);
+    r.bytes = set_bytes;
+    r.floor_us = std::max(ctx.bf16_floor_us(r.flops), ctx.empty_launch_us);
+    r.floor_kind = ctx.bf16_floor_us(r.flops) > ctx.empty_launch_us ? "bf16" : "launch";
+    const double tflops = r.flops / (us * 1e6);
+    r.extra = {{"tflops", tflops},
+               {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
+               {"rotation_sets", sets},
+               {"variant", v.env == nullptr ? "" : std::string(v.env) + "=" + v.value}};
+    std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
+                100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
+    ctx.add(std::move(r));
+  }
 }
 
 }  // namespace
@@ -281,7 +314,12 @@ void run_attention_benches(BenchContext& ctx) {
   }
   if (wanted("sparse_mla")) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      for (int rows : {1, 64, 256}) bench_sparse_mla(ctx, dtype, rows, gen);
+      for (int rows : {1, 64, 256}) {
+        const auto& only = ctx.sparse_mla_rows;
+        if (only.empty() || std::find(only.begin(), only.end(), rows) != only.end()) {
+          bench_sparse_mla(ctx, dtype, rows, gen);
+        }
+      }
     }
   }
 }

@@ -46,6 +46,8 @@ class BenchContext {
   // Also time the former top-k and indexer kernels: rows topk_legacy/... and
   // indexer_logits_legacy/... (see run_attention_benches).
   bool legacy_rows = false;
+  // Batch sizes of the sparse MLA rows (1, 64, 256); empty: all of them (e.g. one B under ncu).
+  std::vector<int> sparse_mla_rows;
 
   // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
   // repeats of `iters` calls between CUDA events.

@@ -204,6 +204,11 @@ int main(int argc, char** argv) {
                "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer kernel "
                "(DSA_CUDA_INDEXER_VARIANT=legacy): rows topk_legacy/... and "
                "indexer_logits_legacy/...");
+  std::vector<int> sparse_mla_rows;
+  app.add_option("--sparse-mla-rows", sparse_mla_rows,
+                 "run only these batch sizes of the sparse MLA rows (1, 64, 256)")
+      ->check(CLI::IsMember({1, 64, 256}))
+      ->delimiter(',');
   bool gemm_sweep = false;
   dsa::bench::GemmSweepOptions sweep;
   app.add_flag("--gemm-sweep", gemm_sweep,
@@ -219,6 +224,7 @@ int main(int argc, char** argv) {
     dsa::bench::BenchContext ctx(*backend, dsa::cuda_stream(*backend));
     ctx.attention_only = attention_only;
     ctx.legacy_rows = legacy_rows;
+    ctx.sparse_mla_rows = sparse_mla_rows;
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);
     ctx.empty_launch_us = dsa::bench::measure_empty_launch_us(ctx);

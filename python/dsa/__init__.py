@@ -38,6 +38,8 @@ __all__ = [
     "__version__",
     "store_index_k",
     "store_latent_kv",
+    "IndexKWriter",
+    "LatentKVWriter",
     "indexer_logits",
     "topk",
     "sparse_mla",
@@ -132,8 +134,10 @@ def store_index_k(
             ``[pages * 64, 128]`` for ``layout="bf16"``; uint8 ``[pages, 8448]`` for
             ``layout="fp8"``. C-contiguous, 16-byte aligned. uint16 is read as bf16 bit patterns.
         slots: int64 ``[rows]`` contiguous, the slot map (``page * 64 + offset``; -1 = padding).
-        k: float32 ``[>= rows, 128]``, unit inner stride, any row stride >= 128. A bf16 k must be
-            converted by the caller (``k.float()``): dsa never converts silently.
+        k: float32 or bfloat16 ``[>= rows, 128]`` (a numpy uint16 array is read as bf16 bit
+            patterns), unit inner stride, any row stride >= 128. bf16 keys go to a bf16 pool bit
+            for bit, and an fp8 pool quantizes their exact float32 widening (the bytes of
+            ``k.float()``, without the conversion's extra kernel).
         n_real: the count of real rows: a Python int (baked into a captured graph), or a
             one-element int32 array on the pool's device, read by the kernel (what a captured
             graph needs: rewrite it before each replay).
@@ -202,6 +206,46 @@ def store_latent_kv(
 
 
 store_latent_kv.__doc__ += _STORE_RULES
+
+
+IndexKWriter = _dsa.IndexKWriter
+IndexKWriter.__module__ = __name__
+IndexKWriter.__doc__ = """One layer's index-K pool bound to dsa's guarded writer: what an engine holds per layer.
+
+    ``writer = dsa.IndexKWriter(pool, layout="bf16", ue8m0=False, errors=None, guard="contract",
+    stream=None)``, then each step ``writer(slots, k, n_real)``: the same store, rules and bytes as
+    :func:`store_index_k`, for less host time. The pool's dtype, shape, layout and alignment, the
+    error counter and the stream are checked once, here; a call reads and checks only ``slots``,
+    ``k`` and ``n_real`` and goes straight to the extension (no Python in between). The writer
+    keeps a reference to ``pool``, so the pool lives as long as the writer; don't replace the
+    pool's storage (``resize_``, ``set_``) while it is bound.
+
+    Args:
+        pool, layout, ue8m0, guard: as for :func:`store_index_k`.
+        errors: the device error counter every call adds to (a one-element int32 array on the
+            pool's device); a new zeroed one when None. Read it as ``writer.errors``.
+        stream: CUDA stream handle (int) for every call; None: torch's current stream, looked up
+            on each call (so ``torch.cuda.stream(...)`` and graph capture are followed).
+
+    Call ``writer(slots, k, n_real)``:
+        slots: int64 ``[rows]``, the slot map (-1 = padding).
+        k: float32 or bfloat16 (numpy: uint16 bf16 bit patterns) ``[>= rows, 128]``.
+        n_real: a Python int (baked into a captured graph; no device scalar is made: the writer
+            processes ``min(rows, n_real)`` rows), or a one-element int32 array on the pool's
+            device that the kernel reads (what a captured graph needs).
+        Returns ``writer.errors``.
+    """ + _STORE_RULES
+
+LatentKVWriter = _dsa.LatentKVWriter
+LatentKVWriter.__module__ = __name__
+LatentKVWriter.__doc__ = """One layer's latent pool bound to dsa's guarded writer: what an engine holds per layer.
+
+    ``writer = dsa.LatentKVWriter(pool, layout="bf16", ue8m0=False, errors=None, stream=None)``,
+    then each step ``writer(slots, latent, k_rope, n_real)``: the same store, rules and bytes as
+    :func:`store_latent_kv`, with the pool, the error counter and the stream checked once (see
+    :class:`IndexKWriter`; ``latent`` float32 ``[>= rows, 512]``, ``k_rope`` float32
+    ``[>= rows, 64]``). Returns ``writer.errors``.
+    """ + _STORE_RULES
 
 
 def indexer_logits(
@@ -313,18 +357,6 @@ class Finding(NamedTuple):
     detected_step: int  #: the step of the verify that found it
 
 
-def _host_int64(x: Any, name: str) -> List[int]:
-    if _is_torch(x):
-        x = x.detach().to("cpu")
-        return [int(v) for v in x.reshape(-1).tolist()]
-    if isinstance(x, int):
-        return [x]
-    try:
-        return [int(v) for v in (x.reshape(-1).tolist() if hasattr(x, "reshape") else x)]
-    except TypeError:
-        raise TypeError(f"argument '{name}' must be a sequence of ints or an integer array") from None
-
-
 class SlotAuditor:
     """The slot-integrity auditor on the caller's pools.
 
@@ -336,6 +368,23 @@ class SlotAuditor:
     dsa's ``audit_slots`` op (a GPU kernel on CUDA pools: the pool is never copied to the host) and
     returns a :class:`Finding` for every slot whose bytes differ. ``release(slots)`` stops watching
     slots whose owner freed them.
+
+    The always-on audit: ``verify(sample=256, wait=False)`` after each decode step enqueues one
+    kernel on the stream and returns None at once: the sample is drawn on the device from ``seed``
+    and a device step counter (one slot from each of 256 equal runs of the watched set, by the same
+    rule as the synchronous sample), every pool is checked in that one launch, and mismatches are
+    counted into a small device record. Nothing waits for the device; ``poll()`` (non-blocking)
+    or ``findings()`` (blocking) hands back what completed verifies found. The call can be
+    captured in a torch CUDA graph: every replay advances the device counter and draws a new
+    sample. Attach it as::
+
+        auditor = dsa.SlotAuditor([(latent[l], index_k[l]) for l in range(layers)])
+        ...  # after each step's store of the real rows:
+        auditor.record(loc[:n_real], req_ids, values=...)  # int64 tensors, read on the host
+        auditor.verify(sample=256, wait=False)              # or inside the captured step
+        for f in auditor.poll():                            # findings of earlier steps
+            log.error("slot %d of request %d clobbered (layer %d %s)",
+                      f.slot, f.owner, f.layer, f.pool)
 
     Args:
         pools: one entry per layer: a pool array, or a tuple of that layer's pools (e.g.
@@ -400,50 +449,106 @@ class SlotAuditor:
             step: the step to record (default: the auditor's counter, advanced by one).
             stream: CUDA stream handle (int); default torch's current stream.
 
-        ``slots`` and ``owners`` are read on the host (a device tensor is copied there: a few
-        bytes per row). Synchronizes the stream once (the new digests come back).
+        ``slots`` and ``owners`` are read on the host: int64 (or int32) arrays -- numpy, torch CPU
+        tensors in place, a CUDA tensor copied down once -- or Python ints and lists; an array of
+        a million slots is never turned into Python ints. Synchronizes the stream once (the new
+        digests come back), then uploads the changed part of the device mirror that sampled
+        verifies read.
         """
-        slots_h = _host_int64(slots, "slots")
-        owners_h = _host_int64(owners, "owners")
-        if len(owners_h) == 1 and len(slots_h) > 1:
-            owners_h = owners_h * len(slots_h)
         if values is not None:
             values = self._values_per_pool(values)
         at = self.step + 1 if step is None else int(step)
-        self._impl.record(slots_h, owners_h, values, at, None if stream is None else int(stream))
+        self._impl.record(slots, owners, values, at, None if stream is None else int(stream))
         if step is None:  # a refused record does not advance the counter
             self.step = at
 
     def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None:
-        """Stops watching ``slots``, or every slot of ``owner`` (the request freed its pages)."""
+        """Stops watching ``slots``, or every slot of ``owner`` (the request freed its pages).
+
+        The device mirror catches up at the next ``record``, ``verify`` or ``flush``: call
+        ``flush()`` before replaying a graph that captured ``verify(wait=False)`` when no
+        ``record`` followed the release.
+        """
         if owner is not None:
             self._impl.release_owner(int(owner))
         if slots is not None:
-            self._impl.release(_host_int64(slots, "slots"))
+            self._impl.release(slots)
 
-    def verify(self, what: Any = "all", *, sample: int = 256, seed: int = 0,
-               step: Optional[int] = None, stream: Optional[int] = None) -> List[Finding]:
+    def flush(self, *, stream: Optional[int] = None) -> None:
+        """Uploads what changed in the device mirror of the watched slots (allocating it, once, at
+        the pools' capacity). ``record`` does this itself; needed before capturing
+        ``verify(wait=False)`` the first time, and after a ``release`` that no ``record`` followed.
+        """
+        self._impl.flush(None if stream is None else int(stream))
+
+    def verify(self, what: Any = None, *, sample: Optional[int] = None, seed: int = 0,
+               step: Optional[int] = None, wait: bool = True,
+               stream: Optional[int] = None) -> Optional[List[Finding]]:
         """Recomputes digests of watched slots and returns every mismatch.
 
         Args:
             what: ``"all"`` (every watched slot), ``"sample"`` (``sample`` distinct slots drawn
                 with ``seed`` and the step, one from each of ``sample`` equal runs of the watched
                 set, so every sample spreads over all of it: an always-on audit), or the slots to
-                check (e.g. the slots a step's top-k reads); unwatched slots among them are
-                ignored.
+                check (e.g. the slots a step's top-k reads; an int64 array or ints); unwatched
+                slots among them are ignored. Default: ``"sample"`` when ``sample`` is given,
+                else ``"all"``.
+            sample: slots per sample (default 256).
+            seed: the sample's seed.
+            step: the step reported as detected, and the sample's draw. Default: the auditor's
+                step counter; with ``wait=False``, the device's step counter (advanced by every
+                launch, so each replay of a captured verify draws anew); a given step sets it.
+            wait: False for the asynchronous verify (``"sample"`` or ``"all"`` only): uploads
+                what changed in the device mirror (usually nothing: ``record`` did), enqueues one
+                kernel for all pools and returns None without waiting. Collect its findings with
+                :meth:`poll` or :meth:`findings`. Capturable in ``torch.cuda.graph`` (call
+                :meth:`flush` before capturing if the mirror is stale).
         """
-        step = self.step if step is None else int(step)
         s = None if stream is None else int(stream)
-        if isinstance(what, str):
-            if what == "all":
-                raw = self._impl.verify_all(step, s)
-            elif what == "sample":
-                raw = self._impl.verify_sample(int(sample), int(seed) & (2**64 - 1), step, s)
-            else:
-                raise ValueError(f"argument 'what' must be \"all\", \"sample\" or slots, got {what!r}")
+        if what is None:
+            what = "sample" if sample is not None else "all"
+        elif isinstance(what, str) and what not in ("all", "sample"):
+            raise ValueError(f"argument 'what' must be \"all\", \"sample\" or slots, got {what!r}")
+        count = 256 if sample is None else int(sample)
+        if not wait:
+            if not isinstance(what, str):
+                raise ValueError("wait=False verifies \"sample\" or \"all\", not listed slots")
+            self._impl.verify_async(-1 if what == "all" else count, int(seed) & 0xFFFFFFFFFFFFFFFF,
+                                    -1 if step is None else int(step), s)
+            return None
+        step = self.step if step is None else int(step)
+        if not isinstance(what, str):
+            raw = self._impl.verify_slots(what, step, s)
+        elif what == "all":
+            raw = self._impl.verify_all(step, s)
         else:
-            raw = self._impl.verify_slots(_host_int64(what, "what"), step, s)
+            raw = self._impl.verify_sample(count, int(seed) & (2**64 - 1), step, s)
         return [Finding(*f) for f in raw]
+
+    def poll(self, *, stream: Optional[int] = None) -> List[Finding]:
+        """Findings of asynchronous verifies, without waiting for the device.
+
+        Returns what the last snapshot of the device record held, once the stream has passed it,
+        then enqueues the next snapshot (a copy into pinned memory and a fence): called once per
+        step, each call returns what the verifies up to the previous call found (on the CPU,
+        where ops finish at once, up to this call). Each finding's ``detected_step`` is the
+        device step of the verify that found it; ``owner`` and ``step`` are the slot's as recorded
+        now. At most 32 findings per snapshot are listed; :attr:`async_counts` counts them all.
+        Not under graph capture.
+        """
+        s = None if stream is None else int(stream)
+        return [Finding(*f) for f in self._impl.poll(False, s)]
+
+    def findings(self, *, stream: Optional[int] = None) -> List[Finding]:
+        """As :meth:`poll`, but waits for every asynchronous verify enqueued so far."""
+        return [Finding(*f) for f in self._impl.poll(True, None if stream is None else int(stream))]
+
+    @property
+    def async_counts(self) -> dict:
+        """Asynchronous verifies read back by poll/findings so far, and the mismatching
+        (pool, slot) checks they counted (all of them, listed or not)."""
+        verifies, mismatches = self._impl.async_counts
+        return {"verifies": verifies, "mismatches": mismatches}
 
     @property
     def last_verify_us(self) -> dict:
@@ -463,7 +568,8 @@ class SlotAuditor:
 
     @property
     def audited(self) -> int:
-        """Slot checks run so far (each verified slot counts once per verify)."""
+        """Slot checks run so far by synchronous verifies (each verified slot counts once per
+        verify); asynchronous ones are counted by :attr:`async_counts`."""
         return self._impl.audited
 
     def __repr__(self) -> str:

@@ -1,6 +1,7 @@
 # Type stubs of the dsa package. Arrays are anything that speaks DLPack (torch tensors on CPU or
 # CUDA, numpy arrays on the CPU); uint16 stands for bf16 bit patterns wherever bf16 is expected.
-from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union,
+                    overload)
 
 Array = Any  # a DLPack array: torch.Tensor or numpy.ndarray
 Layout = Literal["bf16", "fp8"]
@@ -38,6 +39,42 @@ def store_latent_kv(
     errors: Optional[Array] = None,
     stream: Optional[int] = None,
 ) -> Array: ...
+
+class _BoundWriter:  # what both bound writers have (not a runtime base class)
+    @property
+    def pool(self) -> Array: ...
+    @property
+    def errors(self) -> Array: ...
+    @property
+    def layout(self) -> Layout: ...
+
+class IndexKWriter(_BoundWriter):
+    def __init__(
+        self,
+        pool: Array,
+        *,
+        layout: Layout = "bf16",
+        ue8m0: bool = False,
+        errors: Optional[Array] = None,
+        guard: Literal["contract", "incident"] = "contract",
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def __call__(self, slots: Array, k: Array, n_real: Union[int, Array]) -> Array: ...
+
+class LatentKVWriter(_BoundWriter):
+    def __init__(
+        self,
+        pool: Array,
+        *,
+        layout: Layout = "bf16",
+        ue8m0: bool = False,
+        errors: Optional[Array] = None,
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def __call__(
+        self, slots: Array, latent: Array, k_rope: Array, n_real: Union[int, Array]
+    ) -> Array: ...
+
 def indexer_logits(
     q: Array,
     w: Array,
@@ -98,15 +135,33 @@ class SlotAuditor:
         stream: Optional[int] = None,
     ) -> None: ...
     def release(self, slots: Any = None, *, owner: Optional[int] = None) -> None: ...
+    def flush(self, *, stream: Optional[int] = None) -> None: ...
+    @overload
     def verify(
         self,
-        what: Union[Literal["all", "sample"], Any] = "all",
+        what: Union[Literal["all", "sample"], Any, None] = None,
         *,
-        sample: int = 256,
+        sample: Optional[int] = None,
         seed: int = 0,
         step: Optional[int] = None,
+        wait: Literal[True] = True,
         stream: Optional[int] = None,
     ) -> List[Finding]: ...
+    @overload
+    def verify(
+        self,
+        what: Optional[Literal["all", "sample"]] = None,
+        *,
+        sample: Optional[int] = None,
+        seed: int = 0,
+        step: Optional[int] = None,
+        wait: Literal[False],
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def poll(self, *, stream: Optional[int] = None) -> List[Finding]: ...
+    def findings(self, *, stream: Optional[int] = None) -> List[Finding]: ...
+    @property
+    def async_counts(self) -> Dict[str, int]: ...
     @property
     def last_verify_us(self) -> Dict[str, float]: ...
     @property

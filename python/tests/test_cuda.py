@@ -116,6 +116,54 @@ def test_auditor_kernel_finds_the_clobber():
     assert [x.slot for x in auditor.verify([500, 501])] == [500]
 
 
+def two_layer_auditor(n=3000):
+    pools = [(torch.zeros(n // 64 + 2, 64, 576, dtype=torch.bfloat16, device=DEV),
+              torch.zeros(n // 64 + 2, 64, 128, dtype=torch.bfloat16, device=DEV))
+             for _ in range(2)]
+    slots = torch.arange(64, 64 + n, device=DEV)
+    for latent, index_k in pools:
+        dsa.store_latent_kv(latent, slots, torch.randn(n, 512, device=DEV),
+                            torch.randn(n, 64, device=DEV), n)
+        dsa.store_index_k(index_k, slots, torch.randn(n, 128, device=DEV), n)
+    auditor = dsa.SlotAuditor(pools)
+    auditor.record(slots, torch.arange(n, device=DEV) // 100)  # a CUDA int64 tensor
+    return pools, auditor
+
+
+def test_async_sample_kernel_draws_the_host_rule_and_finds_the_clobber():
+    pools, auditor = two_layer_auditor()
+    for count, seed, step in [(1, 0, 0), (256, 7, 3), (2999, 2**64 - 1, 2**40), (5000, 1, 1)]:
+        assert auditor._impl.sample_positions(count, seed, step, True, None) == \
+            auditor._impl.sample_positions(count, seed, step, False, None)
+    for _ in range(10):
+        auditor.verify(sample=256, wait=False)
+    assert auditor.findings() == [] and auditor.async_counts["verifies"] == 10
+    victim = 64 + auditor._impl.sample_positions(256, 5, 20, False, None)[100]
+    pools[1][0].view(-1, 576)[victim] = 0
+    auditor.verify(sample=256, seed=5, step=20, wait=False)
+    assert auditor.findings() == [dsa.Finding(1, "latent", victim, (victim - 64) // 100, 1, 20)]
+
+
+def test_async_verify_captured_in_a_graph_draws_anew_on_every_replay():
+    pools, auditor = two_layer_auditor()
+    pools[0][1].view(-1, 128)[64:64 + 3000:2] = 0  # every other slot clobbered
+    auditor.flush()
+    auditor.verify(sample=16, seed=1, step=100, wait=False)  # the device step: 100, then 101
+    assert len(auditor.findings()) > 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        auditor.verify(sample=16, seed=1, wait=False)
+    graph.replay()  # capture ran nothing: step 101
+    graph.replay()
+    found = auditor.findings()
+    assert {f.detected_step for f in found} == {101, 102}
+    by_step = {s: {f.slot for f in found if f.detected_step == s} for s in (101, 102)}
+    for s in (101, 102):  # each replay checked the sample of its own step
+        drawn = {64 + p for p in auditor._impl.sample_positions(16, 1, s, False, None)}
+        assert by_step[s] == {x for x in drawn if (x - 64) % 2 == 0}
+    assert auditor.async_counts["verifies"] == 3
+
+
 def test_auditor_values_find_the_same_step_clobber():
     latent = torch.zeros(8, 64, 576, dtype=torch.bfloat16, device=DEV)
     index_k = torch.zeros(8, 64, 128, dtype=torch.bfloat16, device=DEV)

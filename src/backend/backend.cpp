@@ -67,9 +67,24 @@ class HostStopwatch final : public Stopwatch {
   std::vector<std::chrono::steady_clock::time_point> points_;
 };
 
+class ReachedFence final : public Fence {
+ public:
+  bool reached() override { return true; }
+  void wait() override {}
+};
+
 }  // namespace
 
 std::unique_ptr<Stopwatch> Backend::stopwatch() { return std::make_unique<HostStopwatch>(); }
+
+std::unique_ptr<Fence> Backend::fence() {
+  synchronize();
+  return std::make_unique<ReachedFence>();
+}
+
+void Backend::copy_to_host_async(void* host_dst, const void* src, size_t bytes) {
+  copy_to_host(host_dst, src, bytes);
+}
 
 void Backend::copy_rows(const CopyRowsParams& p) {
   for (int r = 0; r < p.rows; ++r) {
@@ -99,6 +114,7 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t) {
   return make_cuda_backend(device);
 }
+int cuda_current_device() { return -1; }
 #endif
 
 }  // namespace dsa

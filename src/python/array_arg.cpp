@@ -449,6 +449,10 @@ void ArrayArg::need_place_kind() const {
 
 int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref) {
   a.need_dtype({Dtype::kF32}, "(dsa's activations are float32; convert explicitly)");
+  return need_value_rows(a, width, rows, ref);
+}
+
+int64_t need_value_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref) {
   a.need_place(ref.place(), ref);
   const int64_t ld = a.need_rows(width);
   if (a.ndim() == 1 || a.dim(0) < rows) {
@@ -457,6 +461,26 @@ int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const Arra
                     rows, a.describe()));
   }
   return ld;
+}
+
+void need_scalar_i32(const ArrayArg& a, const ArrayArg& ref) {
+  a.need_dtype({Dtype::kI32}, "(a one-element device scalar)");
+  if (a.numel() != 1) {
+    throw pyb::value_error(
+        fmt::format("argument '{}' must hold exactly one int32; got {}", a.name(), a.describe()));
+  }
+  a.need_place(ref.place(), ref);
+}
+
+int need_vector(const ArrayArg& a, Dtype dtype, const ArrayArg& ref) {
+  a.need_dtype({dtype});
+  a.need_ndim({1});
+  a.need_contiguous();
+  a.need_place(ref.place(), ref);
+  if (a.dim(0) > INT32_MAX) {
+    throw pyb::value_error(fmt::format("argument '{}' has more than 2^31 - 1 rows", a.name()));
+  }
+  return int(a.dim(0));
 }
 
 void missing(const char* name, const char* what) {

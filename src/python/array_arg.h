@@ -115,6 +115,14 @@ uintptr_t caller_stream(std::optional<uintptr_t> stream, Place place);
 
 // Rows of `width` float32 values, at least `rows` of them, on ref's device; returns the row stride.
 int64_t need_f32_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref);
+// The same for an array whose dtype the caller has checked.
+int64_t need_value_rows(const ArrayArg& a, int64_t width, int64_t rows, const ArrayArg& ref);
+
+// A one-element int32 array on ref's device (n_real, an error counter).
+void need_scalar_i32(const ArrayArg& a, const ArrayArg& ref);
+
+// A contiguous 1-D array of `dtype` on ref's device, fewer than 2^31 rows; returns its length.
+int need_vector(const ArrayArg& a, Dtype dtype, const ArrayArg& ref);
 
 // The argument named `name` is required but was None.
 [[noreturn]] void missing(const char* name, const char* what);

@@ -1,13 +1,92 @@
 #include "python/auditor.h"
 
 #include <fmt/format.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
+
+#include "dsa/slot_digest.h"
 
 namespace dsa::py {
 namespace pyb = pybind11;
+
+namespace {
+
+// Integers the auditor reads on the host: in place from a contiguous int64 array on the CPU,
+// converted (no Python ints) from an int32 or strided one, copied down from a CUDA array once, or
+// cast from a Python int or sequence.
+class HostInt64s {
+ public:
+  HostInt64s(const pyb::object& obj, const char* name,
+             std::optional<uintptr_t> stream = std::nullopt) {
+    if (pyb::isinstance<pyb::int_>(obj) && !pyb::isinstance<pyb::bool_>(obj)) {
+      owned_.push_back(obj.cast<int64_t>());
+    } else if (pyb::isinstance<pyb::list>(obj) || pyb::isinstance<pyb::tuple>(obj)) {
+      try {
+        owned_ = obj.cast<std::vector<int64_t>>();
+      } catch (const pyb::cast_error&) {
+        throw pyb::type_error(fmt::format("argument '{}' must hold ints", name));
+      }
+    } else {
+      read_array(obj, name, stream);
+    }
+    if (view_.empty()) view_ = owned_;
+  }
+  std::span<const int64_t> get() const { return view_; }
+  size_t size() const { return view_.size(); }
+  int64_t operator[](size_t i) const { return view_[i]; }
+
+ private:
+  void read_array(const pyb::object& obj, const char* name, std::optional<uintptr_t> stream) {
+    const ArrayArg a(obj, name);
+    a.need_dtype({Dtype::kI64, Dtype::kI32}, "(slots and owners are integers)");
+    const auto n = size_t(a.numel());
+    bool contiguous = true;
+    int64_t expect = 1;
+    for (int i = a.ndim() - 1; i >= 0; --i) {
+      contiguous = contiguous && (a.dim(i) == 1 || a.stride(i) == expect);
+      expect *= a.dim(i);
+    }
+    if (!contiguous && a.ndim() != 1) {
+      throw pyb::value_error(fmt::format(
+          "argument '{}' must be C-contiguous or one-dimensional, got {}", name, a.describe()));
+    }
+    const int64_t step = contiguous ? 1 : a.stride(0);
+    const size_t width = a.dtype() == Dtype::kI64 ? 8 : 4;
+    const auto* bytes = static_cast<const uint8_t*>(a.data());
+    std::vector<uint8_t> host;
+    if (a.place().cuda()) {  // one copy of the span the elements occupy
+      const size_t span = n == 0 ? 0 : ((n - 1) * size_t(std::abs(step)) + 1) * width;
+      host.resize(span);
+      const uint8_t* first = step < 0 ? bytes + (int64_t(n) - 1) * step * int64_t(width) : bytes;
+      backend_for(a.place(), caller_stream(stream, a.place()))
+          ->copy_to_host(host.data(), first, span);
+      bytes = step < 0 ? host.data() + span - width : host.data();
+    } else if (contiguous && width == 8) {
+      view_ = {reinterpret_cast<const int64_t*>(bytes), n};
+      return;
+    }
+    owned_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* at = bytes + int64_t(i) * step * int64_t(width);
+      if (width == 8) {
+        std::memcpy(&owned_[i], at, 8);
+      } else {
+        int32_t v;
+        std::memcpy(&v, at, 4);
+        owned_[i] = v;
+      }
+    }
+  }
+
+  std::vector<int64_t> owned_;
+  std::span<const int64_t> view_;
+};
+
+}  // namespace
 
 PoolAuditor::PoolAuditor(const pyb::list& pools, bool ue8m0) {
   if (pools.empty()) throw pyb::value_error("argument 'pools' must name at least one pool");
@@ -157,13 +236,17 @@ std::vector<uint64_t> PoolAuditor::value_digests(Backend& backend, RowValues& va
   return digests;
 }
 
-void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
+void PoolAuditor::record(const pyb::object& slot_arg, const pyb::object& owner_arg,
                          const pyb::object& values, int64_t step, std::optional<uintptr_t> stream) {
-  if (slots.size() != owners.size()) {
+  const HostInt64s slots(slot_arg, "slots", stream), owner_list(owner_arg, "owners", stream);
+  // One owner stands for every slot.
+  const bool one_owner = owner_list.size() == 1;
+  auto owner_of = [&](size_t row) { return owner_list[one_owner ? 0 : row]; };
+  if (slots.size() != owner_list.size() && !one_owner) {
     throw pyb::value_error(
         fmt::format("argument 'owners' needs one owner per slot: {} slots, {} "
                     "owners",
-                    slots.size(), owners.size()));
+                    slots.size(), owner_list.size()));
   }
   if (slots.size() > size_t(INT32_MAX)) {
     throw pyb::value_error("argument 'slots' has more than 2^31 - 1 rows");
@@ -177,9 +260,9 @@ void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<in
       throw pyb::value_error(fmt::format(
           "argument 'slots': slot {} (row {}) is outside the pools' {} slots", s, i, capacity_));
     }
-    if (owners[i] < 0) {
+    if (owner_of(i) < 0) {
       throw pyb::value_error(
-          fmt::format("argument 'owners': owner {} (row {}) must be >= 0", owners[i], i));
+          fmt::format("argument 'owners': owner {} (row {}) must be >= 0", owner_of(i), i));
     }
     valid.push_back(s);
     valid_row.push_back(i);
@@ -202,11 +285,12 @@ void PoolAuditor::record(const std::vector<int64_t>& slots, const std::vector<in
       live_.push_back(s);
       for (Pool& p : pools_) p.expected.push_back(0);
     }
-    owner_[s] = owners[valid_row[i]];
+    owner_[s] = owner_of(valid_row[i]);
     written_[s] = step;
     for (size_t p = 0; p < np; ++p) pools_[p].expected[pos_[s]] = digests[p * width + at];
     mark_dirty(pos_[s]);
   }
+  if (mirrored_count_ >= 0) flush(*backend);  // a captured verify reads the mirror as it is
 }
 
 void PoolAuditor::forget_at(int64_t slot) {
@@ -225,8 +309,9 @@ void PoolAuditor::forget_at(int64_t slot) {
   pos_[slot] = -1;
 }
 
-void PoolAuditor::release(const std::vector<int64_t>& slots) {
-  for (int64_t s : slots) forget_at(s);
+void PoolAuditor::release(const pyb::object& slots) {
+  const HostInt64s list(slots, "slots");
+  for (int64_t s : list.get()) forget_at(s);
 }
 
 void PoolAuditor::release_owner(int64_t owner) {
@@ -234,7 +319,7 @@ void PoolAuditor::release_owner(int64_t owner) {
   for (int64_t s : live_) {
     if (owner_[s] == owner) theirs.push_back(s);
   }
-  release(theirs);
+  for (int64_t s : theirs) forget_at(s);
 }
 
 void PoolAuditor::tick(Phase p) {
@@ -303,30 +388,9 @@ std::vector<Finding> PoolAuditor::verify_all(int64_t step, std::optional<uintptr
   if (n == 0) return {};
   auto backend = backend_for(place_, caller_stream(stream, place_));
   tick(kPicked);
-  if (d_live_.size() < n) {
-    d_live_.reserve(*backend, place_, n);
-    dirty_lo_ = 0;
-    dirty_hi_ = int64_t(n);
-  }
+  flush(*backend);
   expected_ptrs_.clear();
-  for (Pool& p : pools_) {
-    if (p.d_expected.size() < n) {
-      p.d_expected.reserve(*backend, place_, d_live_.size());
-      dirty_lo_ = 0;
-      dirty_hi_ = int64_t(n);
-    }
-    expected_ptrs_.push_back(p.d_expected.data());
-  }
-  const int64_t lo = dirty_lo_, hi = std::min<int64_t>(dirty_hi_, int64_t(n));
-  if (lo < hi) {
-    const size_t count = size_t(hi - lo);
-    backend->copy_to_device(d_live_.data() + lo, live_.data() + lo, count * sizeof(int64_t));
-    for (Pool& p : pools_) {
-      backend->copy_to_device(p.d_expected.data() + lo, p.expected.data() + lo,
-                              count * sizeof(uint64_t));
-    }
-  }
-  dirty_lo_ = dirty_hi_ = 0;
+  for (Pool& p : pools_) expected_ptrs_.push_back(p.d_expected.data());
   int32_t* d_mismatches = d_mismatches_.reserve(*backend, place_, pools_.size());
   backend->fill(d_mismatches, 0, pools_.size() * sizeof(int32_t));
   tick(kStaged);
@@ -371,11 +435,12 @@ std::vector<Finding> PoolAuditor::verify_positions(const std::vector<int64_t>& p
                  reinterpret_cast<const int64_t*>(d + head), expected_ptrs_.data(), slots, m, step);
 }
 
-std::vector<Finding> PoolAuditor::verify_slots(const std::vector<int64_t>& slots, int64_t step,
+std::vector<Finding> PoolAuditor::verify_slots(const pyb::object& slot_arg, int64_t step,
                                                std::optional<uintptr_t> stream) {
   tick(kStart);
   positions_.clear();
-  for (int64_t s : slots) {
+  const HostInt64s slots(slot_arg, "what", stream);
+  for (int64_t s : slots.get()) {
     if (s >= 0 && s < capacity_ && owner_[s] >= 0) positions_.push_back(pos_[s]);
   }
   std::sort(positions_.begin(), positions_.end());
@@ -391,28 +456,15 @@ std::vector<Finding> PoolAuditor::verify_sample(int64_t count, uint64_t seed, in
   const int64_t n = int64_t(live_.size());
   if (count >= n) return verify_all(step, stream);
   if (count == 0) return {};
-  // One draw in each of `count` strata of [0, n) (widths n / count or one more, in order): the
-  // positions come out sorted and distinct by construction (no sort, no dedup), each position is
-  // drawn with probability 1 / its stratum's width (about count / n), and every sample spreads
-  // over the whole watched set. O(count), into a kept buffer, no division in the loop.
-  // The draws: splitmix64 from a start that hashes (seed, step), each scaled to its stratum's
-  // width by a 64x64->128 multiply (bias below width / 2^64): a few ns a draw, where seeding a
-  // Mersenne twister cost microseconds. The start is hashed because splitmix64 walks its state by
-  // a fixed stride: nearby starts (seed ^ step) would draw overlapping sequences.
-  auto mix = [](uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  uint64_t state = mix(seed ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull));
-  auto next = [&] { return mix(state += 0x9E3779B97F4A7C15ull); };
+  // One draw in each of `count` strata of [0, n) (audit_sample_position: the rule the device's
+  // audit_sample draws by): the positions come out sorted and distinct by construction (no sort,
+  // no dedup), each position is drawn with probability 1 / its stratum's width (about count / n),
+  // and every sample spreads over the whole watched set. O(count), into a kept buffer.
   positions_.resize(size_t(count));
-  const int64_t width = n / count, wider = n % count;  // the first `wider` strata are one wider
-  int64_t lo = 0;
+  const uint64_t start = audit_sample_start(seed, step);
+  const int64_t width = n / count, wider = n % count;
   for (int64_t i = 0; i < count; ++i) {
-    const uint64_t w = uint64_t(width + (i < wider ? 1 : 0));
-    positions_[size_t(i)] = lo + int64_t((static_cast<unsigned __int128>(next()) * w) >> 64);
-    lo += int64_t(w);
+    positions_[size_t(i)] = audit_sample_position(start, i, width, wider);
   }
   return verify_positions(positions_, step, stream);
 }

@@ -7,12 +7,19 @@
 // leaves the device; only 8-byte digests of newly recorded slots and, on a mismatch, 1-byte flags
 // come back) and reports every slot whose bytes changed behind its owner's back.
 //
-// Host state is indexed by slot; the device keeps a mirror of the watched slots and their expected
-// digests, uploaded incrementally (only positions changed since the last verify), so verifying all
-// of a large pool costs one kernel per pool and one 4-byte read per pool. A verify of listed or
-// sampled slots stages them, their expected digests and the zeroed mismatch counters in pinned host
-// memory: one asynchronous copy up, one kernel per pool, one copy of the counters down -- a single
-// wait for the device per verify (a copy from pageable memory costs a wait of its own).
+// Host state is indexed by slot; the device keeps a mirror of the watched slots, their count and
+// their expected digests, sized to the pools' capacity once (so its addresses never move and a
+// captured launch stays valid) and uploaded incrementally (only positions changed since the last
+// upload; record() uploads its own), so verifying all of a large pool costs one kernel per pool
+// and one 4-byte read per pool. A verify of listed or sampled slots stages them, their expected
+// digests and the zeroed mismatch counters in pinned host memory: one asynchronous copy up, one
+// kernel per pool, one copy of the counters down -- a single wait for the device per verify.
+//
+// The always-on audit waits for nothing: verify_async() is one launch of the backend's
+// audit_sample op over the mirror (the sample drawn on the device from (seed, a device step
+// counter), every pool in the one launch), which counts mismatches into a device findings record;
+// poll() copies that record into pinned memory behind a fence and reads it once the fence is
+// reached, a later call.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -21,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -98,20 +106,46 @@ class PoolAuditor {
   // same capacity in slots. ue8m0: the fp8 pools' scales are rounded up to powers of two (how
   // their writer was called; it decides the digest of a row's values).
   PoolAuditor(const pybind11::list& pools, bool ue8m0);
+  PoolAuditor(const PoolAuditor&) = delete;
+  PoolAuditor& operator=(const PoolAuditor&) = delete;
+  ~PoolAuditor();  // waits for a snapshot in flight (its copy lands in memory freed here)
 
   // values: None, or one entry per pool (in the order of `pools`) holding what the store was given
   // for the rows of `slots`: float32 [rows, 128] for an index-K pool, a pair (float32 [rows, 512]
   // c, float32 [rows, 64] k_rope) for a latent pool.
-  void record(const std::vector<int64_t>& slots, const std::vector<int64_t>& owners,
+  // slots, owners (and release's and verify_slots' slots): a Python int or sequence of ints, or an
+  // int64/int32 array (numpy, torch; read in place on the CPU, copied down once from CUDA). One
+  // owner stands for all slots.
+  void record(const pybind11::object& slots, const pybind11::object& owners,
               const pybind11::object& values, int64_t step, std::optional<uintptr_t> stream);
-  void release(const std::vector<int64_t>& slots);
+  void release(const pybind11::object& slots);
   void release_owner(int64_t owner);
 
   std::vector<Finding> verify_all(int64_t step, std::optional<uintptr_t> stream);
-  std::vector<Finding> verify_slots(const std::vector<int64_t>& slots, int64_t step,
+  std::vector<Finding> verify_slots(const pybind11::object& slots, int64_t step,
                                     std::optional<uintptr_t> stream);
   std::vector<Finding> verify_sample(int64_t count, uint64_t seed, int64_t step,
                                      std::optional<uintptr_t> stream);
+
+  // ---- the asynchronous sampled verify (auditor_async.cpp) ----
+  // Uploads what changed in the mirror (nothing, when record() ran last) and enqueues one
+  // audit_sample launch of `count` draws (count < 0: every watched slot) at `step` (< 0: the
+  // device's step counter, advanced by every launch). Returns at once.
+  void verify_async(int64_t count, uint64_t seed, int64_t step, std::optional<uintptr_t> stream);
+  // The findings of launches completed before the fence of the last snapshot: reads that snapshot
+  // when its fence is reached (wait: waits for it), then enqueues the next one (copy of the device
+  // record into pinned memory, zeroing it, a fence). Each finding names the owner the slot has
+  // now and the step it was written.
+  std::vector<Finding> poll(bool wait, std::optional<uintptr_t> stream);
+  void flush(std::optional<uintptr_t> stream);  // uploads what changed in the mirror
+  bool mirror_dirty() const;                    // the mirror lags the host (release() since)
+  // (launches, mismatching checks) read by poll() so far, every mismatch counted (poll() returns
+  // the first kSampledMismatchesKept of each snapshot).
+  std::pair<int64_t, int64_t> async_counts() const { return {async_verifies_, async_mismatches_}; }
+  // The positions of the watched set a sample of `count` at (seed, step) checks, by the host's rule
+  // or (device) by the audit_sample op itself; -1 past the set. For tests.
+  std::vector<int64_t> sample_positions(int64_t count, uint64_t seed, int64_t step, bool device,
+                                        std::optional<uintptr_t> stream);
 
   int64_t watched() const { return int64_t(live_.size()); }
   int64_t capacity() const { return capacity_; }
@@ -143,6 +177,9 @@ class PoolAuditor {
   std::vector<uint64_t> value_digests(Backend& backend, RowValues& values, int rows);
   void forget_at(int64_t slot);
   void mark_dirty(int64_t pos);
+  // Allocates the device mirror at full capacity (once), then uploads its dirty range and count.
+  void flush(Backend& backend);
+  void collect(std::vector<Finding>& out);  // the pinned snapshot into findings
   // Runs the compare of d_slots[0, n) against d_expected[p] for every pool; d_mismatches [pools]
   // is zeroed (queued) by the caller. host_slots [n] name the slots for findings.
   std::vector<Finding> compare(Backend& backend, int32_t* d_mismatches, const int64_t* d_slots,
@@ -160,12 +197,18 @@ class PoolAuditor {
   std::vector<int64_t> owner_, written_, pos_;
   std::vector<int64_t> live_;            // watched slots, in no order
   int64_t dirty_lo_ = 0, dirty_hi_ = 0;  // live_ positions not yet mirrored on the device
+  int64_t mirrored_count_ = -1;          // live_.size() on the device (-1: no mirror yet)
   int64_t audited_ = 0;
   enum Phase { kStart, kPicked, kStaged, kLaunched, kWaited, kDone, kPhases };
   std::array<double, kPhases> clock_{};  // seconds, of the last verify
   void tick(Phase p);
 
-  DeviceScratch<int64_t> d_live_, d_slots_;
+  DeviceScratch<int64_t> d_live_, d_slots_, d_count_;
+  DeviceScratch<AuditPool> d_pools_;
+  DeviceScratch<AuditSampleRecord> d_findings_;
+  PinnedScratch<AuditSampleRecord> h_findings_;
+  std::unique_ptr<Fence> pending_;  // the snapshot in h_findings_, when one is in flight
+  int64_t async_verifies_ = 0, async_mismatches_ = 0;
   DeviceScratch<uint64_t> d_digests_, d_stage_;
   PinnedScratch<uint64_t>
       h_stage_;                     // a listed verify's upload; [0, pools) int32 counters come back

@@ -26,6 +26,13 @@ void bind_auditor(pyb::module_& m) {
       .def("verify_all", &PoolAuditor::verify_all, "step"_a, "stream"_a)
       .def("verify_slots", &PoolAuditor::verify_slots, "slots"_a, "step"_a, "stream"_a)
       .def("verify_sample", &PoolAuditor::verify_sample, "count"_a, "seed"_a, "step"_a, "stream"_a)
+      .def("verify_async", &PoolAuditor::verify_async, "count"_a, "seed"_a, "step"_a, "stream"_a)
+      .def("poll", &PoolAuditor::poll, "wait"_a, "stream"_a)
+      .def("flush", pyb::overload_cast<std::optional<uintptr_t>>(&PoolAuditor::flush), "stream"_a)
+      .def_property_readonly("mirror_dirty", &PoolAuditor::mirror_dirty)
+      .def_property_readonly("async_counts", &PoolAuditor::async_counts)
+      .def("sample_positions", &PoolAuditor::sample_positions, "count"_a, "seed"_a, "step"_a,
+           "device"_a, "stream"_a)
       .def_property_readonly("watched", &PoolAuditor::watched)
       .def_property_readonly("capacity", &PoolAuditor::capacity)
       .def_property_readonly("audited", &PoolAuditor::audited)
@@ -61,5 +68,6 @@ PYBIND11_MODULE(_dsa, m) {
     }
   });
   dsa::py::bind_ops(m);
+  dsa::py::bind_stores(m);
   dsa::py::bind_auditor(m);
 }

@@ -1,6 +1,6 @@
-// The backend ops on the caller's arrays: the guarded writers (one per layout, the same judge_slot
-// and the same token codec as the C++ runtime), the indexer, top-k and sparse MLA. Every array is
-// checked here, then handed to the backend op untouched; CUDA ops run on the caller's stream.
+// The backend ops on the caller's arrays: the indexer, top-k and sparse MLA (the guarded writers
+// are in stores.cpp). Every array is checked here, then handed to the backend op untouched; CUDA
+// ops run on the caller's stream.
 // The user-facing documentation of each lives in python/dsa/__init__.py.
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
@@ -18,87 +18,6 @@ namespace pyb = pybind11;
 using namespace pybind11::literals;
 
 namespace {
-
-// A one-element int32 array on the pool's device (n_real, the error counter).
-void need_scalar_i32(const ArrayArg& a, const ArrayArg& pool) {
-  a.need_dtype({Dtype::kI32}, "(a one-element device scalar)");
-  if (a.numel() != 1) {
-    throw pyb::value_error(
-        fmt::format("argument '{}' must hold exactly one int32; got {}", a.name(), a.describe()));
-  }
-  a.need_place(pool.place(), pool);
-}
-
-// A contiguous 1-D array of `dtype` on the pool's device; returns its length.
-int need_vector(const ArrayArg& a, Dtype dtype, const ArrayArg& ref) {
-  a.need_dtype({dtype});
-  a.need_ndim({1});
-  a.need_contiguous();
-  a.need_place(ref.place(), ref);
-  if (a.dim(0) > INT32_MAX) {
-    throw pyb::value_error(fmt::format("argument '{}' has more than 2^31 - 1 rows", a.name()));
-  }
-  return int(a.dim(0));
-}
-
-SlotBatch slot_batch(const ArrayArg& slots, const ArrayArg& n_real, const ArrayArg& errors,
-                     const ArrayArg& pool) {
-  SlotBatch b;
-  b.rows = need_vector(slots, Dtype::kI64, pool);
-  need_scalar_i32(n_real, pool);
-  need_scalar_i32(errors, pool);
-  b.slots = slots.as<int64_t>();
-  b.n_real = n_real.as<int32_t>();
-  b.error_count = errors.as<int32_t>();
-  return b;
-}
-
-StoreGuard parse_guard(const std::string& guard, KvDtype layout) {
-  if (guard == "contract") return StoreGuard::kEnforced;
-  if (guard != "incident") {
-    throw pyb::value_error(
-        fmt::format("argument 'guard' must be \"contract\" or \"incident\", got \"{}\"", guard));
-  }
-  if (layout != KvDtype::kBf16) {
-    throw pyb::value_error(
-        "argument 'guard': \"incident\" reproduces the unguarded bf16 scatter; the fp8 layout has "
-        "only the guarded writer");
-  }
-  return StoreGuard::kIncidentScatter;
-}
-
-void store_index_k(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle k_obj,
-                   pyb::handle n_real_obj, pyb::handle errors_obj, const std::string& layout,
-                   bool ue8m0, const std::string& guard, std::optional<uintptr_t> stream) {
-  const KvDtype dtype = parse_layout(layout, "layout");
-  const StoreGuard g = parse_guard(guard, dtype);
-  ArrayArg pool(pool_obj, "pool"), slots(slots_obj, "slots"), k(k_obj, "k");
-  ArrayArg n_real(n_real_obj, "n_real"), errors(errors_obj, "errors");
-  StoreIndexKParams p;
-  p.pool = pool_view(pool, PoolKind::kIndexK, dtype, ue8m0);
-  p.batch = slot_batch(slots, n_real, errors, pool);
-  p.ld_k = need_f32_rows(k, kIndexHeadDim, p.batch.rows, pool);
-  p.k = k.as<float>();
-  p.guard = g;
-  backend_for(pool.place(), caller_stream(stream, pool.place()))->store_index_k(p);
-}
-
-void store_latent_kv(pyb::handle pool_obj, pyb::handle slots_obj, pyb::handle latent_obj,
-                     pyb::handle k_rope_obj, pyb::handle n_real_obj, pyb::handle errors_obj,
-                     const std::string& layout, bool ue8m0, std::optional<uintptr_t> stream) {
-  const KvDtype dtype = parse_layout(layout, "layout");
-  ArrayArg pool(pool_obj, "pool"), slots(slots_obj, "slots");
-  ArrayArg latent(latent_obj, "latent"), k_rope(k_rope_obj, "k_rope");
-  ArrayArg n_real(n_real_obj, "n_real"), errors(errors_obj, "errors");
-  StoreLatentKvParams p;
-  p.pool = pool_view(pool, PoolKind::kLatent, dtype, ue8m0);
-  p.batch = slot_batch(slots, n_real, errors, pool);
-  p.ld_latent = need_f32_rows(latent, kKvLoraRank, p.batch.rows, pool);
-  p.ld_rope = need_f32_rows(k_rope, kRopeDim, p.batch.rows, pool);
-  p.latent = latent.as<float>();
-  p.k_rope = k_rope.as<float>();
-  backend_for(pool.place(), caller_stream(stream, pool.place()))->store_latent_kv(p);
-}
 
 // rows x heads x width float32 with packed heads; returns the row stride.
 int64_t need_heads(const ArrayArg& a, int64_t width, const ArrayArg& ref) {
@@ -274,10 +193,6 @@ void bind_ops(pyb::module_& m) {
   m.def("read_arrays", &read_arrays);
   m.def("set_torch_attributes", &set_torch_attributes, "enabled"_a);
   m.def("torch_attributes", &torch_attributes);
-  m.def("store_index_k", &store_index_k, "pool"_a, "slots"_a, "k"_a, "n_real"_a, "errors"_a,
-        "layout"_a, "ue8m0"_a, "guard"_a, "stream"_a);
-  m.def("store_latent_kv", &store_latent_kv, "pool"_a, "slots"_a, "latent"_a, "k_rope"_a,
-        "n_real"_a, "errors"_a, "layout"_a, "ue8m0"_a, "stream"_a);
   m.def("indexer_logits", &indexer_logits, "q"_a, "w"_a, "page_table"_a, "seq_lens"_a, "pool"_a,
         "logits"_a, "layout"_a, "stream"_a);
   m.def("topk", &topk, "logits"_a, "seq_lens"_a, "k"_a, "out_positions"_a, "out_slots"_a,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 namespace dsa::py {
 namespace pyb = pybind11;
 
@@ -98,8 +100,42 @@ PoolLayout infer_pool_layout(const ArrayArg& pool) {
       pool.name(), pool.describe()));
 }
 
+namespace {
+
+// The on-stream CUDA backends of one thread, one per (device, stream) it has run ops on, each made
+// while its device was current (so it switches no device and holds nothing but the stream handle).
+// An engine uses a few streams; past kMax the oldest entry goes.
+class StreamBackends {
+ public:
+  Backend* get(int device, uintptr_t stream) {
+    for (const Entry& e : entries_) {
+      if (e.device == device && e.stream == stream) return e.backend.get();
+    }
+    if (entries_.size() == kMax) entries_.erase(entries_.begin());
+    entries_.push_back({device, stream, make_cuda_backend_on_stream(device, stream)});
+    return entries_.back().backend.get();
+  }
+
+ private:
+  static constexpr size_t kMax = 16;
+  struct Entry {
+    int device;
+    uintptr_t stream;
+    std::unique_ptr<Backend> backend;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace
+
 BackendHandle backend_for(Place place, uintptr_t stream) {
-  if (place.cuda()) return BackendHandle(make_cuda_backend_on_stream(place.id, stream));
+  if (place.cuda()) {
+    thread_local StreamBackends kept;
+    if (cuda_current_device() == place.id) return BackendHandle(kept.get(place.id, stream));
+    // Another device is current: a backend for this op alone, which switches to the arrays'
+    // device and back.
+    return BackendHandle(make_cuda_backend_on_stream(place.id, stream));
+  }
   thread_local const std::unique_ptr<Backend> cpu = make_cpu_backend();
   return BackendHandle(cpu.get());
 }

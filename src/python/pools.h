@@ -34,9 +34,9 @@ struct PoolLayout {
 PoolLayout infer_pool_layout(const ArrayArg& pool);
 std::string pool_layout_label(PoolLayout l);  // "index_k bf16", "latent fp8", ...
 
-// The backend of one call: a borrowed one (the CPU reference, made once per thread: it holds no
-// state between ops) or one made for the call and owned here (a CUDA backend on the caller's stream
-// holds the thread's device only while it lives).
+// The backend of one call: a borrowed one (the CPU reference, or a CUDA backend kept per thread,
+// device and stream: neither holds state between ops) or one made for the call and owned here (a
+// CUDA backend on the caller's stream holds the thread's device only while it lives).
 class BackendHandle {
  public:
   explicit BackendHandle(Backend* borrowed) : backend_(borrowed) {}
@@ -51,7 +51,10 @@ class BackendHandle {
 };
 
 // The backend for arrays at `place`: the CPU reference, or the CUDA backend on the caller's
-// stream (an integer cudaStream_t handle; 0 is the legacy default stream).
+// stream (an integer cudaStream_t handle; 0 is the legacy default stream). A CUDA backend is made
+// once per thread, device and stream and reused while its device is the thread's current one (the
+// usual case: torch makes the tensors' device current); with another device current, one is made
+// for the call that switches to the arrays' device and back.
 BackendHandle backend_for(Place place, uintptr_t stream);
 
 }  // namespace dsa::py

@@ -18,6 +18,7 @@
 //       roundings measures out ~2e-5 and lse ~4e-7 on these inputs (bf16: 3e-7 and 2e-14).
 //   A wrong token, head or mask gives nmse near 1 in every case.
 //   top-k positions and slots: exact, bytes.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -251,6 +252,29 @@ struct MlaSpec {
   KvDtype dtype;
   int rows, heads, topk;
   bool padded_stride;
+  // CUDA's heads per CTA (DSA_CUDA_SPARSE_MLA_HEADS while it runs): 16, 32 or 64; 0 leaves the
+  // choice to the batch. Every variant must give the same bits.
+  int heads_per_cta = 0;
+  // The outputs get one more row than the batch, which must stay poison (nothing written past
+  // the batch). Off in the batch-invariance families, whose rows are compared by prefix.
+  bool spare_row = false;
+  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
+  // the default (8). It moves the split boundaries, so only runs with the same bound compare.
+  int max_splits = 0;
+};
+
+// Sets an environment variable for a scope (unset again at its end); null value: leaves it unset.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value != nullptr) setenv(name, value, 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
 };
 
 class SparseMlaCase final : public OpCase {
@@ -260,7 +284,10 @@ class SparseMlaCase final : public OpCase {
   std::string vars() const override {
     return std::string("dtype=") + kv_dtype_name(s_.dtype) + ",rows=" + std::to_string(s_.rows) +
            ",heads=" + std::to_string(s_.heads) + ",topk=" + std::to_string(s_.topk) +
-           (s_.padded_stride ? ",padded_stride" : "");
+           (s_.padded_stride ? ",padded_stride" : "") +
+           (s_.heads_per_cta ? ",heads_per_cta=" + std::to_string(s_.heads_per_cta) : "") +
+           (s_.max_splits ? ",max_splits=" + std::to_string(s_.max_splits) : "") +
+           (s_.spare_row ? ",spare_row" : "");
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
@@ -304,10 +331,10 @@ class SparseMlaCase final : public OpCase {
     indices_ = ws.input(indices);
     q_ = ws.input(q);
     const int d = s_.dtype == KvDtype::kBf16 ? 0 : 1;
-    out_ = ws.output<float>(size_t(s_.rows) * ld_out_,
-                            Check::nmse(kAttentionOutNmse[d]).per_row(ld_out_));
-    lse_ = ws.output<float>(size_t(s_.rows) * s_.heads,
-                            Check::nmse(kAttentionLseNmse[d]).per_row(s_.heads));
+    const size_t out_rows = size_t(s_.rows) + (s_.spare_row ? 1 : 0);
+    out_ = ws.output<float>(out_rows * ld_out_, Check::nmse(kAttentionOutNmse[d]).per_row(ld_out_));
+    lse_ =
+        ws.output<float>(out_rows * s_.heads, Check::nmse(kAttentionLseNmse[d]).per_row(s_.heads));
   }
 
   void run(Workspace& ws, Side side) override {
@@ -320,6 +347,11 @@ class SparseMlaCase final : public OpCase {
     p.rows = s_.rows, p.heads = s_.heads, p.topk = s_.topk;
     p.ld_q = ld_q_, p.ld_indices = ld_idx_, p.ld_out = ld_out_;
     p.scale = 1.0f / std::sqrt(float(128 + kRopeDim));
+    const std::string forced = std::to_string(s_.heads_per_cta);
+    const std::string splits = std::to_string(s_.max_splits);
+    ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
+    ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
+                         s_.max_splits ? splits.c_str() : nullptr);
     ws.backend(side).sparse_mla(p);
   }
 
@@ -570,30 +602,80 @@ TEST_F(ParityAttention, TopkBatchInvariant) {
   }
 }
 
+// Every CUDA variant (16, 32 and 64 heads per CTA, and the batch's own choice) against the CPU.
+// Row kinds (see SparseMlaCase::init): full rows with sentinel, out-of-range and negative
+// indices; short rows (40 used entries: later splits see nothing valid); padded rows (all -1),
+// whose output must be exactly 0 and lse -inf (the per-row bound is 0 where the CPU row is 0).
+// The spare row after the batch must stay poison.
 TEST_F(ParityAttention, SparseMlaMatchesCpu) {
   int cases = 0;
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-    for (int heads : {128, 16, 4}) {
-      // 37, 100, 150 tokens: 2, 4 and 4 splits of 32-token chunks; at 150 the last split is
-      // empty (5 chunks over 4 splits of 2).
-      for (int topk : {100, 37, 150}) {
-        SparseMlaCase c({dtype, 5, heads, topk, topk == 37});
-        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 800 + cases++));
+  for (int heads_per_cta : {0, 16, 32, 64}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      for (int heads : {128, 16, 4}) {
+        // 37, 100, 150 tokens: 2, 4 and 4 splits of 32-token chunks; at 150 the last split is
+        // empty (5 chunks over 4 splits of 2).
+        for (int topk : {100, 37, 150}) {
+          SparseMlaCase c({dtype, 5, heads, topk, topk == 37, heads_per_cta, true});
+          EXPECT_TRUE(check_parity(c, cpu(), cuda(), 800 + cases++));
+        }
       }
+      // The real topk, 8 splits of 8 chunks (deeper than every latent ring); row 3 is padded.
+      // All 128 heads with the batch's choice; 32 (fewer CPU seconds) with a forced variant.
+      const int full_heads = heads_per_cta == 0 ? 128 : 32;
+      SparseMlaCase full({dtype, 4, full_heads, 2048, false, heads_per_cta, true});
+      EXPECT_TRUE(check_parity(full, cpu(), cuda(), 900 + cases++));
+      // 3 chunks per split: fewer than the deeper rings hold.
+      SparseMlaCase shallow({dtype, 4, 32, 700, true, heads_per_cta, true});
+      EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 950 + cases++));
     }
-    SparseMlaCase full({dtype, 4, 128, 2048, false});  // the real shape; row 3 is padded
-    EXPECT_TRUE(check_parity(full, cpu(), cuda(), 900 + cases++));
   }
 }
 
+// One small case per CUDA variant and dtype, for the sanitizers (scripts/gpu-attn.sh): 6 chunks
+// per split (the rings wrap; 3 with 16 splits), short, padded and sentinel rows, a spare output
+// row; with the default bound of 8 splits and with 16 (a non-portable cluster).
+TEST_F(ParityAttention, SparseMlaVariantsCompact) {
+  int cases = 0;
+  for (int max_splits : {0, 16}) {
+    for (int heads_per_cta : {16, 32, 64}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, heads_per_cta, true, max_splits});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 980 + cases++));
+      }
+    }
+  }
+}
+
+// A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
+// with the batch's own variant choice and with each variant forced on sizes it would not pick:
+// every family compares its rows with those of its 256-row run, so a variant whose per-head
+// arithmetic differed from another's would show here.
 TEST_F(ParityAttention, SparseMlaBatchInvariant) {
+  // heads per CTA at rows 1, 7, 64 and 256 (0: the batch's choice).
+  const std::vector<std::vector<int>> mappings = {
+      {0, 0, 0, 0}, {16, 32, 16, 0}, {0, 64, 32, 16}, {32, 16, 64, 32}};
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
     for (int topk : {512, 2048}) {
-      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-        return std::make_unique<SparseMlaCase>(MlaSpec{dtype, rows, 128, topk, false});
-      };
-      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+      for (size_t m = 0; m < mappings.size(); ++m) {
+        if (topk == 512 && m > 1) continue;
+        auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+          const size_t at = size_t(std::find(kInvarianceRows.begin(), kInvarianceRows.end(), rows) -
+                                   kInvarianceRows.begin());
+          return std::make_unique<SparseMlaCase>(
+              MlaSpec{dtype, rows, 128, topk, false, mappings[m].at(at)});
+        };
+        EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()))
+            << "heads per CTA mapping " << m;
+      }
     }
+    // The same with 16 splits per row in every run (the bound is process-wide).
+    auto make16 = [&](int rows) -> std::unique_ptr<OpCase> {
+      const size_t at = size_t(std::find(kInvarianceRows.begin(), kInvarianceRows.end(), rows) -
+                               kInvarianceRows.begin());
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{dtype, rows, 128, 2048, false, mappings[1].at(at), false, 16});
+    };
+    EXPECT_TRUE(check_batch_invariance(make16, kInvarianceRows, cpu(), cuda())) << "16 splits";
   }
 }
 

@@ -51,6 +51,7 @@ struct StoreSpec {
   SlotMix mix;
   bool padded_stride;  // row strides not a multiple of 4 floats: the kernels' scalar path
   StoreGuard guard = StoreGuard::kEnforced;
+  bool bf16_keys = false;  // index-K keys given as bf16 (StoreIndexKParams::k_bf16)
 };
 
 // The slot map and n_real of a spec. Valid slots are distinct and avoid the last page, so that
@@ -113,6 +114,19 @@ std::vector<float> make_values(testing::Rng& rng, int rows, int64_t ld, int widt
   return v;
 }
 
+// bf16 keys: the values above rounded to bf16, and in every third row 128 random bit patterns
+// (NaNs with payloads, infinities, subnormals), which a bf16 pool must keep bit for bit.
+std::vector<Bf16> make_bf16_keys(testing::Rng& rng, int rows, int64_t ld) {
+  const std::vector<float> v = make_values(rng, rows, ld, kIndexHeadDim);
+  std::vector<Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16(v[i]);
+  for (int r = 0; r < rows; r += 3) {
+    for (int i = 0; i < kIndexHeadDim; ++i)
+      out[size_t(r * ld + i)].bits = uint16_t(rng.integer(0, 65535));
+  }
+  return out;
+}
+
 class StoreCase final : public OpCase {
  public:
   explicit StoreCase(StoreSpec spec) : s_(spec) {}
@@ -125,6 +139,7 @@ class StoreCase final : public OpCase {
     v += ",rows=" + std::to_string(s_.rows) + ",slots=" + mix_name(s_.mix);
     if (s_.padded_stride) v += ",padded_stride";
     if (s_.guard == StoreGuard::kIncidentScatter) v += ",guard=incident_scatter";
+    if (s_.bf16_keys) v += ",keys=bf16";
     return v;
   }
 
@@ -139,7 +154,10 @@ class StoreCase final : public OpCase {
     slots_ = ws.input(make_slots(s_, rng, n_real));
     n_real_ = ws.input(std::vector<int32_t>{n_real});
     const int64_t extra = s_.padded_stride ? 3 : 0;
-    if (s_.layout == Layout::kIndexK) {
+    if (s_.layout == Layout::kIndexK && s_.bf16_keys) {
+      ld_a_ = kIndexHeadDim + extra;
+      a16_ = ws.input(make_bf16_keys(rng, s_.rows, ld_a_));
+    } else if (s_.layout == Layout::kIndexK) {
       ld_a_ = kIndexHeadDim + extra;
       a_ = ws.input(make_values(rng, s_.rows, ld_a_, kIndexHeadDim));
     } else {
@@ -156,7 +174,11 @@ class StoreCase final : public OpCase {
     if (s_.layout == Layout::kIndexK) {
       StoreIndexKParams p;
       p.batch = batch;
-      p.k = ws.ptr(a_, side);
+      if (s_.bf16_keys) {
+        p.k_bf16 = ws.ptr(a16_, side);
+      } else {
+        p.k = ws.ptr(a_, side);
+      }
       p.ld_k = ld_a_;
       p.pool = pool;
       p.guard = s_.guard;
@@ -179,6 +201,7 @@ class StoreCase final : public OpCase {
   Buf<int32_t> errors_, n_real_;
   Buf<int64_t> slots_;
   Buf<float> a_, b_;
+  Buf<Bf16> a16_;
   int64_t ld_a_ = 0, ld_b_ = 0;
 };
 
@@ -324,6 +347,30 @@ TEST_F(ParityStore, DigestRowsAreTheDigestsOfTheStoredBytes) {
       }
     }
   }
+}
+
+// Index-K keys given as bf16, every dtype, slot mix and stride: the bf16 pool keeps the bits, the
+// fp8 pool quantizes their f32 widening, on both backends alike.
+TEST_F(ParityStore, IndexKFromBf16KeysMatchesCpu) {
+  int cases = 0;
+  for (const auto& d : kDtypes) {
+    for (int rows : kRows) {
+      for (SlotMix mix : kMixes) {
+        for (bool padded_stride : {false, true}) {
+          StoreSpec spec{Layout::kIndexK, d.dtype, d.rounding, rows, mix, padded_stride};
+          spec.bf16_keys = true;
+          StoreCase c(spec);
+          EXPECT_TRUE(check_parity(c, cpu(), cuda(), 9000 + cases));
+          ++cases;
+        }
+      }
+    }
+  }
+  StoreSpec incident{Layout::kIndexK,      KvDtype::kBf16, ScaleRounding::kExact,       64,
+                     SlotMix::kEverything, false,          StoreGuard::kIncidentScatter};
+  incident.bf16_keys = true;
+  StoreCase c(incident);
+  EXPECT_TRUE(check_parity(c, cpu(), cuda(), 9999));
 }
 
 // A batch of 1400 rows: the kernels' many-block path.

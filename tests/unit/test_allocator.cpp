@@ -253,6 +253,7 @@ class PoisoningBackend final : public Backend {
   void audit_slots(const AuditSlotsParams& p) override { cpu_->audit_slots(p); }
   void sample(const SampleParams& p) override { cpu_->sample(p); }
   void digest_rows(const DigestRowsParams& p) override { cpu_->digest_rows(p); }
+  void audit_sample(const AuditSampleParams& p) override { cpu_->audit_sample(p); }
 
   std::vector<size_t> allocation_bytes;  // in allocation order
 

@@ -16,6 +16,7 @@
 
 #include "common/test_util.h"
 #include "dsa/backend.h"
+#include "dsa/error.h"
 #include "dsa/slot.h"
 #include "dsa/token_codec.h"
 
@@ -477,6 +478,63 @@ TEST(StoreIncident, TheSameBatchIsHarmlessUnderTheGuard) {
     h.run({b.slots, b.n_real, {{0, b.slots[0]}, {4, b.slots[4]}}, /*errors=*/1});  // the -2
     EXPECT_TRUE(h.page_zero_is_zero());
   }
+}
+
+// Index keys given as bf16 (StoreIndexKParams::k_bf16): the whole pool and the error count equal
+// those of the float32 store of their exact widening, under the rules (pad, page 0, a slot past
+// capacity, a stale tail); a bf16 pool keeps the bits as given, NaN payloads included.
+TEST(StoreBf16Keys, AreTheBytesOfTheirExactWidening) {
+  constexpr int64_t kPages = 4, kRows = 6;
+  const std::vector<int64_t> slots = {64, -1, 3, kPages * kPageSize, 130, 200};  // n_real 5
+  Rng rng(11);
+  const int64_t ld = kIndexHeadDim + 2;
+  std::vector<Bf16> k16(size_t(kRows * ld));
+  for (auto& b : k16) b = float_to_bf16(rng.normal(20.0f));
+  k16[0].bits = 0x7FC1;           // a NaN with a payload
+  k16[4 * ld + 1].bits = 0x0001;  // a subnormal
+  std::vector<float> wide(k16.size());
+  for (size_t i = 0; i < k16.size(); ++i) wide[i] = bf16_to_float(k16[i]);
+  const auto backend = make_cpu_backend();
+  for (const auto& [dtype, rounding] : {std::pair{KvDtype::kBf16, ScaleRounding::kExact},
+                                        {KvDtype::kFp8, ScaleRounding::kExact},
+                                        {KvDtype::kFp8, ScaleRounding::kUe8m0}}) {
+    SCOPED_TRACE(std::string(kv_dtype_name(dtype)));
+    std::vector<uint8_t> from16(size_t(kPages * index_k_page_bytes(dtype)), 0xA5);
+    std::vector<uint8_t> from32 = from16;
+    int32_t n_real = 5, errors16 = 0, errors32 = 0;
+    StoreIndexKParams p;
+    p.batch = {slots.data(), &n_real, int(kRows), &errors16};
+    p.ld_k = ld;
+    p.pool = {from16.data(), dtype, rounding, kPages};
+    p.k_bf16 = k16.data();
+    backend->store_index_k(p);
+    p.k_bf16 = nullptr;
+    p.k = wide.data();
+    p.batch.error_count = &errors32;
+    p.pool.data = from32.data();
+    if (dtype == KvDtype::kBf16) {
+      backend->store_index_k(p);  // rounds the NaN to the canonical 0x7FFF: compare it apart
+      Bf16 stored;
+      std::memcpy(&stored, from16.data() + 64 * kIndexHeadDim * 2, 2);
+      EXPECT_EQ(stored.bits, 0x7FC1);
+      std::memcpy(from32.data() + 64 * kIndexHeadDim * 2, &stored, 2);
+    } else {
+      backend->store_index_k(p);
+    }
+    EXPECT_EQ(errors16, 1);
+    EXPECT_EQ(errors32, 1);
+    EXPECT_EQ(from16, from32);
+    EXPECT_NE(from16, std::vector<uint8_t>(from16.size(), 0xA5));
+  }
+  StoreIndexKParams both;
+  int32_t n_real = 1, errors = 0;
+  std::vector<uint8_t> pool(size_t(kPages * index_k_page_bytes(KvDtype::kBf16)));
+  both.batch = {slots.data(), &n_real, 1, &errors};
+  both.ld_k = ld;
+  both.pool = {pool.data(), KvDtype::kBf16, ScaleRounding::kExact, kPages};
+  both.k = wide.data();
+  both.k_bf16 = k16.data();
+  EXPECT_THROW(backend->store_index_k(both), Error);
 }
 
 }  // namespace

@@ -30,6 +30,14 @@ enum class GemmMode : uint8_t { kExact, kBatchInvariant, kFast };
 std::string_view gemm_mode_name(GemmMode mode);   // "exact" | "invariant" | "fast"
 GemmMode parse_gemm_mode(std::string_view name);  // throws kInvalidArgument on anything else
 
+// A point in a backend's queued work that the host can ask about without waiting.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual bool reached() = 0;  // all work queued before the fence is done; never waits
+  virtual void wait() = 0;     // surfaces asynchronous errors
+};
+
 // A recorded step, replayed over the same buffers it was captured with.
 class Graph {
  public:
@@ -63,6 +71,9 @@ class Backend {
   // host_src must then stay unchanged until the next synchronize().
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;  // synchronizes
+  // Queued on the backend's stream, no wait: host_dst must come from allocate_host and may be read
+  // once a fence() made after the copy is reached. Default: copy_to_host.
+  virtual void copy_to_host_async(void* host_dst, const void* src, size_t bytes);
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() = 0;  // wait for all queued work; surfaces asynchronous errors
@@ -72,6 +83,9 @@ class Backend {
 
   // CUDA events on the backend's stream; host clock readings on the CPU (ops are synchronous).
   virtual std::unique_ptr<Stopwatch> stopwatch();
+  // A fence after all work queued so far on the backend's stream. Default: synchronize(), then a
+  // fence already reached (right for backends whose ops are done when they return).
+  virtual std::unique_ptr<Fence> fence();
 
   // ---- graphs ----
   // Runs `step` once under capture and returns a graph that re-runs it. Every pointer the step
@@ -104,6 +118,7 @@ class Backend {
 
   virtual void audit_slots(const AuditSlotsParams& p) = 0;
   virtual void digest_rows(const DigestRowsParams& p) = 0;
+  virtual void audit_sample(const AuditSampleParams& p) = 0;
 
   virtual void sample(const SampleParams& p) = 0;
   // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none).
@@ -130,6 +145,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 // destruction. Cheap enough to make per call (bindings do). Throws kBackend as make_cuda_backend.
 std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream);
 bool cuda_available();  // built with CUDA and a device is present
+// The calling thread's current CUDA device, or -1 without CUDA (or when it cannot be read). A
+// backend from make_cuda_backend_on_stream made while its device is current switches no device, so
+// a binding may keep it and reuse it for as long as that device is current.
+int cuda_current_device();
 
 std::unique_ptr<Backend> make_backend(BackendKind kind);
 

@@ -178,12 +178,17 @@ struct SlotBatch {
 // incident (DESIGN §5): it ignores rules 1-3 and wraps a negative slot from the end of the pool.
 enum class StoreGuard : uint8_t { kEnforced, kIncidentScatter };
 
+// The keys come as float32 (k) or as bf16 (k_bf16, what engines hold): exactly one is set, and
+// ld_k is in elements of that one. From bf16 the bf16 layout stores each value as it is (bit for
+// bit) and the fp8 layout quantizes its exact f32 widening: the bytes of the f32 path on those
+// widened values (encode_index_k_token, dsa/token_codec.h).
 struct StoreIndexKParams {
   SlotBatch batch;
   const float* k = nullptr;  // [batch.rows, 128], row stride ld_k
   int64_t ld_k = 0;
   PoolView pool;  // index-K layout, bf16 or fp8
   StoreGuard guard = StoreGuard::kEnforced;
+  const Bf16* k_bf16 = nullptr;  // instead of k: [batch.rows, 128] bf16, row stride ld_k
 };
 
 struct StoreLatentKvParams {
@@ -294,6 +299,57 @@ struct AuditSlotsParams {
   PoolView pool;
   PoolKind kind = PoolKind::kLatent;
   int n = 0;
+};
+
+// One watched pool of a sampled audit: its bytes and the expected digest of every watched
+// position (the slot at live[position]).
+struct AuditPool {
+  PoolView view;
+  PoolKind kind = PoolKind::kLatent;
+  int32_t layer = 0;                   // the caller's label, for findings
+  const uint64_t* expected = nullptr;  // [capacity] by position
+};
+
+// The first mismatches a sampled audit keeps (every one is counted).
+inline constexpr int kSampledMismatchesKept = 32;
+
+struct SampledMismatch {
+  int64_t slot = 0;
+  int64_t step = 0;  // the step of the audit that found it
+  int32_t pool = 0;  // index into AuditSampleParams::pools
+  int32_t unused = 0;
+};
+
+// The device-side record of sampled audits. `next_step` and `done_blocks` belong to the op; a
+// reader copies the rest (from `verifies` on) and may zero it, in stream order, to start afresh.
+struct AuditSampleRecord {
+  int64_t next_step = 0;     // the step of the next audit not given one
+  uint32_t done_blocks = 0;  // of the running launch (the last block out advances next_step)
+  uint32_t unused = 0;
+  uint64_t verifies = 0;    // audits completed
+  uint64_t mismatches = 0;  // mismatching (pool, slot) checks counted
+  uint32_t kept = 0;  // claims on `first`; min(kept, kSampledMismatchesKept) entries are filled
+  uint32_t unused2 = 0;
+  SampledMismatch first[kSampledMismatchesKept];
+};
+
+// The always-on sampled audit: one launch for every pool, nothing read back, capturable. Draws
+// `sample` positions of the watched set [0, *live_count) by the auditor's rule
+// (audit_sample_position in slot_digest.h: one per stratum, from (seed, step)), or takes every
+// position when sample >= *live_count; recomputes each pool's digest of the slot there, compares
+// it with the pool's expected digest and counts mismatches into `findings`, keeping the first
+// kSampledMismatchesKept. The step is `step` when >= 0, else findings->next_step; either way
+// next_step is step + 1 after the launch, so a launch replayed from a graph draws anew each time.
+struct AuditSampleParams {
+  const int64_t* live = nullptr;          // [*live_count] watched slots (>= 64, < capacity)
+  const int64_t* live_count = nullptr;    // [1]
+  const AuditPool* pools = nullptr;       // [n_pools], in the backend's memory
+  AuditSampleRecord* findings = nullptr;  // [1]
+  int64_t* drawn = nullptr;  // [sample] out, optional: positions drawn, -1 past the set
+  int n_pools = 0;
+  int sample = 0;
+  uint64_t seed = 0;
+  int64_t step = -1;
 };
 
 }  // namespace dsa

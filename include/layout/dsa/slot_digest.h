@@ -36,6 +36,37 @@ DSA_HD uint64_t slot_digest(const SlotBytes& b) {
   return digest_final(h);
 }
 
+// The auditor's sampling rule, one definition for the host's verify and the device's: `count`
+// draws from the watched positions [0, n), one in each of `count` strata (widths n / count, the
+// first n % count of them one wider, in order), so a sample is sorted, distinct and spread over the
+// whole set. Draw i is splitmix64 at the (i + 1)-th stride from a start that hashes (seed, step),
+// scaled to its stratum's width by a 64x64->128 multiply (bias below width / 2^64): each draw
+// stands alone, so one thread per draw computes it. The start is hashed because splitmix64 walks
+// its state by a fixed stride: nearby starts (seed ^ step) would draw overlapping sequences.
+inline constexpr uint64_t kSplitmixStride = 0x9E3779B97F4A7C15ull;
+
+DSA_HD uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+DSA_HD uint64_t audit_sample_start(uint64_t seed, int64_t step) {
+  return splitmix64_mix(seed ^ splitmix64_mix(uint64_t(step) + kSplitmixStride));
+}
+
+// The position of draw i (0 <= i < count < n); width = n / count, wider = n % count.
+DSA_HD int64_t audit_sample_position(uint64_t start, int64_t i, int64_t width, int64_t wider) {
+  const uint64_t r = splitmix64_mix(start + uint64_t(i + 1) * kSplitmixStride);
+  const uint64_t w = uint64_t(width + (i < wider ? 1 : 0));
+  const int64_t lo = i * width + (i < wider ? i : wider);
+#if defined(__CUDA_ARCH__)
+  return lo + int64_t(__umul64hi(r, w));
+#else
+  return lo + int64_t((static_cast<unsigned __int128>(r) * w) >> 64);
+#endif
+}
+
 // The digest a slot will have once these values are stored in a pool of this layout: the values
 // go through the writers' own encoder into a token-sized buffer, then through slot_digest. This
 // is the auditor's truth for a written slot: what the row meant to write, never a read-back.

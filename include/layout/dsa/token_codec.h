@@ -84,6 +84,20 @@ DSA_HD void encode_index_k_token(const PoolView& pool, int64_t slot, const float
                        pool.dtype == KvDtype::kFp8 ? index_k_scale(pool, slot) : nullptr);
 }
 
+// The same token from bf16 keys: the bf16 layout stores them as they are, bit for bit (NaN
+// payloads included); the fp8 layout quantizes their exact f32 widening, so its bytes are those of
+// the f32 writer given the widened values.
+DSA_HD void encode_index_k_token(const PoolView& pool, int64_t slot, const Bf16* k /*[128]*/) {
+  if (pool.dtype == KvDtype::kBf16) {
+    Bf16* v = reinterpret_cast<Bf16*>(index_k_values(pool, slot));
+    for (int i = 0; i < kIndexHeadDim; ++i) v[i] = k[i];
+    return;
+  }
+  float wide[kIndexHeadDim];
+  for (int i = 0; i < kIndexHeadDim; ++i) wide[i] = bf16_to_float(k[i]);
+  encode_index_k_token(pool, slot, wide);
+}
+
 // A token's latent as its latent_token_bytes(dtype) contiguous bytes (layout above).
 DSA_HD void encode_latent_bytes(KvDtype dtype, ScaleRounding rounding, const float* c /*[512]*/,
                                 const float* k_rope /*[64]*/, uint8_t* dst) {

@@ -33,4 +33,31 @@ void digest_rows(const DigestRowsParams& p) {
   }
 }
 
+void audit_sample(const AuditSampleParams& p) {
+  if (p.sample <= 0) return;
+  AuditSampleRecord& f = *p.findings;
+  const int64_t step = p.step >= 0 ? p.step : f.next_step;
+  const int64_t n = *p.live_count, count = p.sample;
+  const bool every = count >= n;  // the whole set: position i for i < n
+  const uint64_t start = audit_sample_start(p.seed, step);
+  const int64_t width = every ? 1 : n / count, wider = every ? 0 : n % count;
+  for (int pool = 0; pool < p.n_pools; ++pool) {
+    const AuditPool& a = p.pools[pool];
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t pos = every ? (i < n ? i : -1) : audit_sample_position(start, i, width, wider);
+      if (p.drawn && pool == 0) p.drawn[i] = pos;
+      if (pos < 0) continue;
+      const int64_t slot = p.live[pos];
+      const SlotBytes bytes = a.kind == PoolKind::kLatent ? latent_slot_bytes(a.view, slot)
+                                                          : index_k_slot_bytes(a.view, slot);
+      if (slot_digest(bytes) == a.expected[pos]) continue;
+      ++f.mismatches;
+      const uint32_t at = f.kept++;
+      if (at < uint32_t(kSampledMismatchesKept)) f.first[at] = {slot, step, pool, 0};
+    }
+  }
+  ++f.verifies;
+  f.next_step = step + 1;
+}
+
 }  // namespace dsa::cpu

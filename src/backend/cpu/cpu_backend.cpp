@@ -57,6 +57,7 @@ class CpuBackend final : public Backend {
   void audit_slots(const AuditSlotsParams& p) override { cpu::audit_slots(p); }
   void sample(const SampleParams& p) override { cpu::sample(p); }
   void digest_rows(const DigestRowsParams& p) override { cpu::digest_rows(p); }
+  void audit_sample(const AuditSampleParams& p) override { cpu::audit_sample(p); }
 
  private:
   static void copy(void* dst, const void* src, size_t n) {

@@ -26,8 +26,9 @@ void indexer_logits(const IndexerLogitsParams& p);  // indexer_logits.cpp
 void topk(const TopkParams& p);                     // topk.cpp
 void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
 
-void audit_slots(const AuditSlotsParams& p);  // audit.cpp
-void digest_rows(const DigestRowsParams& p);  // audit.cpp
+void audit_slots(const AuditSlotsParams& p);    // audit.cpp
+void digest_rows(const DigestRowsParams& p);    // audit.cpp
+void audit_sample(const AuditSampleParams& p);  // audit.cpp
 
 void sample(const SampleParams& p);  // sample.cpp
 

@@ -38,6 +38,8 @@ void store_index_k(const StoreIndexKParams& p) {
   if (p.batch.rows == 0) return;
   require(p.ld_k >= kIndexHeadDim, ErrorCode::kInvalidArgument,
           "store_index_k: ld_k is {}, must be >= {}", p.ld_k, kIndexHeadDim);
+  require((p.k == nullptr) != (p.k_bf16 == nullptr), ErrorCode::kInvalidArgument,
+          "store_index_k: exactly one of k (float32) and k_bf16 must be set");
   // The fault applies to the bf16 layout only: fp8 uses the guarded writer even when it is on.
   const bool incident_scatter =
       p.guard == StoreGuard::kIncidentScatter && p.pool.dtype == KvDtype::kBf16;
@@ -48,7 +50,11 @@ void store_index_k(const StoreIndexKParams& p) {
     const SlotVerdict verdict = incident_scatter ? judge_incident_scatter(slot, capacity)
                                                  : judge_slot(r, n_real, slot, capacity);
     if (verdict == SlotVerdict::kWrite) {
-      encode_index_k_token(p.pool, slot, p.k + r * p.ld_k);
+      if (p.k_bf16 != nullptr) {
+        encode_index_k_token(p.pool, slot, p.k_bf16 + r * p.ld_k);
+      } else {
+        encode_index_k_token(p.pool, slot, p.k + r * p.ld_k);
+      }
     } else if (verdict_is_error(verdict)) {
       ++*p.batch.error_count;
     }

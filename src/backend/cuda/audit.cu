@@ -67,7 +67,64 @@ __global__ void digest_rows_kernel(DigestRowsParams p) {
                      : latent_values_digest(p.dtype, p.rounding, v, p.k_rope + r * p.ld_rope);
 }
 
+// One thread per (pool, draw), pools outermost: draw i of every pool reads the same slot. Every
+// block reads the step before it counts itself done, and the last block out advances next_step,
+// so all blocks of a launch use one step and the next launch (or graph replay) the next one.
+__global__ void audit_sample_kernel(AuditSampleParams p) {
+  AuditSampleRecord* f = p.findings;
+  __shared__ int64_t step;
+  if (threadIdx.x == 0)
+    step = p.step >= 0 ? p.step : *reinterpret_cast<volatile int64_t*>(&f->next_step);
+  __syncthreads();
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < int64_t(p.n_pools) * p.sample) {
+    const int pool = int(t / p.sample);
+    const int64_t i = t % p.sample, n = *p.live_count, count = p.sample;
+    const bool every = count >= n;
+    int64_t pos = i < n ? i : -1;
+    if (!every) {
+      pos = audit_sample_position(audit_sample_start(p.seed, step), i, n / count, n % count);
+    }
+    if (p.drawn && pool == 0) p.drawn[i] = pos;
+    if (pos >= 0) {
+      const AuditPool& a = p.pools[pool];
+      const int64_t slot = p.live[pos];
+      const SlotBytes bytes = a.kind == PoolKind::kLatent ? latent_slot_bytes(a.view, slot)
+                                                          : index_k_slot_bytes(a.view, slot);
+      if (count <= kPrefetchMaxSlots) prefetch_l2(bytes.first, bytes.first_len);
+      uint64_t h = digest_run(kDigestSeed, bytes.first, bytes.first_len);
+      if (bytes.second) h = digest_run(h, bytes.second, bytes.second_len);
+      if (digest_final(h) != a.expected[pos]) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&f->mismatches), 1ull);
+        const unsigned at = atomicAdd(&f->kept, 1u);
+        if (at < unsigned(kSampledMismatchesKept)) f->first[at] = {slot, step, pool, 0};
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&f->done_blocks, 1u) == gridDim.x - 1) {
+      f->done_blocks = 0;
+      f->verifies += 1;
+      f->next_step = step + 1;
+      __threadfence();
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t audit_sample(const AuditSampleParams& p, cudaStream_t stream) {
+  if (p.sample <= 0 || p.n_pools <= 0) return cudaSuccess;
+  if (!p.live || !p.live_count || !p.pools || !p.findings) return cudaErrorInvalidValue;
+  constexpr int kThreads = 128;
+  const int64_t threads = int64_t(p.n_pools) * p.sample;
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  audit_sample_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream) {
   if (p.rows < 0) return cudaErrorInvalidValue;

@@ -94,6 +94,30 @@ class CudaStopwatch final : public Stopwatch {
   size_t used_ = 0;
 };
 
+// An event recorded on the stream; destroyed with the fence (an event needs no current device).
+class CudaFence final : public Fence {
+ public:
+  CudaFence(cudaStream_t stream, int device) : device_(device) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)", device_);
+    check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord(event_, stream)", device_);
+  }
+  ~CudaFence() override { cudaEventDestroy(event_); }
+  bool reached() override {
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    check_cuda(err, "cudaEventQuery(event_)", device_);
+    return true;
+  }
+  void wait() override {
+    check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize", device_);
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  int device_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device), label_(device_label(device)) {
@@ -174,6 +198,11 @@ class CudaBackend final : public Backend {
             "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
     synchronize();
   }
+  void copy_to_host_async(void* dst, const void* src, size_t n) override {
+    if (n)
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_)");
+  }
   void copy_on_device(void* dst, const void* src, size_t n) override {
     if (n)
       check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
@@ -193,6 +222,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Stopwatch> stopwatch() override {
     return std::make_unique<CudaStopwatch>(stream_, device_);
   }
+  std::unique_ptr<Fence> fence() override { return std::make_unique<CudaFence>(stream_, device_); }
 
   // ---- graphs ----
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override {
@@ -285,6 +315,9 @@ class CudaBackend final : public Backend {
   }
   void digest_rows(const DigestRowsParams& p) override {
     launched(cuda::digest_rows(p, stream_), "digest_rows");
+  }
+  void audit_sample(const AuditSampleParams& p) override {
+    launched(cuda::audit_sample(p, stream_), "audit_sample");
   }
   void copy_rows(const CopyRowsParams& p) override {
     if (p.rows <= 0 || p.dim <= 0) return;
@@ -542,6 +575,15 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 std::unique_ptr<Backend> make_cuda_backend_on_stream(int device, uintptr_t stream) {
   require_device(device);
   return std::make_unique<CudaBackend>(device, reinterpret_cast<cudaStream_t>(stream));
+}
+
+int cuda_current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return device;
 }
 
 }  // namespace dsa

@@ -70,8 +70,9 @@ cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  
 cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     // topk.cu
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
 
-cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);  // audit.cu
-cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);  // audit.cu
+cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);    // audit.cu
+cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);    // audit.cu
+cudaError_t audit_sample(const AuditSampleParams& p, cudaStream_t stream);  // audit.cu
 
 cudaError_t sample(const SampleParams& p, cudaStream_t stream);  // sample.cu
 size_t sample_workspace_bytes(int rows, int vocab);              // sample.cu

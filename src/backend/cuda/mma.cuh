@@ -1,7 +1,8 @@
-// Warp-level primitives shared by the tensor-core kernels (PTX ISA): 16-byte cp.async copies into
-// shared memory and their groups, ldmatrix, and mma.sync m16n8k16 on bf16 with f32 accumulation.
-// The copies, group boundaries and waits carry a "memory" clobber, so the compiler never moves a
-// shared-memory access across them; ldmatrix and mma are ordered by the barriers around them.
+// Warp-level primitives shared by the tensor-core kernels (PTX ISA): 16- and 4-byte cp.async copies
+// into shared memory and their groups, ldmatrix, and mma.sync m16n8k16 on bf16 with f32
+// accumulation. The copies, group boundaries and waits carry a "memory" clobber, so the compiler
+// never moves a shared-memory access across them; ldmatrix and mma are ordered by the barriers
+// around them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16 bytes from global memory to shared memory, through L2 only (.cg); 16-byte aligned both ends.
 __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(global)
+               : "memory");
+}
+// 4 bytes from global memory to shared memory (through L1: .ca, the only kind below 16 bytes);
+// 4-byte aligned both ends.
+__device__ __forceinline__ void cp_async4(void* smem, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(global)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {

@@ -1,26 +1,60 @@
 // Absorbed sparse MLA decode (DESIGN §1.7) on tensor cores (mma.sync m16n8k16 bf16, f32 acc),
 // split over the selected tokens across the CTAs of a thread-block cluster.
 //
-// Launch: grid (rows * S, ceil(heads / 64)), 256 threads, clusters of (S, 1, 1). The S CTAs of a
-// cluster share one (row, group of 64 heads); CTA `split` (its rank in the cluster) walks the
-// chunks [split * cps, (split + 1) * cps) of the row's selected tokens, cps = ceil(chunks / S),
-// 32 tokens per chunk, flash-decoding style, and keeps an unnormalized partial (m, l, o). The
-// partials meet in distributed shared memory: CTA `split` combines the output dims
-// [split * 512 / S, (split + 1) * 512 / S) of all 64 heads over the partials in the fixed order
-// 0, 1, ..., S - 1. S depends only on topk (split_plan()), never on rows, and every CTA's work
-// depends only on its row, so a row's bits are the same alone or in any batch.
+// Launch: rows * G * S CTAs of 64 H / 16 threads in clusters of S, where H (heads per CTA: 64, 32
+// or 16, G = ceil(heads / H) groups) follows the batch and S (splits) follows topk alone. CTA x
+// is split x % S of head group (x / S) % G of row x / (S G): a row's groups run side by side, so
+// its latent rows cross HBM once. The S CTAs of a cluster share one (row, group); CTA `split`
+// (its rank in the cluster) walks the chunks [split * cps, (split + 1) * cps) of the row's
+// selected tokens, cps = ceil(chunks / S), 32 tokens per chunk, flash-decoding style, and keeps
+// an unnormalized partial (m, l, o). Each CTA reads 1/S of the group's q and stores it (bf16) in
+// all S CTAs through distributed shared memory. The partials meet there too: CTA `split` combines
+// the output dims [split * 512 / S, (split + 1) * 512 / S) of its H heads over the partials in
+// the fixed order 0, 1, ..., S - 1.
 //
-// Inside a CTA, warp w: m-tile mt = w % 4 (16 heads) and half = w / 4.
+// Batch invariance. A head's arithmetic is that of its 16-head m-tile, worked by one pair of
+// warps, and it is the same in every variant: the 288/288 dim split of Q K^T within the pair,
+// the 256/256 split of the output dims, the chunk order, the split boundaries (split_plan(),
+// from topk alone) and the combine order. H only decides how many m-tiles (pairs) share a CTA and
+// its latent chunks, and the ring depth only decides when a chunk arrives, so a row's bits are
+// the same alone or in any batch, whatever variant the batch picks (the tests force each).
+//
+// Inside a CTA of T = H / 16 m-tiles, warp w: m-tile mt = w % T (16 heads) and half = w / T.
 //   S = Q K^T over 576 dims: each warp of a pair (mt, 0), (mt, 1) computes the partial over its
-//       288 dims, the pair swaps partials through shared memory and both form S = S_0 + S_1, so
-//       both hold identical scores and identical softmax statistics.
+//       288 dims, the pair swaps partials through shared memory and both form S = S_0 + S_1 (the
+//       same f32 sum either way round), so both hold identical scores and softmax statistics.
 //   Online softmax in f32 (exp2 with scale * log2 e folded in), invalid slots masked to -inf.
 //   O += P V with P rounded to bf16 from the S accumulators in registers (the C fragment of S is
 //       the A fragment of P) and V = c, the first 512 latent dims; each warp of the pair owns
 //       256 of the 512 output dims (128 f32 accumulators per lane).
-// The chunk's latent tokens are double-buffered in shared memory as bf16 (fp8 latent is
-// dequantized by its tile scale on the way in, through registers). The selected slots are staged
-// in shared memory two chunks ahead, so no copy waits on a global index load.
+// Chunks land by cp.async in a ring of kStages stages (the deepest of 2..4 that fits: kStages - 1
+// chunks in flight while one is computed). bf16: the stage is the chunk's bf16 rows. fp8: the
+// stage holds the raw bytes (e4m3 by units of 64 values with their tile scale, the rope), which
+// the thread that copied them dequantizes into one of 2 bf16 buffers after its own wait, before
+// the step's barrier; the dead raw stage then holds the pair exchange. The selected slots are
+// staged kStages chunks ahead.
+//
+// Napkin math (H200: 132 SMs; V3.2: 128 heads, topk 2048, S = 8 splits of 8 chunks):
+//   Per chunk and m-tile pair: 136 mma.sync per warp and ~43 KB of ldmatrix reads per warp
+//   (q 9 KB, k 18 KB, v 16 KB). Shared memory gives 128 B/clk per SM, so a 64-head CTA (4 pairs,
+//   344 KB per chunk) needs >= 2700 clk (1.4 us) per chunk, a 16-head CTA (one pair) ~700 clk.
+//   B = 1 with 64 heads per CTA: 2 x 8 = 16 CTAs, each 8 chunks in a row: >= 11 us of chunks
+//   alone (37 us measured). With 16 heads per CTA: 8 x 8 = 64 CTAs, one pair each: 8 chunks of
+//   ~0.5-0.8 us (latency-bound: one warp per SM sub-partition) + ~2 us prologue (indices and q,
+//   then the first chunks) + ~1 us combine: ~7-9 us. fp8 adds the dequant, 16K values per chunk
+//   and CTA (~3 instructions each): ~0.4 us per chunk for a 2-warp CTA, ~0.1 us for 8 warps.
+//   Why not more splits at small B: the split count must not follow B, and S = 16 everywhere
+//   costs every batch twice the per-CTA fixed work (partial: 128 KB f32 through DSMEM, four
+//   cluster barrier phases; ~2-3 us per CTA, ~20 us at B = 64) or, through global memory, 2 KB of
+//   partial per head and split: 4 MB per row, 268 MB at B = 64 (more than the 151 MB of latent
+//   it reads). S = 16 (a non-portable cluster) halves B = 1's chunk chain (~3 us); it is a
+//   process-wide option (DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16) until measured at every B.
+//   B = 64: 1024 CTAs of 64 heads = 7.8 waves of 8 chunks: at the shared-memory bound ~11 us per
+//   CTA, ~100 us in all (~370 TFLOP/s); 327 us measured before (112 TFLOP/s). L2 -> SM traffic
+//   per CTA: 288 KB of latent + 18 KB of q (147 KB when every CTA read all of its group's q).
+// Variant choice (tiles_per_cta()): 64 heads whenever they fill a wave; else the fewest
+// waves x m-tiles per CTA, ties to more heads per CTA (fewer latent reads).
+// DSA_CUDA_SPARSE_MLA_HEADS=16|32|64 forces one.
 //
 // Fragment layouts relied on (PTX ISA, mma.m16n8k16 .bf16, g = lane / 4, c = lane % 4):
 //   A [16 x 16] row-major, 4 regs of 2 bf16: {row g, k 2c..2c+1}, {row g+8, k 2c..}, {row g,
@@ -33,60 +67,32 @@
 // A row (or split) with no valid slot ends with l = 0, O = 0; the combine gives exact zeros and
 // lse = -inf.
 #include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/sparse_mla_load.cuh"
 #include "dsa/token_codec.h"
 
 namespace dsa::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace sparse_mla_detail;
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kHeadsPerBlock = 64;
-constexpr int kChunk = 32;               // selected tokens per step
-constexpr int kMaxSplits = 8;            // CTAs per cluster: the portable cluster size
-constexpr int kPitch = kLatentDim + 8;   // smem row pitch in bf16: 1168 B, no bank conflicts
-constexpr int kPieces = kLatentDim / 8;  // 16-byte pieces of a bf16 token row: 72
-constexpr int kLoadsPerThread = kChunk * kPieces / kThreads;  // 9
-constexpr int kHalfDims = kLatentDim / 2;    // 288: the QK^T dims of one warp of a pair
-constexpr int kHalfOut = kKvLoraRank / 2;    // 256: the output dims of one warp of a pair
-constexpr int kPartPitch = kKvLoraRank + 8;  // f32 row pitch of the partial o: 2080 B
-constexpr int kSlotStages = 3;               // chunks of staged slots: computing, fetching, next
-static_assert(kChunk * kPieces % kThreads == 0);
-static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
-
-struct SmemLayout {
-  static constexpr size_t kQ = 0;                                          // [64][kPitch] bf16
-  static constexpr size_t kKv = kQ + size_t(kHeadsPerBlock) * kPitch * 2;  // [2][32][kPitch] bf16
-  static constexpr size_t kExchange = kKv + size_t(2) * kChunk * kPitch * 2;  // [8][16][32] f32
-  static constexpr size_t kSlots = kExchange + size_t(kWarps) * 16 * 32 * 4;  // [3][32] int64
-  static constexpr size_t kM = kSlots + size_t(kSlotStages) * kChunk * 8;     // [64] f32
-  static constexpr size_t kL = kM + kHeadsPerBlock * 4;                       // [64] f32
-  static constexpr size_t kCoef = kL + kHeadsPerBlock * 4;                    // [64][8] f32
-  static constexpr size_t kBytes = kCoef + size_t(kHeadsPerBlock) * kMaxSplits * 4;
-  // After the token loop the partial o [64][kPartPitch] f32 overlays q and the latent buffers.
-  static constexpr size_t kPart = 0;
-  static constexpr size_t kPartBytes = size_t(kHeadsPerBlock) * kPartPitch * 4;
-};
-static_assert(SmemLayout::kPart + SmemLayout::kPartBytes <= SmemLayout::kExchange);
-static_assert(SmemLayout::kBytes <= 227 * 1024, "over the sm_90 dynamic shared memory limit");
-
-// The fixed split of a row's selected tokens: a function of topk alone (batch invariance).
+// The fixed split of a row's selected tokens: a function of topk and the process's split bound
+// alone, never of the batch (batch invariance).
 struct SplitPlan {
-  int splits = 1;            // CTAs per (row, head group): a power of two <= kMaxSplits
+  int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
   int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
 };
-SplitPlan split_plan(int topk) {
+SplitPlan split_plan(int topk, int max_splits) {
   const int chunks = (topk + kChunk - 1) / kChunk;
   SplitPlan plan;
-  while (plan.splits * 2 <= kMaxSplits && plan.splits * 2 <= chunks) plan.splits *= 2;
+  while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
   plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
   return plan;
 }
@@ -95,179 +101,89 @@ SplitPlan split_plan(int topk) {
 __device__ __forceinline__ void pair_barrier(int mt) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + mt), "r"(64) : "memory");
 }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// The raw index of selected token j of chunk `chunk` (-1 past topk). Only loaded: checked later
-// by checked_slot(), so the load's latency overlaps a chunk of compute.
-__device__ __forceinline__ int64_t raw_slot(const SparseMlaParams& p, const int64_t* indices,
-                                            int chunk, int j) {
-  const int pos = chunk * kChunk + j;
-  return pos < p.topk ? __ldg(indices + pos) : int64_t(-1);
-}
-// The slot, or -1 when unused (negative, or past the pool).
-__device__ __forceinline__ int64_t checked_slot(const SparseMlaParams& p, int64_t slot) {
-  return (slot < 0 || slot >= p.pool.capacity()) ? int64_t(-1) : slot;
-}
-
-// Fetches one chunk into kv (one buffer, [32][kPitch]) from its staged slots [32]. bf16:
-// cp.async for every piece. fp8: the rope pieces go by cp.async, the 8-value e4m3 pieces into
-// registers (raw, scale) that store_fp8_pieces() dequantizes later, so their latency overlaps the
-// compute of a chunk. Unused tokens are zeros.
-template <KvDtype D>
-__device__ void fetch_chunk(const SparseMlaParams& p, const int64_t* slots, __nv_bfloat16* kv,
-                            uint2 (&raw)[kLoadsPerThread], float (&scale)[kLoadsPerThread]) {
-#pragma unroll
-  for (int i = 0; i < kLoadsPerThread; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int token = idx / kPieces, piece = idx % kPieces;
-    const int64_t slot = slots[token];
-    __nv_bfloat16* dst = kv + token * kPitch + piece * 8;
-    if constexpr (D == KvDtype::kBf16) {
-      if (slot >= 0) {
-        cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + piece * 16);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
-    } else {
-      raw[i] = make_uint2(0, 0);
-      scale[i] = 0.0f;
-      if (slot < 0) {
-        if (piece >= kKvLoraRank / 8) *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-        continue;
-      }
-      const uint8_t* src = p.pool.data + slot * kLatentFp8TokenBytes;
-      if (piece >= kKvLoraRank / 8) {  // rope: 8 bf16 as they are
-        cp_async16(dst, src + kLatentFp8RopeOffset + (piece - kKvLoraRank / 8) * 16);
-      } else {
-        raw[i] = __ldg(reinterpret_cast<const uint2*>(src + piece * 8));
-        scale[i] = __ldg(reinterpret_cast<const float*>(src + kLatentFp8ScaleOffset) +
-                         piece * 8 / kLatentTile);
-      }
-    }
-  }
-  cp_async_commit();
-}
-
-// fp8 only: e4m3 * tile scale, rounded to bf16, into the chunk's buffer (zeros for unused).
-__device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return pack_bf16(f.x * s, f.y * s);
-}
-__device__ void store_fp8_pieces(__nv_bfloat16* kv, const uint2 (&raw)[kLoadsPerThread],
-                                 const float (&scale)[kLoadsPerThread]) {
-#pragma unroll
-  for (int i = 0; i < kLoadsPerThread; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int token = idx / kPieces, piece = idx % kPieces;
-    if (piece >= kKvLoraRank / 8) continue;
-    uint4 v;
-    v.x = dequant_pair(uint16_t(raw[i].x), scale[i]);
-    v.y = dequant_pair(uint16_t(raw[i].x >> 16), scale[i]);
-    v.z = dequant_pair(uint16_t(raw[i].y), scale[i]);
-    v.w = dequant_pair(uint16_t(raw[i].y >> 16), scale[i]);
-    *reinterpret_cast<uint4*>(kv + token * kPitch + piece * 8) = v;
-  }
-}
-
-// q of the block's 64 heads, rounded to bf16; heads past p.heads are zero.
-// Read in batches of kBatch 4-float pieces per thread, all loads of a batch in flight at once
-// (16-byte loads when the row is 16-byte aligned; a head's 576 floats keep that alignment).
-__device__ void load_queries(const SparseMlaParams& p, int row, int head0, __nv_bfloat16* q_s) {
-  constexpr int kRowPieces = kLatentDim / 4;                          // 144 per head
-  constexpr int kPerThread = kHeadsPerBlock * kRowPieces / kThreads;  // 36
-  constexpr int kBatch = 12;
-  static_assert(kHeadsPerBlock * kRowPieces % kThreads == 0 && kPerThread % kBatch == 0);
-  const float* q = p.q + int64_t(row) * p.ld_q;
-  const bool aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
-  for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int piece = threadIdx.x + (b0 + i) * kThreads;
-      const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
-      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (head0 + h >= p.heads) continue;
-      const float* src = q + int64_t(head0 + h) * kLatentDim + d;
-      v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
-                     : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int piece = threadIdx.x + (b0 + i) * kThreads;
-      const int h = piece / kRowPieces, d = piece % kRowPieces * 4;
-      *reinterpret_cast<uint2*>(q_s + h * kPitch + d) =
-          make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
-    }
-  }
-}
-
-// Partial S[16 heads, 32 tokens] of this warp over its 288 dims.
+// Partial S[16 heads, 32 tokens] of this warp over its 288 dims. The fragments of k-step ks + 1
+// are loaded before the mma of k-step ks (two register sets), so ldmatrix latency hides behind
+// the tensor cores even with one or two warps per SM sub-partition; the mma order per
+// accumulator is the plain k order.
 __device__ __forceinline__ void partial_scores(const __nv_bfloat16* q_s, const __nv_bfloat16* kv,
                                                int mt, int half, float (&s)[4][4]) {
+  constexpr int kSteps = kHalfDims / 16;  // 18
   const int lane = threadIdx.x % 32;
   const uint32_t a_base =
-      smem_addr(q_s + (mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8);
+      smem_addr(q_s + (mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8) +
+      uint32_t(half * kHalfDims) * 2;
   const uint32_t b_base =
-      smem_addr(kv + ((lane / 16) * 8 + (lane % 8)) * kPitch + ((lane / 8) % 2) * 8);
+      smem_addr(kv + ((lane / 16) * 8 + (lane % 8)) * kPitch + ((lane / 8) % 2) * 8) +
+      uint32_t(half * kHalfDims) * 2;
 #pragma unroll
   for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll 6
-  for (int ks = 0; ks < kHalfDims / 16; ++ks) {
-    const uint32_t k_bytes = uint32_t(half * kHalfDims + ks * 16) * 2;
-    uint32_t a[4], b01[4], b23[4];
-    ldmatrix_x4(a, a_base + k_bytes);
-    ldmatrix_x4(b01, b_base + k_bytes);
-    ldmatrix_x4(b23, b_base + k_bytes + 16 * kPitch * 2);
-    mma_bf16(s[0], a, b01[0], b01[1]);
-    mma_bf16(s[1], a, b01[2], b01[3]);
-    mma_bf16(s[2], a, b23[0], b23[1]);
-    mma_bf16(s[3], a, b23[2], b23[3]);
+  uint32_t a[2][4], b01[2][4], b23[2][4];
+  auto load = [&](int ks, int set) {
+    ldmatrix_x4(a[set], a_base + uint32_t(ks * 16 * 2));
+    ldmatrix_x4(b01[set], b_base + uint32_t(ks * 16 * 2));
+    ldmatrix_x4(b23[set], b_base + uint32_t(ks * 16 * 2 + 16 * kPitch * 2));
+  };
+  load(0, 0);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    const int set = ks & 1;
+    if (ks + 1 < kSteps) load(ks + 1, set ^ 1);
+    mma_bf16(s[0], a[set], b01[set][0], b01[set][1]);
+    mma_bf16(s[1], a[set], b01[set][2], b01[set][3]);
+    mma_bf16(s[2], a[set], b23[set][0], b23[set][1]);
+    mma_bf16(s[3], a[set], b23[set][2], b23[set][3]);
   }
 }
 
-// O[16 heads, 256 dims of this half] += P[16, 32] V[32, 256].
+// O[16 heads, 256 dims of this half] += P[16, 32] V[32, 256], the V fragments of step i + 1
+// loaded before the mma of step i (as in partial_scores).
 __device__ __forceinline__ void accumulate_pv(const __nv_bfloat16* kv, int half,
                                               const float (&pr)[4][4], float (&o)[32][4]) {
   const int lane = threadIdx.x % 32;
   const uint32_t v_base = smem_addr(kv + (((lane / 8) % 2) * 8 + (lane % 8)) * kPitch +
                                     half * kHalfOut + (lane / 16) * 8);
+  uint32_t a[2][4];
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-    const uint32_t a[4] = {pack_bf16(pr[2 * kk][0], pr[2 * kk][1]),
-                           pack_bf16(pr[2 * kk][2], pr[2 * kk][3]),
-                           pack_bf16(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
-                           pack_bf16(pr[2 * kk + 1][2], pr[2 * kk + 1][3])};
+    a[kk][0] = pack_bf16(pr[2 * kk][0], pr[2 * kk][1]);
+    a[kk][1] = pack_bf16(pr[2 * kk][2], pr[2 * kk][3]);
+    a[kk][2] = pack_bf16(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+  }
+  // Step i: k-step kk = i / 16 (tokens 16 kk..), output pair jp = i % 16 (dims 16 jp..).
+  uint32_t b[2][4];
+  auto load = [&](int i, int set) {
+    ldmatrix_x4_trans(b[set], v_base + uint32_t((i / 16) * 16 * kPitch + (i % 16) * 16) * 2);
+  };
+  load(0, 0);
 #pragma unroll
-    for (int jp = 0; jp < 16; ++jp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, v_base + uint32_t(kk * 16 * kPitch + jp * 16) * 2);
-      mma_bf16(o[2 * jp], a, b[0], b[1]);
-      mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
-    }
+  for (int i = 0; i < 32; ++i) {
+    const int set = i & 1;
+    if (i + 1 < 32) load(i + 1, set ^ 1);
+    mma_bf16(o[2 * (i % 16)], a[i / 16], b[set][0], b[set][1]);
+    mma_bf16(o[2 * (i % 16) + 1], a[i / 16], b[set][2], b[set][3]);
   }
 }
 
-// The cluster's combine, after every CTA has left its partial in shared memory: part [64]
-// [kPartPitch] o (unnormalized), m [64] (log2 units, -inf when the split saw no valid slot) and
-// l [64]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with M = max m_s and
-// L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the output dims,
-// out = sum_s w_s o_s in split order. The same order for every row and every batch.
+// The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
+// [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
+// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
+// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
+// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
+// variant.
+template <class V>
 __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
                                int split, int row, int head0, uint8_t* smem) {
-  auto* coef = reinterpret_cast<float*>(smem + SmemLayout::kCoef);
-  if (threadIdx.x < kHeadsPerBlock) {
+  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
+  if (threadIdx.x < V::kHeads) {
     const int h = threadIdx.x;
     float ms[kMaxSplits], ls[kMaxSplits];
     float m_max = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s >= splits) break;
-      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + SmemLayout::kM), s)[h];
-      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + SmemLayout::kL), s)[h];
+      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
       m_max = fmaxf(m_max, ms[s]);
     }
     float l_sum = 0.0f;
@@ -292,15 +208,14 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
 
   const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
   const int d0 = split * (kKvLoraRank / splits);
-  for (int it = threadIdx.x; it < kHeadsPerBlock * vecs; it += kThreads) {
+  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
     const int h = it / vecs, d = d0 + (it % vecs) * 4;
     if (head0 + h >= p.heads) continue;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s >= splits) break;
-      const float* part =
-          cluster.map_shared_rank(reinterpret_cast<float*>(smem + SmemLayout::kPart), s);
+      const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
       const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
       const float w = coef[h * kMaxSplits + s];
       acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
@@ -311,20 +226,32 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   }
 }
 
-template <KvDtype D>
-__global__ void __launch_bounds__(kThreads, 1)
+template <KvDtype D, int kTiles>
+__global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     sparse_mla_kernel(SparseMlaParams p, SplitPlan plan) {
+  using V = Variant<D, kTiles>;
+  constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   extern __shared__ __align__(16) uint8_t smem[];
-  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem + SmemLayout::kQ);
-  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem + SmemLayout::kKv);
-  auto* exchange = reinterpret_cast<float*>(smem + SmemLayout::kExchange);
-  auto* slots_s = reinterpret_cast<int64_t*>(smem + SmemLayout::kSlots);
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem + V::kSmem.q);
+  auto* slots_s = reinterpret_cast<int64_t*>(smem + V::kSmem.slots);
+  auto stage_of = [&](int chunk) {
+    uint8_t* raw = smem + V::kSmem.raw + chunk % kStages * kRawStageBytes;
+    return Stage{reinterpret_cast<__nv_bfloat16*>(smem + V::kSmem.kv) +
+                     chunk % V::kSmem.kv_stages * kChunk * kPitch,
+                 raw, raw + kChunk * kKvLoraRank,
+                 reinterpret_cast<float*>(raw + kChunk * (kKvLoraRank + kRawRopeBytes))};
+  };
+  auto slots_of = [&](int chunk) { return slots_s + (chunk % kRing) * kChunk; };
 
   cg::cluster_group cluster = cg::this_cluster();
+  // blockIdx.x = (row * groups + group) * splits + split: the head groups of a row run side by
+  // side, so the second reads the row's latent rows from L2.
   const int split = int(cluster.block_rank());  // blockIdx.x % plan.splits
-  const int row = blockIdx.x / plan.splits, head0 = blockIdx.y * kHeadsPerBlock;
+  const int groups = (p.heads + V::kHeads - 1) / V::kHeads;
+  const int row = int(blockIdx.x / plan.splits) / groups;
+  const int head0 = int(blockIdx.x / plan.splits) % groups * V::kHeads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int mt = warp % 4, half = warp / 4;
+  const int mt = warp % kTiles, half = warp / kTiles;
   const int g = lane / 4, c = lane % 4;
   const int64_t* indices = p.indices + int64_t(row) * p.ld_indices;
   const int chunk0 = split * plan.chunks_per_split;
@@ -332,45 +259,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_chunks = max(0, min(plan.chunks_per_split, total_chunks - chunk0));
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
-  // Prologue: the slots of the first two chunks, q, and the first chunk's tokens.
+  // Prologue, two memory round trips: the slots of the first kStages chunks with this CTA's
+  // share of q (stored in every CTA of the cluster); then the first kStages - 1 chunks (one
+  // cp.async group each, empty past the split's end), while the cluster's q stores settle.
+  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
+  int64_t first_slots[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    const bool load = threadIdx.x < kChunk && i < n_chunks;
+    first_slots[i] = load ? raw_slot(p, indices, chunk0 + i, threadIdx.x) : int64_t(-1);
+  }
+  share_queries<V::kHeads, V::kThreads>(p, cluster, plan.splits, split, row, head0, q_s);
+  cluster_arrive_release();  // this CTA's q stores are done
   if (threadIdx.x < kChunk) {
-    for (int i = 0; i < 2 && i < n_chunks; ++i) {
-      slots_s[i * kChunk + threadIdx.x] =
-          checked_slot(p, raw_slot(p, indices, chunk0 + i, threadIdx.x));
-    }
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) slots_of(i)[threadIdx.x] = checked_slot(p, first_slots[i]);
   }
-  uint2 raw[kLoadsPerThread];
-  float tile_scale[kLoadsPerThread];
   __syncthreads();  // the staged slots are visible
-  if (n_chunks > 0) fetch_chunk<D>(p, slots_s, kv_s, raw, tile_scale);
-  load_queries(p, row, head0, q_s);  // while chunk 0 is in flight
-  if constexpr (D == KvDtype::kFp8) {
-    if (n_chunks > 0) store_fp8_pieces(kv_s, raw, tile_scale);
+#pragma unroll
+  for (int i = 0; i + 1 < kStages; ++i) {
+    if (i < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(i), stage_of(i));
+    cp_async_commit();
   }
+  cluster_wait_acquire();  // q is complete in every CTA of the cluster
 
   float o[32][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
   for (int ch = 0; ch < n_chunks; ++ch) {
-    const int buf = ch & 1;
-    __nv_bfloat16* kv = kv_s + buf * kChunk * kPitch;
-    const int64_t* slots = slots_s + (ch % kSlotStages) * kChunk;
-    const bool prefetch = ch + 1 < n_chunks;
-    const bool stage = threadIdx.x < kChunk && ch + 2 < n_chunks;
-    cp_async_wait<0>();  // this thread's copies of chunk ch have landed
-    // Chunk ch (and q) is visible to all, and every warp is done with step ch - 1: its latent
-    // buffer (the other one), its slot stage ((ch + 2) % 3) and the exchange area may be
-    // overwritten from here on.
+    const Stage st = stage_of(ch);
+    const int64_t* slots = slots_of(ch);
+    // Groups committed so far: one per chunk up to ch + kStages - 2; all but the newest
+    // kStages - 2 have landed, so chunk ch has (this thread's copies).
+    cp_async_wait<kStages - 2>();
+    if constexpr (D == KvDtype::kFp8) dequantize_chunk<V::kThreads>(slots, st);
+    // Chunk ch is visible to all, and every warp is done with step ch - 1: its stage
+    // ((ch - 1) % kStages, refilled below with chunk ch + kStages - 1), its slot stage
+    // ((ch + kStages) % kRing, restaged at the end of this step) and the exchange area (fp8: the
+    // raw values of chunk ch, dead from here on) may be overwritten from here on.
     __syncthreads();
-    if (prefetch) {
-      fetch_chunk<D>(p, slots_s + ((ch + 1) % kSlotStages) * kChunk,
-                     kv_s + (buf ^ 1) * kChunk * kPitch, raw, tile_scale);
-    }
-    const int64_t next_slot = stage ? raw_slot(p, indices, chunk0 + ch + 2, threadIdx.x) : -1;
+    const int ahead = ch + kStages - 1;
+    if (ahead < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(ahead), stage_of(ahead));
+    cp_async_commit();
+    const bool restage = threadIdx.x < kChunk && ch + kStages < n_chunks;
+    const int64_t next_slot =
+        restage ? raw_slot(p, indices, chunk0 + ch + kStages, threadIdx.x) : -1;
 
     float s[4][4];
-    partial_scores(q_s, kv, mt, half, s);
+    partial_scores(q_s, st.kv, mt, half, s);
+    // fp8: the exchange is the raw stage of chunk ch, which every thread has dequantized.
+    float* exchange = D == KvDtype::kFp8 ? reinterpret_cast<float*>(st.raw)
+                                         : reinterpret_cast<float*>(smem + V::kSmem.exchange);
     float* mine = exchange + warp * 16 * 32;
-    const float* partner = exchange + (warp ^ 4) * 16 * 32;
+    const float* partner = exchange + (warp ^ kTiles) * 16 * 32;
 #pragma unroll
     for (int i = 0; i < 16; ++i) mine[i * 32 + lane] = s[i / 4][i % 4];
     pair_barrier(mt);
@@ -409,28 +349,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         l[e / 2] += s[n][e];
       }
     }
+    // Rescale o, unless no lane's row max moved (o * 1 is o: the same bits either way).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      for (int j = 0; j < 32; ++j) {
+        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      }
     }
-    accumulate_pv(kv, half, s, o);
-    if constexpr (D == KvDtype::kFp8) {
-      if (prefetch) store_fp8_pieces(kv_s + (buf ^ 1) * kChunk * kPitch, raw, tile_scale);
-    }
-    if (stage)
-      slots_s[((ch + 2) % kSlotStages) * kChunk + threadIdx.x] = checked_slot(p, next_slot);
+    accumulate_pv(st.kv, half, s, o);
+    if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
   }
 
   // The partial of this split: row sums over the quad, then o, m, l into shared memory (o over
-  // q and the latent buffers, which every warp is done with after the barrier).
+  // q and the latent ring, which every warp is done with after the barrier; every copy into the
+  // ring has landed, the last real one at the wait of the last step).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
   __syncthreads();
-  auto* part = reinterpret_cast<float*>(smem + SmemLayout::kPart);
+  auto* part = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = mt * 16 + g + r * 8;
@@ -440,26 +380,66 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
     }
     if (half == 0 && c == 0) {
-      reinterpret_cast<float*>(smem + SmemLayout::kM)[h] = m[r];
-      reinterpret_cast<float*>(smem + SmemLayout::kL)[h] = l[r];
+      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
+      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
     }
   }
   cluster.sync();  // every split's partial is complete and visible to the cluster
-  combine_splits(p, cluster, plan.splits, split, row, head0, smem);
+  combine_splits<V>(p, cluster, plan.splits, split, row, head0, smem);
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
-template <KvDtype D>
-cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
-  const cudaError_t e = cudaFuncSetAttribute(
-      sparse_mla_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemLayout::kBytes));
+// Shared memory above 48 KiB needs an opt-in per kernel, asked once per device.
+template <KvDtype D, int kTiles>
+cudaError_t opt_in() {
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
+    err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(Variant<D, kTiles>::kSmem.bytes));
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
+// Whether the GPU can place one cluster of config's size (asked once per device), else
+// cudaErrorInvalidClusterSize, with nothing launched (a launch that fails would be sticky in the
+// worst case; this never is).
+template <KvDtype D, int kTiles>
+cudaError_t cluster_fits(const cudaLaunchConfig_t& config) {
+  static std::atomic<uint64_t> asked{0}, fits{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(asked.load(std::memory_order_relaxed) & bit)) {
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_kernel<D, kTiles>, &config);
+    if (err != cudaSuccess) return err;
+    if (clusters > 0) fits.fetch_or(bit, std::memory_order_relaxed);
+    asked.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return (fits.load(std::memory_order_relaxed) & bit) ? cudaSuccess : cudaErrorInvalidClusterSize;
+}
+
+template <KvDtype D, int kTiles>
+cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t stream) {
+  using V = Variant<D, kTiles>;
+  const cudaError_t e = opt_in<D, kTiles>();
   if (e != cudaSuccess) return e;
-  const SplitPlan plan = split_plan(p.topk);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(p.rows) * unsigned(plan.splits),
-                        unsigned((p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = SmemLayout::kBytes;
+  const unsigned groups = unsigned((p.heads + V::kHeads - 1) / V::kHeads);
+  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
+  config.blockDim = dim3(V::kThreads);
+  config.dynamicSmemBytes = V::kSmem.bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -468,9 +448,57 @@ cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_kernel<D>, p, plan);
+  if (plan.splits > kDefaultSplits) {  // a non-portable cluster: refuse (no launch) if unplaceable
+    const cudaError_t placed = cluster_fits<D, kTiles>(config);
+    if (placed != cudaSuccess) return placed;
+  }
+  const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_kernel<D, kTiles>, p, plan);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
+}
+
+// m-tiles (16 heads each) per CTA: 4, 2 or 1. DSA_CUDA_SPARSE_MLA_HEADS=64|32|16 forces one (read
+// at every call); otherwise 4 when those CTAs fill a wave of the GPU, else the fewest
+// waves x m-tiles per CTA (a CTA's chunk time grows with its m-tiles: they share its shared
+// memory bandwidth), ties to more m-tiles (fewer latent reads). Any choice gives the same bits.
+int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+  if (const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS")) {
+    const int heads = std::atoi(v);
+    if (heads == 64 || heads == 32 || heads == 16) return heads / 16;
+  }
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  auto ctas = [&](int tiles) {
+    return int64_t(p.rows) * plan.splits * ((p.heads + 16 * tiles - 1) / (16 * tiles));
+  };
+  if (ctas(4) >= sms) return 4;
+  int best = 4;
+  int64_t best_cost = -1;
+  for (int tiles : {4, 2, 1}) {
+    const int64_t cost = (ctas(tiles) + sms - 1) / sms * tiles;
+    if (best_cost < 0 || cost < best_cost) best = tiles, best_cost = cost;
+  }
+  return best;
+}
+
+// The bound on splits per row: 8 (the portable cluster size), or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
+// changes the bits: set it for a whole process or not at all.
+int max_splits() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
+  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
+}
+
+template <KvDtype D>
+cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
+  const SplitPlan plan = split_plan(p.topk, max_splits());
+  switch (tiles_per_cta(p, plan)) {
+    case 1:
+      return launch<D, 1>(p, plan, stream);
+    case 2:
+      return launch<D, 2>(p, plan, stream);
+    default:
+      return launch<D, 4>(p, plan, stream);
+  }
 }
 
 }  // namespace
@@ -478,8 +506,8 @@ cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
-  return p.pool.dtype == KvDtype::kBf16 ? launch<KvDtype::kBf16>(p, stream)
-                                        : launch<KvDtype::kFp8>(p, stream);
+  return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
+                                        : launch_dtype<KvDtype::kFp8>(p, stream);
 }
 
 }  // namespace dsa::cuda

@@ -4,7 +4,8 @@
 // the slots touched are identical to src/backend/cpu/store.cpp.
 //
 // Work split (all accesses coalesced, 16 or 8 bytes per lane):
-//   index-K: 16 lanes per token, 8 values per lane; fp8 amax over the 16 lanes.
+//   index-K: 16 lanes per token, 8 values per lane; fp8 amax over the 16 lanes. The keys come as
+//            float32 or as bf16 (copied bit for bit into a bf16 pool, widened exactly for fp8).
 //   latent:  a warp per token, 16 values of c per lane; fp8 tile t (128 values) is lanes
 //            8t..8t+7; lanes 0..7 also write the 64 rope values (8 each).
 // The row count is batch.rows (a host int, fixed at capture); n_real is read on the device.
@@ -72,7 +73,21 @@ unsigned block_threads(int64_t rows, int lanes) {
   return unsigned(threads < kMaxBlock ? threads : kMaxBlock);
 }
 
-template <KvDtype kDtype>
+// Eight bf16 keys as their bit patterns, two to a word, the lower index in the low half.
+__device__ __forceinline__ void load_bf16x8(const Bf16* p, bool aligned, uint32_t (&w)[4]) {
+  if (aligned) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = uint32_t(p[2 * i].bits) | (uint32_t(p[2 * i + 1].bits) << 16);
+  }
+}
+
+// kBf16In: the keys come as bf16 (p.k_bf16): copied bit for bit into a bf16 pool, widened exactly
+// to f32 for the fp8 encoding (encode_index_k_token's two overloads).
+template <KvDtype kDtype, bool kBf16In>
 __global__ void __launch_bounds__(kMaxBlock)
     store_index_k_kernel(StoreIndexKParams p, StoreGuard guard, bool aligned) {
   const bool incident_scatter = guard == StoreGuard::kIncidentScatter;
@@ -88,19 +103,35 @@ __global__ void __launch_bounds__(kMaxBlock)
     if (sub == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
     return;
   }
-  float x[kIndexPerLane];
-  load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
   uint8_t* dst = index_k_values(p.pool, slot);
-  if constexpr (kDtype == KvDtype::kBf16) {
-    store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-            pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+  if constexpr (kBf16In && kDtype == KvDtype::kBf16) {  // the bits as given
+    uint32_t w[4];
+    load_bf16x8(p.k_bf16 + row * p.ld_k + sub * kIndexPerLane, aligned, w);
+    store16(dst + sub * kIndexPerLane * 2, w[0], w[1], w[2], w[3]);
   } else {
-    const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
-    const float amax = group_max<kIndexLanes>(local_amax(x), mask);
-    const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
-    fp8_quotients(x, scale, p.pool.rounding);
-    store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
-    if (sub == 0) *index_k_scale(p.pool, slot) = scale;
+    float x[kIndexPerLane];
+    if constexpr (kBf16In) {
+      uint32_t w[4];
+      load_bf16x8(p.k_bf16 + row * p.ld_k + sub * kIndexPerLane, aligned, w);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // the exact f32 widening
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    } else {
+      load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
+    }
+    if constexpr (kDtype == KvDtype::kBf16) {
+      store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+              pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+    } else {
+      const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
+      const float amax = group_max<kIndexLanes>(local_amax(x), mask);
+      const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
+      fp8_quotients(x, scale, p.pool.rounding);
+      store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
+      if (sub == 0) *index_k_scale(p.pool, slot) = scale;
+    }
   }
 }
 
@@ -154,20 +185,32 @@ bool batch_ok(const SlotBatch& b) {
   return b.rows >= 0 && (b.rows == 0 || (b.slots && b.n_real && b.error_count));
 }
 
+template <bool kBf16In>
+void launch_store_index_k(const StoreIndexKParams& p, bool aligned, cudaStream_t stream) {
+  const unsigned threads = block_threads(p.batch.rows, kIndexLanes);
+  const unsigned blocks = ceil_div(int64_t(p.batch.rows) * kIndexLanes, threads);
+  if (p.pool.dtype == KvDtype::kBf16) {
+    store_index_k_kernel<KvDtype::kBf16, kBf16In>
+        <<<blocks, threads, 0, stream>>>(p, p.guard, aligned);
+  } else {  // the fault applies to bf16 only: fp8 is always guarded
+    store_index_k_kernel<KvDtype::kFp8, kBf16In>
+        <<<blocks, threads, 0, stream>>>(p, StoreGuard::kEnforced, aligned);
+  }
+}
+
 }  // namespace
 
 cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream) {
   if (!batch_ok(p.batch) || p.ld_k < kIndexHeadDim) return cudaErrorInvalidValue;
   if (p.batch.rows == 0) return cudaSuccess;
-  if (!p.k || !p.pool.data || !aligned16(p.pool.data)) return cudaErrorInvalidValue;
-  const bool aligned = aligned16(p.k) && p.ld_k % 4 == 0;
-  const unsigned threads = block_threads(p.batch.rows, kIndexLanes);
-  const unsigned blocks = ceil_div(int64_t(p.batch.rows) * kIndexLanes, threads);
-  if (p.pool.dtype == KvDtype::kBf16) {
-    store_index_k_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, p.guard, aligned);
-  } else {  // the fault applies to bf16 only: fp8 is always guarded
-    store_index_k_kernel<KvDtype::kFp8>
-        <<<blocks, threads, 0, stream>>>(p, StoreGuard::kEnforced, aligned);
+  const bool bf16_in = p.k_bf16 != nullptr;
+  if (bf16_in == (p.k != nullptr) || !p.pool.data || !aligned16(p.pool.data)) {
+    return cudaErrorInvalidValue;  // exactly one of k and k_bf16
+  }
+  if (bf16_in) {
+    launch_store_index_k<true>(p, aligned16(p.k_bf16) && p.ld_k % 8 == 0, stream);
+  } else {
+    launch_store_index_k<false>(p, aligned16(p.k) && p.ld_k % 4 == 0, stream);
   }
   return cudaGetLastError();
 }

@@ -1,0 +1,260 @@
+// The data movement of the sparse MLA kernel (sparse_mla.cu, whose header comment has the
+// design): the shared-memory layout of each variant (m-tiles per CTA, ring depth), the selected
+// slots, the latent chunks' copies into the ring (bf16 rows; fp8 raw bytes and their dequant to
+// bf16), and q's distribution over the cluster through distributed shared memory.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/mma.cuh"
+#include "dsa/ops.h"
+#include "dsa/token_codec.h"
+
+namespace dsa::cuda::sparse_mla_detail {
+
+namespace cg = cooperative_groups;
+
+constexpr int kChunk = 32;         // selected tokens per step
+constexpr int kMaxSplits = 16;     // CTAs per cluster at most (16: a non-portable cluster size)
+constexpr int kDefaultSplits = 8;  // the portable cluster size: the default bound
+constexpr int kPitch = kLatentDim + 8;        // smem row pitch in bf16: 1168 B, no bank conflicts
+constexpr int kPieces = kLatentDim / 8;       // 16-byte pieces of a bf16 token row: 72
+constexpr int kHalfDims = kLatentDim / 2;     // 288: the QK^T dims of one warp of a pair
+constexpr int kHalfOut = kKvLoraRank / 2;     // 256: the output dims of one warp of a pair
+constexpr int kPartPitch = kKvLoraRank + 8;   // f32 row pitch of the partial o: 2080 B
+constexpr int kUnitValues = kLatentTile / 2;  // fp8: e4m3 values per dequant unit: 64
+constexpr int kUnits = kKvLoraRank / kUnitValues;            // fp8: units per token: 8
+constexpr int kRopePieces = (kLatentDim - kKvLoraRank) / 8;  // 16-byte rope pieces per token: 8
+constexpr size_t kSmemLimit = 227 * 1024;                    // sm_90 dynamic shared memory per CTA
+static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
+static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
+
+// The shared memory of one variant: kTiles m-tiles of 16 heads (2 kTiles warps), chunks landing
+// in a ring of `stages` (bf16: the bf16 rows themselves; fp8: the raw bytes, dequantized into a
+// ring of 2 bf16 buffers). Offsets in bytes.
+constexpr int kRawRopeBytes = (kLatentDim - kKvLoraRank) * 2;  // fp8 raw stage: rope, 128 B/token
+constexpr size_t kRawStageBytes =                              // e4m3, rope, unit scales
+    size_t(kChunk) * (kKvLoraRank + kRawRopeBytes + kUnits * 4);
+struct Smem {
+  int kv_stages;
+  size_t q, kv, raw, exchange, slots, m, l, coef, bytes;
+};
+constexpr Smem smem_layout(KvDtype dtype, int tiles, int stages) {
+  const int heads = 16 * tiles, warps = 2 * tiles;
+  const bool fp8 = dtype == KvDtype::kFp8;
+  Smem s{};
+  s.kv_stages = fp8 ? 2 : stages;
+  s.q = 0;                                                           // [heads][kPitch] bf16
+  s.kv = s.q + size_t(heads) * kPitch * 2;                           // [kv_stages][32][kPitch] bf16
+  s.raw = s.kv + size_t(s.kv_stages) * kChunk * kPitch * 2;          // fp8: [stages] raw stages
+  s.exchange = s.raw + (fp8 ? size_t(stages) * kRawStageBytes : 0);  // [warps][16][32] f32
+  // fp8: the exchange lives in the raw stage of the chunk being computed, dead once dequantized.
+  s.slots = s.exchange + (fp8 ? 0 : size_t(warps) * 16 * 32 * 4);  // [stages + 1][32] int64
+  s.m = s.slots + size_t(stages + 1) * kChunk * 8;                 // [heads] f32
+  s.l = s.m + size_t(heads) * 4;                                   // [heads] f32
+  s.coef = s.l + size_t(heads) * 4;                                // [heads][kMaxSplits] f32
+  s.bytes = s.coef + size_t(heads) * kMaxSplits * 4;
+  return s;
+}
+// The deepest ring (at most 4 chunks) that fits.
+constexpr int stages_for(KvDtype dtype, int tiles) {
+  int stages = 4;
+  while (stages > 2 && smem_layout(dtype, tiles, stages).bytes > kSmemLimit) --stages;
+  return stages;
+}
+
+template <KvDtype D, int kTiles>
+struct Variant {
+  static constexpr int kWarps = 2 * kTiles;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kHeads = 16 * kTiles;
+  static constexpr int kStages = stages_for(D, kTiles);
+  static constexpr Smem kSmem = smem_layout(D, kTiles, kStages);
+  // After the token loop the partial o [kHeads][kPartPitch] f32 overlays q and the latent ring.
+  static constexpr size_t kPartBytes = size_t(kHeads) * kPartPitch * 4;
+  static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
+  static_assert(kPartBytes <= kSmem.slots);
+  static_assert(size_t(kWarps) * 16 * 32 * 4 <= kRawStageBytes);  // fp8 exchange
+  static_assert(kChunk * kPieces % kThreads == 0 && kChunk * kUnits % kThreads == 0);
+  static_assert(kThreads >= kChunk && kHeads <= kThreads);
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The raw index of selected token j of chunk `chunk` (-1 past topk). Only loaded: checked later
+// by checked_slot(), so the load's latency overlaps a chunk of compute.
+__device__ __forceinline__ int64_t raw_slot(const SparseMlaParams& p, const int64_t* indices,
+                                            int chunk, int j) {
+  const int pos = chunk * kChunk + j;
+  return pos < p.topk ? __ldg(indices + pos) : int64_t(-1);
+}
+// The slot, or -1 when unused (negative, or past the pool).
+__device__ __forceinline__ int64_t checked_slot(const SparseMlaParams& p, int64_t slot) {
+  return (slot < 0 || slot >= p.pool.capacity()) ? int64_t(-1) : slot;
+}
+
+// One chunk's place in the rings: its bf16 rows and, for fp8, its raw stage: the e4m3 values, the
+// rope (bf16 as stored) and the scale of each 64-value unit.
+struct Stage {
+  __nv_bfloat16* kv;  // [32][kPitch]
+  uint8_t* raw;       // fp8: [32][512] e4m3
+  uint8_t* rope;      // fp8: [32][128 B]
+  float* scale;       // fp8: [32][kUnits]
+};
+
+// Starts the copies of one chunk from its staged slots [32] (the caller commits the group).
+// bf16: cp.async for every 16-byte piece into kv, zeros for unused tokens. fp8: into the raw stage,
+// the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4 bytes) beside them, and
+// the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros for unused tokens).
+template <KvDtype D, int kThreads>
+__device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int64_t* slots,
+                                            const Stage& st) {
+  if constexpr (D == KvDtype::kBf16) {
+#pragma unroll
+    for (int i = 0; i < kChunk * kPieces / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int token = idx / kPieces, piece = idx % kPieces;
+      const int64_t slot = slots[token];
+      __nv_bfloat16* dst = st.kv + token * kPitch + piece * 8;
+      if (slot >= 0) {
+        cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + piece * 16);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk * kUnits / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int token = idx / kUnits, unit = idx % kUnits;
+      const int64_t slot = slots[token];
+      if (slot < 0) continue;
+      const uint8_t* src = p.pool.data + slot * kLatentFp8TokenBytes;
+      uint8_t* dst = st.raw + token * kKvLoraRank + unit * kUnitValues;
+#pragma unroll
+      for (int j = 0; j < kUnitValues / 16; ++j) {
+        cp_async16(dst + j * 16, src + unit * kUnitValues + j * 16);
+      }
+      cp_async4(st.scale + token * kUnits + unit,
+                src + kLatentFp8ScaleOffset + unit * kUnitValues / kLatentTile * 4);
+    }
+    static_assert(kChunk * kRopePieces % kThreads == 0);
+#pragma unroll
+    for (int i = 0; i < kChunk * kRopePieces / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int token = idx / kRopePieces, piece = idx % kRopePieces;
+      const int64_t slot = slots[token];
+      if (slot < 0) continue;
+      cp_async16(st.rope + token * kRawRopeBytes + piece * 16,
+                 p.pool.data + slot * kLatentFp8TokenBytes + kLatentFp8RopeOffset + piece * 16);
+    }
+  }
+}
+
+// fp8 only: the chunk's bf16 rows from its raw stage: c = e4m3 * tile scale rounded to bf16, the
+// rope as it is, zeros for unused tokens. Each thread converts the units and rope pieces it
+// copied itself in fetch_chunk(), so its own cp.async wait is all it needs; the step's barrier
+// then publishes the rows.
+__device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16(f.x * s, f.y * s);
+}
+template <int kThreads>
+__device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Stage& st) {
+#pragma unroll
+  for (int i = 0; i < kChunk * kUnits / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int token = idx / kUnits, unit = idx % kUnits;
+    __nv_bfloat16* dst = st.kv + token * kPitch + unit * kUnitValues;
+    const bool used = slots[token] >= 0;
+    const float s = used ? st.scale[token * kUnits + unit] : 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < kUnitValues / 16; ++j0) {
+      // Rotated by unit pair: the 8 units of a token read 8 distinct bank groups at once.
+      const int j = (j0 + unit / 2) % (kUnitValues / 16);
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
+      if (used) {
+        const uint4 v = *reinterpret_cast<const uint4*>(st.raw + token * kKvLoraRank +
+                                                        unit * kUnitValues + j * 16);
+        lo.x = dequant_pair(uint16_t(v.x), s), lo.y = dequant_pair(uint16_t(v.x >> 16), s);
+        lo.z = dequant_pair(uint16_t(v.y), s), lo.w = dequant_pair(uint16_t(v.y >> 16), s);
+        hi.x = dequant_pair(uint16_t(v.z), s), hi.y = dequant_pair(uint16_t(v.z >> 16), s);
+        hi.z = dequant_pair(uint16_t(v.w), s), hi.w = dequant_pair(uint16_t(v.w >> 16), s);
+      }
+      *reinterpret_cast<uint4*>(dst + j * 16) = lo;
+      *reinterpret_cast<uint4*>(dst + j * 16 + 8) = hi;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk * kRopePieces / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int token = idx / kRopePieces, piece = idx % kRopePieces;
+    const uint4 v =
+        slots[token] >= 0
+            ? *reinterpret_cast<const uint4*>(st.rope + token * kRawRopeBytes + piece * 16)
+            : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(st.kv + token * kPitch + kKvLoraRank + piece * 8) = v;
+  }
+}
+
+// Halves of the cluster barrier (every thread of every CTA of the cluster, in the same order).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// q of the cluster's kHeads heads, rounded to bf16, into the q_s of every CTA of the cluster
+// (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte loads
+// when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them in
+// all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA.
+// The caller has arrived at the cluster barrier once; this waits for that phase (every CTA has
+// started, so its shared memory may be written) before the first remote store.
+template <int kHeads, int kThreads>
+__device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
+                              int split, int row, int head0, __nv_bfloat16* q_s) {
+  constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
+  constexpr int kBatch = 6;                   // loads in flight per thread
+  const int share = kHeads * kRowPieces / splits, begin = split * share;
+  const float* q = p.q + int64_t(row) * p.ld_q;
+  const bool aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
+  for (int b0 = 0; b0 < share; b0 += kBatch * kThreads) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int at = b0 + i * kThreads + int(threadIdx.x);
+      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
+      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (at >= share || head0 + h >= p.heads) continue;
+      const float* src = q + int64_t(head0 + h) * kLatentDim + d;
+      v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
+                     : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+    }
+    if (b0 == 0) cluster_wait_acquire();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int at = b0 + i * kThreads + int(threadIdx.x);
+      if (at >= share) continue;
+      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
+      const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
+      for (int r = 0; r < splits; ++r) {
+        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_s + h * kPitch + d, r)) = bf;
+      }
+    }
+  }
+}
+
+}  // namespace dsa::cuda::sparse_mla_detail
