@@ -414,18 +414,6 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
 // The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one).
 const char* const kIndexerVariants[] = {"resident", "legacy"};
 
-// Sets an environment variable for the scope's lifetime (unset after, as the tests start).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
 // Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
 // one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
 // 16-head m-tiles (1 to 4).
@@ -489,8 +477,7 @@ TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
         Workspace ws(cpu(), cuda());
         testing::Rng rng(700 + cases++);
         c.init(ws, rng);
-        std::unique_ptr<ScopedEnv> size;
-        if (*tokens) size = std::make_unique<ScopedEnv>("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+        ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
         std::vector<std::vector<uint8_t>> legacy;
         {
           ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "legacy");
