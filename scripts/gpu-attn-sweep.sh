@@ -5,8 +5,8 @@
 #   the top-k and indexer parity tests (every gathering variant, the legacy kernel, guards);
 #   compute-sanitizer memcheck over the top-k parity cases of moderate size;
 #   dsa_gpu_bench's top-k and indexer rows, each beside its former kernel (rows *_legacy/...:
-#   DSA_CUDA_TOPK=legacy, 2048-token indexer blocks), and the torch baselines of the same rows,
-#   joined by report.py.
+#   DSA_CUDA_TOPK=legacy, DSA_CUDA_INDEXER_VARIANT=legacy), and the torch baselines of the same
+#   rows, joined by report.py.
 # Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md,
 # sweep.log, parity.json, bench.json, torch_attention.json, report.md.
 set -uo pipefail

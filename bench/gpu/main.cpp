@@ -201,8 +201,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   bool legacy_rows = false;
   app.add_flag("--legacy", legacy_rows,
-               "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer blocks "
-               "(2048 tokens): rows topk_legacy/... and indexer_logits_legacy/...");
+               "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer kernel "
+               "(DSA_CUDA_INDEXER_VARIANT=legacy): rows topk_legacy/... and "
+               "indexer_logits_legacy/...");
   std::vector<int> sparse_mla_rows;
   app.add_option("--sparse-mla-rows", sparse_mla_rows,
                  "run only these batch sizes of the sparse MLA rows (1, 64, 256)")

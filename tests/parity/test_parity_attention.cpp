@@ -411,29 +411,107 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
-// CUDA's tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces one):
-// every size gives the same logits, in rows shorter and longer than a block.
-TEST_F(ParityAttention, IndexerLogitsEveryBlockSizeMatchesCpu) {
+// The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one).
+const char* const kIndexerVariants[] = {"resident", "legacy"};
+
+// Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
+// one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
+// 16-head m-tiles (1 to 4).
+TEST_F(ParityAttention, IndexerLogitsEveryVariantAndBlockSizeMatchesCpu) {
   int cases = 0;
-  for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
-    setenv("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens, 1);
-    for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
-      IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << tokens << " tokens per block";
-      IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
-      EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
-          << tokens << " tokens per block";
+  for (const char* variant : kIndexerVariants) {
+    ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
+    for (const char* tokens : {"512", "1024", "2048", "4096", "8192"}) {
+      ScopedEnv t("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+      for (const auto& d : {kIndexDtypes[0], kIndexDtypes[1]}) {
+        IndexerCase c({d.dtype, d.rounding, 7, 16, 2500, true});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << variant << ", " << tokens;
+        IndexerCase long_rows({d.dtype, d.rounding, 3, 4, 20000, false});
+        EXPECT_TRUE(check_parity(long_rows, cpu(), cuda(), 550 + cases++))
+            << variant << ", " << tokens << " tokens per block";
+        IndexerCase wide({d.dtype, d.rounding, 2, 64, 9000, false});
+        EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 550 + cases++))
+            << variant << ", " << tokens << " tokens per block";
+      }
+    }
+    for (int heads : {32, 48, 20}) {  // m-tiles 2 and 3, and a partial one
+      IndexerCase c({KvDtype::kFp8, ScaleRounding::kExact, 5, heads, 700, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 550 + cases++)) << variant << ", " << heads;
+    }
+    IndexerCase bad({KvDtype::kFp8, ScaleRounding::kUe8m0, 9, 64, 2500, false, true});
+    EXPECT_TRUE(check_parity(bad, cpu(), cuda(), 550 + cases++)) << variant;
+  }
+}
+
+// The resident variant in clusters of 1, 2 and 4 blocks (DSA_CUDA_INDEXER_CLUSTER forces one; the
+// blocks of a cluster share the query's preparation, and the grid is padded to whole clusters,
+// so some blocks lie past every row and only help): the CPU's logits, at short and long blocks.
+TEST_F(ParityAttention, IndexerLogitsEveryClusterSizeMatchesCpu) {
+  int cases = 0;
+  ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", "resident");
+  for (const char* ranks : {"1", "2", "4"}) {
+    ScopedEnv c("DSA_CUDA_INDEXER_CLUSTER", ranks);
+    for (const char* tokens : {"512", "2048"}) {
+      ScopedEnv t("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+      for (const auto& d : kIndexDtypes) {
+        IndexerCase wide({d.dtype, d.rounding, 7, 64, 2500, true});
+        EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+        IndexerCase narrow({d.dtype, d.rounding, 3, 16, 20000, false});
+        EXPECT_TRUE(check_parity(narrow, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+        IndexerCase bad({d.dtype, d.rounding, 9, 40, 2500, false, /*bad_pages=*/true});
+        EXPECT_TRUE(check_parity(bad, cpu(), cuda(), 650 + cases++)) << ranks << ", " << tokens;
+      }
     }
   }
-  unsetenv("DSA_CUDA_INDEXER_BLOCK_TOKENS");
+}
+
+// The variants share their arithmetic: the same logits bit for bit (and the same error count),
+// at the default and at forced block sizes, in every cluster size, bad page ids and padded rows
+// included.
+TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
+  int cases = 0;
+  for (const auto& d : kIndexDtypes) {
+    for (int heads : {64, 4}) {
+      for (const char* tokens : {"", "512", "8192"}) {
+        IndexerCase c({d.dtype, d.rounding, 9, heads, 12000, true, /*bad_pages=*/true});
+        Workspace ws(cpu(), cuda());
+        testing::Rng rng(700 + cases++);
+        c.init(ws, rng);
+        ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+        std::vector<std::vector<uint8_t>> legacy;
+        {
+          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "legacy");
+          auto rb = run_side(c, ws, Side::kCuda);
+          EXPECT_EQ(rb.guard_report, "") << "legacy";
+          legacy = std::move(rb.outputs);
+        }
+        for (const char* ranks : {"1", "2", "4"}) {
+          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "resident");
+          ScopedEnv cluster("DSA_CUDA_INDEXER_CLUSTER", ranks);
+          auto rb = run_side(c, ws, Side::kCuda);
+          EXPECT_EQ(rb.guard_report, "") << "resident, cluster " << ranks;
+          ASSERT_EQ(rb.outputs.size(), legacy.size());
+          for (size_t i = 0; i < legacy.size(); ++i) {
+            EXPECT_TRUE(rb.outputs[i] == legacy[i])
+                << c.vars() << ", tokens '" << tokens << "', cluster " << ranks << ": output " << i
+                << " differs from the legacy variant's";
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(ParityAttention, IndexerLogitsBatchInvariant) {
-  for (const auto& d : kIndexDtypes) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<IndexerCase>(IndexerSpec{d.dtype, d.rounding, rows, 64, 3000, false});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()));
+  for (const char* variant : kIndexerVariants) {
+    ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
+    for (const auto& d : kIndexDtypes) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<IndexerCase>(
+            IndexerSpec{d.dtype, d.rounding, rows, 64, 3000, false});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda())) << variant;
+    }
   }
 }
 

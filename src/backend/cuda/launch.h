@@ -25,6 +25,16 @@ inline int device_sm_count() {
   return sms;
 }
 
+// The launch attribute that groups a grid's blocks in clusters of x along its x dimension.
+inline cudaLaunchAttribute cluster_dimension(unsigned x) {
+  cudaLaunchAttribute a;
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream);      // norm.cu
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream);  // norm.cu
 cudaError_t rope(const RopeParams& p, cudaStream_t stream);            // rope.cu
