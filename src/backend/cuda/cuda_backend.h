@@ -21,7 +21,7 @@ namespace cuda {
 // variable DSA_CUDA_GEMM ("mma" or "wgmma") when set, else kDefaultGemmKernel. The two kernels
 // give different bits (each one batch-invariant), so a run keeps one.
 enum class GemmKernel { kDefault = -1, kMma = 0, kWgmma = 1 };
-inline constexpr GemmKernel kDefaultGemmKernel = GemmKernel::kWgmma;
+inline constexpr GemmKernel kDefaultGemmKernel = GemmKernel::kMma;
 const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
 
 // The batch-invariant GEMM's knobs (gemm_tensor.cu, gemm_wgmma.cu), for the sweep of
