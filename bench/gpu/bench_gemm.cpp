@@ -212,7 +212,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  {"sets", sets},
                  {"bf16_copy", pr.bf16_copy},
                  {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})}};
-      r.extra.update(extra);
+      if (extra.is_object()) r.extra.update(extra);  // {} arrives as null
       ctx.add(std::move(r));
     };
     for (size_t i = 0; i < kernels.size(); ++i) {
@@ -228,7 +228,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                       cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kernels[i])
                 : "mma fallback (kKN)"}});
     }
-    add("cublaslt", cublas_us, {});
+    add("cublaslt", cublas_us, nlohmann::json::object());
   }
 }
 

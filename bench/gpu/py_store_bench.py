@@ -35,6 +35,7 @@ DEV = torch.device("cuda")
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1 << 20]
 POOL_TOKENS = 1 << 20
 PER_GRAPH = 20
+ROUNDS = 7  # interleaved timing rounds per decode size; the median is reported
 # ms per decode step, V3.2 dims, one layer, context 4096, graph, --gemm fast, on the H200
 # (bench/results/2026-12-03-h200-decode.md): the denominators of the audit's share.
 DECODE_STEP_MS = {"B=1": 0.911, "B=64": 1.026, "B=256": 2.663}
@@ -52,7 +53,8 @@ def cuda_time_us(fn, iters):
     return start.elapsed_time(end) * 1000.0 / iters
 
 
-def graph_time_us(fn, iters):
+def store_graph(fn):
+    """PER_GRAPH calls of fn captured in one torch CUDA graph (after a warm-up on a side stream)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -62,7 +64,12 @@ def graph_time_us(fn, iters):
     with torch.cuda.graph(graph):
         for _ in range(PER_GRAPH):
             fn()
-    return cuda_time_us(graph.replay, iters) / PER_GRAPH
+    return graph
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
 
 
 # (key, label) of the timed stores; ratios are torch / variant (> 1: dsa is faster).
@@ -105,11 +112,24 @@ def store_rows(pool_bf16, pool_fp8):
 
         fns = {"torch_index_put": torch_line, "dsa_f32k": dsa_f32k, "dsa_bf16k": dsa_bf16k,
                "writer_bf16k": writer_bf16k, "writer_fp8_bf16k": writer_fp8_bf16k}
-        iters = 200 if n <= 256 else 20
+        # Eager calls of 1-256 tokens take a few µs of host time each, and the machine's noise is
+        # of the same order: every variant is timed in ROUNDS rounds, interleaved (the order
+        # rotates each round), and the median round is kept.
+        iters, replays, rounds = (500, 50, ROUNDS) if n <= 256 else (20, 5, 3)
+        graphs = {name: store_graph(fns[name]) for name, _ in VARIANTS}
+        eager = {name: [] for name, _ in VARIANTS}
+        graph = {name: [] for name, _ in VARIANTS}
+        names = [name for name, _ in VARIANTS]
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                eager[name].append(cuda_time_us(fns[name], iters))
+                graph[name].append(cuda_time_us(graphs[name].replay, replays) / PER_GRAPH)
+        del graphs
         row = {"tokens": n}
         for name, _ in VARIANTS:
-            row[f"{name}_eager_us"] = cuda_time_us(fns[name], iters)
-            row[f"{name}_graph_us"] = graph_time_us(fns[name], max(iters // 10, 5))
+            row[f"{name}_eager_us"] = median(eager[name])
+            row[f"{name}_graph_us"] = median(graph[name])
+            row[f"{name}_eager_rounds_us"] = eager[name]
         # the same bytes: each bf16 variant rewrites the slots with k16, and the torch line's
         # rows must read back identically
         flat[slots] = 0
@@ -328,6 +348,8 @@ def markdown(stores, audit, device, steps=(), model=None, model_note=""):
                   if r[f"{key}_eager_vs_torch"] <= 1.0 or r[f"{key}_graph_vs_torch"] <= 1.0]
         lines.append(f"- {label} faster than the torch line at every size, eager and graph: "
                      + ("yes" if not slower else f"NO (tokens {slower})"))
+    if audit is None:  # --stores-only
+        return "\n".join(lines) + "\n"
     phases = " + ".join(f"{k} {v:.1f}" for k, v in audit["verify_sample_phases_us"].items()
                         if k != "total")
     sample_bytes = 256 * (1152 + 256)
@@ -397,6 +419,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--stores-only", action="store_true", help="time the stores, skip the auditor")
     args = ap.parse_args()
     pages = POOL_TOKENS // 64 + 1 + 64
     pool_bf16 = torch.zeros(pages, 64, 128, dtype=torch.bfloat16, device=DEV)
@@ -404,6 +427,17 @@ def main():
     stores = store_rows(pool_bf16, pool_fp8)
     del pool_bf16, pool_fp8
     torch.cuda.empty_cache()
+    if args.stores_only:
+        md = markdown(stores, None, torch.cuda.get_device_name())
+        print(md, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "stores": stores}, f, indent=2)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(md)
+        return
     audit, layer, auditor = audit_rows()
     steps = step_graph_rows(layer, auditor)
     del layer, auditor

@@ -746,7 +746,11 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "resident") == 0) return Variant::kResident;
   }
-  return dtype == KvDtype::kFp8 ? Variant::kResident : Variant::kResident;
+  // The former kernel stays the default: on the H200 the resident variant took 128.4 us at fp8
+  // B = 64, L = 32K (legacy 124.2) and 26.0 us at B = 1, L = 128K (legacy 18.2), bf16 150.1 and
+  // 25.9 us (legacy 145.6 and 17.0): bench/results/2026-12-03-h200-attn-mla.md.
+  (void)dtype;
+  return Variant::kLegacy;
 }
 
 // Tokens per block: the override, or the largest size that keeps two blocks per SM (both

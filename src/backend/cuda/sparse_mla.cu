@@ -52,7 +52,7 @@
 //   B = 64: 1024 CTAs of 64 heads = 7.8 waves of 8 chunks: at the shared-memory bound ~11 us per
 //   CTA, ~100 us in all (~370 TFLOP/s); 327 us measured before (112 TFLOP/s). L2 -> SM traffic
 //   per CTA: 288 KB of latent + 18 KB of q (147 KB when every CTA read all of its group's q).
-// Variant choice (tiles_per_cta()): 64 heads whenever they fill a wave; else the fewest
+// Variant choice (tiles_per_cta()): 64 heads whenever they fill a wave; else 64 or 32, the fewest
 // waves x m-tiles per CTA, ties to more heads per CTA (fewer latent reads).
 // DSA_CUDA_SPARSE_MLA_HEADS=16|32|64 forces one.
 //
@@ -458,9 +458,11 @@ cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t
 }
 
 // m-tiles (16 heads each) per CTA: 4, 2 or 1. DSA_CUDA_SPARSE_MLA_HEADS=64|32|16 forces one (read
-// at every call); otherwise 4 when those CTAs fill a wave of the GPU, else the fewest
-// waves x m-tiles per CTA (a CTA's chunk time grows with its m-tiles: they share its shared
-// memory bandwidth), ties to more m-tiles (fewer latent reads). Any choice gives the same bits.
+// at every call); otherwise 4 when those CTAs fill a wave of the GPU, else 4 or 2, whichever
+// gives the fewest waves x m-tiles per CTA (a CTA's chunk time grows with its m-tiles: they share
+// its shared memory bandwidth), ties to 4 (fewer latent reads). One m-tile is never picked: on
+// the H200 (bench/results/2026-12-03-h200-attn-mla.md) B = 1 took 37.1 us with 16 heads per CTA,
+// 31.1 with 32 and 37.1 with 64 (bf16; fp8 40.7 / 35.8 / 42.4). Any choice gives the same bits.
 int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
   if (const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS")) {
     const int heads = std::atoi(v);
@@ -473,7 +475,7 @@ int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
   if (ctas(4) >= sms) return 4;
   int best = 4;
   int64_t best_cost = -1;
-  for (int tiles : {4, 2, 1}) {
+  for (int tiles : {4, 2}) {
     const int64_t cost = (ctas(tiles) + sms - 1) / sms * tiles;
     if (best_cost < 0 || cost < best_cost) best = tiles, best_cost = cost;
   }
