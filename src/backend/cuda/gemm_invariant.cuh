@@ -93,22 +93,6 @@ __device__ __forceinline__ void finish_split_tile(const TcParams& p, int b, int6
   }
 }
 
-// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device: on the current
-// device, unless `opted_in` (one per kernel, a bit per device) says it was done (force: again).
-inline cudaError_t opt_in_smem(const void* kernel, int bytes, bool force,
-                               std::atomic<uint64_t>& opted_in) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (force || !(opted_in.load(std::memory_order_relaxed) & bit)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return cudaSuccess;
-}
-
 // ---- gemm_wgmma.cu (kNK weights only; gemm_invariant dispatches) ----
 
 // A wgmma tile configuration: `rows` of x (the wgmma N side) by `cols` output features (64 per

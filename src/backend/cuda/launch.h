@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
 #include "dsa/ops.h"
@@ -33,6 +34,29 @@ inline cudaLaunchAttribute cluster_dimension(unsigned x) {
   a.val.clusterDim.y = 1;
   a.val.clusterDim.z = 1;
   return a;
+}
+
+// Runs set() (a cudaError_t) on the current device unless `done` (a bit per device, one flag per
+// kernel) says it already ran there; force: run it again. For per-kernel attributes that must be
+// set once per device before a launch (and before a graph capture).
+template <typename Set>
+cudaError_t once_per_device(std::atomic<uint64_t>& done, bool force, Set&& set) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!force && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  err = set();
+  if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return err;
+}
+
+// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
+inline cudaError_t opt_in_smem(const void* kernel, int bytes, bool force,
+                               std::atomic<uint64_t>& opted_in) {
+  return once_per_device(opted_in, force, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
 }
 
 cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream);      // norm.cu

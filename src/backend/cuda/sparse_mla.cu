@@ -389,25 +389,19 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
-// Shared memory above 48 KiB needs an opt-in per kernel, asked once per device.
+// Shared memory above 48 KiB and clusters past the portable 8 need an opt-in per kernel, asked
+// once per device.
 template <KvDtype D, int kTiles>
 cudaError_t opt_in() {
   static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(Variant<D, kTiles>::kSmem.bytes));
+  return once_per_device(opted_in, false, [] {
+    const cudaError_t err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 int(Variant<D, kTiles>::kSmem.bytes));
     if (err != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return cudaSuccess;
+    return cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
+                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
 }
 
 // Whether the GPU can place one cluster of config's size (asked once per device), else
