@@ -4,7 +4,9 @@
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
-// indexer_logits_legacy/... (DSA_CUDA_INDEXER_VARIANT=legacy), timed in the same process. Indexer
+// indexer_logits_legacy/... (DSA_CUDA_INDEXER_VARIANT=legacy), timed in the same process; with
+// --indexer-variants V,..., indexer_logits_V/... per forced variant, and --indexer-rows the batch
+// sizes of the indexer rows (1 at L = 131072, others at L = 32768; default 64 and 1). Indexer
 // rows are timed as eager launches (us) and as launches captured into one CUDA graph (graph_us:
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
@@ -86,9 +88,10 @@ void with_env(const char* name, const char* value, const std::function<void()>& 
   if (name != nullptr) unsetenv(name);
 }
 
-// legacy: the former kernel (DSA_CUDA_INDEXER_VARIANT=legacy), as row indexer_logits_legacy/...
+// variant: a forced kernel variant (DSA_CUDA_INDEXER_VARIANT), as row
+// indexer_logits_<variant>/...; null: the default, as row indexer_logits/...
 void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
-                   bool legacy) {
+                   const char* variant) {
   constexpr int kHeads = 64;
   Backend& be = ctx.backend;
   const int64_t page_bytes = index_k_page_bytes(dtype);
@@ -121,7 +124,7 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   p.ld_logits = kLen;
   int64_t call = 0;
   double us = 0, graph_us = 0;
-  with_env(legacy ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, "legacy", [&] {
+  with_env(variant ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, variant, [&] {
     auto one = [&] {
       p.page_table = table.data() + (call++ % sets) * set_pages;
       be.indexer_logits(p);
@@ -131,8 +134,9 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   });
 
   BenchResult r;
-  r.name = std::string(legacy ? "indexer_logits_legacy/" : "indexer_logits/") +
-           kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) + "/L=" + std::to_string(kLen);
+  r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
+           std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
+           "/L=" + std::to_string(kLen);
   r.us = us;
   r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
   r.floor_us = ctx.hbm_floor_us(r.bytes);
@@ -294,11 +298,18 @@ void run_attention_benches(BenchContext& ctx) {
                ctx.attention_only.end();
   };
   if (wanted("indexer_logits")) {
+    std::vector<std::string> variants = ctx.indexer_variants;
+    if (ctx.legacy_rows &&
+        std::find(variants.begin(), variants.end(), "legacy") == variants.end()) {
+      variants.push_back("legacy");
+    }
+    const std::vector<int> batches =
+        ctx.indexer_rows.empty() ? std::vector<int>{64, 1} : ctx.indexer_rows;
     for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
-      for (int rows : {64, 1}) {
+      for (int rows : batches) {
         const int len = rows == 1 ? 131072 : 32768;
-        bench_indexer(ctx, dtype, rows, len, gen, false);
-        if (ctx.legacy_rows) bench_indexer(ctx, dtype, rows, len, gen, true);
+        bench_indexer(ctx, dtype, rows, len, gen, nullptr);
+        for (const std::string& v : variants) bench_indexer(ctx, dtype, rows, len, gen, v.c_str());
       }
     }
   }

@@ -1,0 +1,362 @@
+// The indexer logits kernel, variant "wgmma" (DSA_CUDA_INDEXER_VARIANT=wgmma): the scores of all
+// 64 heads against a tile of tokens on Hopper warpgroup MMA (wgmma.cuh), S[64 heads x N tokens] =
+// Q . K^T, then per token sum_h w_h * relu(S[h, t]) (times k_scale for fp8). The CPU spec and the
+// other variants: indexer_logits.cu's header.
+//
+// Roles. A = the row's query, 64 heads x 128 dims (heads past p.heads are zero with weight 0),
+// K-major, written once per CTA into two 128-byte-swizzled K blocks of 64 dims (16 KiB): bf16 for
+// a bf16 cache, f16 holding the e4m3 values of the quantized query exactly for fp8. B = a tile of
+// N tokens x 128 dims, K-major: exactly the cache's token-major rows. D[h][t] is S in registers
+// (the m64nNk16 fragment of wgmma.cuh).
+//   - bf16 (N = 64, one page per tile): cp.async writes the page's 16 KiB straight into the
+//     swizzled layout of a ring stage, and wgmma.m64n64k16.bf16 reads it from there.
+//   - fp8 (N = 128, two pages per tile): cp.async lands the e4m3 bytes and the scales in a raw
+//     ring stage (16.5 KiB); the CTA widens them to f16 (the packed cvt, 2 values per
+//     instruction, exact) into one swizzled 32 KiB tile, which wgmma.m64n128k16.f16 reads. No e4m3
+//     wgmma: its accumulation is narrower than f32.
+// One warpgroup per CTA, every thread a producer (cp.async of tile i + kStages - 1 while tile i
+// is widened and multiplied) and a consumer; two CTAs per SM (101 KiB fp8, 83 KiB bf16 of shared
+// memory) so that one CTA's widening and epilogue overlap the other's wgmma. Per tile:
+//   wait for tile i's copies, (bf16: fence.proxy.async,) barrier; queue tile i + kStages - 1 into
+//   the stage tile i - 1 left; (fp8: widen into the f16 tile, fence.proxy.async, barrier;)
+//   wgmma.fence, 8 wgmma (k16 blocks ascending), commit, wait 0; the epilogue.
+// Grid: blocks of block_tokens tokens along each row (indexer_logits.cu's block_tokens_for, from
+// the host sizes only: the batch, ld_logits and the SM count), rows along y. A row of 128K at
+// B = 1 runs as 256 blocks of 512 tokens over all SMs.
+//
+// Guards. Nothing at or past the block's end (<= seq_len) is read: those tokens' copies have a
+// source size of 0 (zero-filled), as have the tokens of a page id outside the pool, whose logits
+// are 0 and which count one error per page (the CPU's rule); page ids are read only for pages
+// that start before seq_len. A seq_len 0 row's blocks return at once and write nothing.
+//
+// Arithmetic, the same for every token whatever B, the block size, the token's place in its tile
+// or the heads count (so a logit depends only on its row's inputs and the cache; the parity
+// tests check it bit for bit per variant):
+//   1. S[h, t] = the chain of 8 wgmma k16 blocks, dims ascending, f32 accumulation from +0 (the
+//      instruction is defined element-wise: column t of D sees only row h of A, column t of B and
+//      D[h, t]; gemm_wgmma.cu's header, 3.). One instruction shape per dtype.
+//   2. The thread holding S[h, t] for heads h = 16 w + g and h + 8 (warp w, lane group g) forms
+//      x = fma(w_lo, relu(S_lo), w_hi * relu(S_hi)) (relu: NaN -> 0, as the CPU).
+//   3. The 8 lane groups g of a warp: the tree ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7))
+//      (shuffles xor 4, 8, 16 in a reduce-scatter; a + b is commutative bit for bit, so which lane
+//      keeps a sum does not matter).
+//   4. The 4 warps through shared memory: (W0 + W1) + (W2 + W3); fp8: times k_scale[t].
+// It is not the legacy variant's order (that adds a lane's 4 m-tiles first, then the lanes), so
+// the bits differ from the mma.sync variants (the tests compare it with the CPU, not bitwise
+// with them).
+//
+// Napkin, H200 (132 SMs, ~1.9 GHz, 32 B/ns/SM of HBM = ~17 B/clk/SM, 128 B/clk/SM of shared
+// memory, dense f16 wgmma ~4096 flop/clk/SM, cvt 16/clk/SM), per fp8 token (132 B, 16384 flop):
+//   HBM 7.7 clk; wgmma 4 clk (one m64n128k16 per 128 tokens and k16 block: 8 per tile); 64 cvt
+//   = 4 clk on the conversion pipe; shared memory 128 (cp.async) + 128 (raw read) + 256 (f16
+//   write) + 256 (wgmma's B) + 128 (wgmma's A, 2 KiB per instruction over 128 tokens) = 896 B =
+//   7 clk; epilogue ~1.5 clk of fp32 and shuffles. The units overlap across the two CTAs: B = 64,
+//   L = 32K (2.1M tokens, 15.9K per SM) is 64 us of HBM and 59 us of shared memory, so 70-90 us
+//   expected (target <= 95); B = 1, L = 128K (1000 tokens per SM, 4 tiles per block, 2 in flight
+//   from the start) ~4 us of bytes after ~2 us of seq_len, page-id and first-key latency: ~6-7
+//   us. bf16 (256 B, N = 64): HBM 15 clk/token against 4 of wgmma and 768 B (6 clk) of shared
+//   memory: bandwidth-bound.
+#include <atomic>
+
+#include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsa::cuda::indexer_detail {
+namespace {
+
+constexpr int kWgThreads = 128;  // one warpgroup
+constexpr int kWgWarps = kWgThreads / 32;
+constexpr int kQueryKBlockBytes = kMaxHeads * kSwizzleRowBytes;  // 64 heads x 64 dims, 8 KiB
+
+// The tile shape and the shared-memory layout, by cache dtype. Offsets from the 1024-aligned base:
+// the query (A, two K blocks), fp8's widened tile (B, two K blocks), the ring, the warps' column
+// sums, the weights, the block's page ids.
+template <KvDtype D>
+struct WgTile {
+  static constexpr bool kFp8 = D == KvDtype::kFp8;
+  static constexpr int kPages = kFp8 ? 2 : 1;    // pages per tile
+  static constexpr int kN = kPages * kPageSize;  // tokens per tile: the wgmma N
+  static constexpr int kStages = kFp8 ? 3 : 4;
+  static constexpr int kKBlockBytes = kN * kSwizzleRowBytes;  // one K block of a B tile
+  static constexpr int kTileBytes = 2 * kKBlockBytes;         // a swizzled B tile
+  static constexpr int kRawKeyBytes = kN * kIndexHeadDim;     // fp8: the raw keys, then scales
+  static constexpr int kStageBytes = kFp8 ? kRawKeyBytes + kN * 4 : kTileBytes;
+  static constexpr int kQueryOff = 0;
+  static constexpr int kWideOff = 2 * kQueryKBlockBytes;
+  static constexpr int kRingOff = kWideOff + (kFp8 ? kTileBytes : 0);
+  static constexpr int kSumsOff = kRingOff + kStages * kStageBytes;
+  static constexpr int kWeightOff = kSumsOff + kWgWarps * kN * 4;
+  static constexpr int kPagesOff = kWeightOff + kMaxHeads * 4;
+  static constexpr int kSmemBytes =
+      kPagesOff + kMaxBlockTokens / kPageSize * 4 + kSwizzleAtomBytes;  // + alignment slack
+  static_assert(kRingOff % kSwizzleAtomBytes == 0 && kStageBytes % 16 == 0);
+  static_assert(kFp8 || kStageBytes % kSwizzleAtomBytes == 0, "bf16 stages are swizzled tiles");
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+  static_assert(kMinBlockTokens % kN == 0, "blocks are whole tiles");
+};
+
+template <KvDtype D, int kN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (D == KvDtype::kFp8) {
+    wgmma_f16<kN>(d, desc_a, desc_b);
+  } else {
+    wgmma_bf16<kN>(d, desc_a, desc_b);
+  }
+}
+
+// Queues the copies of the tile of tokens [t0, t0 + kN) of the block into `stage`, one commit
+// group either way (empty past the block). Tokens at or past `end` and pages outside the pool are
+// zero-filled, never read.
+template <KvDtype D>
+__device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const int32_t* pages,
+                                           int64_t block_t0, int64_t end, int64_t t0,
+                                           uint8_t* stage) {
+  using T = WgTile<D>;
+  const int tid = threadIdx.x;
+  if (t0 >= end) {  // past the block: an empty group
+    cp_async_commit();
+    return;
+  }
+#pragma unroll
+  for (int kp = 0; kp < T::kPages; ++kp) {
+    const int64_t page_t0 = t0 + kp * kPageSize;
+    int valid = 0;
+    const uint8_t* base = p.pool.data;  // the source of zero-byte copies
+    if (page_t0 < end) {
+      const int32_t page = pages[(page_t0 - block_t0) / kPageSize];
+      if (valid_page(p, page)) {
+        valid = int(min(int64_t(kPageSize), end - page_t0));
+        base = page_base_of<D>(p, page);
+      }
+    }
+    if constexpr (T::kFp8) {
+      // Keys: 64 rows of 128 bytes, 4 chunks of 16 per thread; row kp * 64 + token of the stage.
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int idx = u * kWgThreads + tid, token = idx / 8, c = idx % 8;
+        const int bytes = token < valid ? 16 : 0;
+        const uint8_t* src = bytes ? base + token * kIndexHeadDim + c * 16 : base;
+        cp_async16_zfill(stage + (kp * kPageSize + token) * kIndexHeadDim + c * 16, src, bytes);
+      }
+      // Scales: 16 chunks of 4 tokens per page.
+      if (tid / 16 == kp) {
+        const int k = tid % 16;
+        const int bytes = 4 * max(0, min(4, valid - 4 * k));
+        const uint8_t* src = bytes ? base + kPageSize * kIndexHeadDim + k * 16 : base;
+        cp_async16_zfill(stage + T::kRawKeyBytes + (kp * kPageSize + 4 * k) * 4, src, bytes);
+      }
+    } else {
+      // Keys: 64 rows of 256 bytes into the two swizzled K blocks, 8 chunks of 16 per thread.
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int idx = u * kWgThreads + tid, token = idx / 16, c16 = idx % 16;
+        const int bytes = token < valid ? 16 : 0;
+        const uint8_t* src = bytes ? base + token * 256 + c16 * 16 : base;
+        const int row = kp * kPageSize + token;
+        cp_async16_zfill(stage + (c16 / 8) * T::kKBlockBytes + swizzle128_offset(row, c16 % 8), src,
+                         bytes);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+// fp8: the raw keys of a stage widened to f16 into the swizzled tile `wide`. A thread takes 16
+// e4m3 (dims [16 c, 16 c + 16) of a token: f16 chunks 2 (c % 4) and 2 (c % 4) + 1 of K block
+// c / 4); the second K block's threads write their odd chunk first, so the 8 lanes of a store
+// phase hit 8 distinct 16-byte bank groups.
+__device__ __forceinline__ void widen_tile(const uint8_t* stage, uint8_t* wide) {
+  using T = WgTile<KvDtype::kFp8>;
+#pragma unroll
+  for (int u = 0; u < T::kN * 8 / kWgThreads; ++u) {
+    const int idx = u * kWgThreads + int(threadIdx.x), t = idx / 8, c = idx % 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(stage + t * kIndexHeadDim + c * 16);
+    const uint2 f0 = e4m3x4_to_f16x4(raw.x), f1 = e4m3x4_to_f16x4(raw.y);
+    const uint2 f2 = e4m3x4_to_f16x4(raw.z), f3 = e4m3x4_to_f16x4(raw.w);
+    uint8_t* block = wide + (c / 4) * T::kKBlockBytes;
+    const int even = 2 * (c % 4);
+    const uint4 lo = make_uint4(f0.x, f0.y, f1.x, f1.y), hi = make_uint4(f2.x, f2.y, f3.x, f3.y);
+    if (c < 4) {
+      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even)) = lo;
+      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + 1)) = hi;
+    } else {
+      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + 1)) = hi;
+      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even)) = lo;
+    }
+  }
+}
+
+// One step of the reduce-scatter over a column's lanes: out[k] = the lane's kept half + the
+// partner's (lane xor `offset`) sent half; `up`: keep the upper half.
+template <int kCount>
+__device__ __forceinline__ void scatter_step(const float (&in)[kCount], float (&out)[kCount / 2],
+                                             bool up, int offset) {
+#pragma unroll
+  for (int k = 0; k < kCount / 2; ++k) {
+    const float send = up ? in[k] : in[k + kCount / 2], keep = up ? in[k + kCount / 2] : in[k];
+    out[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, offset));
+  }
+}
+
+template <KvDtype D>
+__global__ void __launch_bounds__(kWgThreads, 2)
+    indexer_logits_wgmma(IndexerLogitsParams p, int block_tokens) {
+  using T = WgTile<D>;
+  constexpr int kN = T::kN, kStages = T::kStages;
+  const int row = blockIdx.y;
+  const int64_t seq_len = clamped_seq_len(p, row);
+  const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
+  if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
+  const int64_t block_end = min(seq_len, block_t0 + block_tokens);
+  const int tiles = int((block_end - block_t0 + kN - 1) / kN);
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // The swizzle atoms need 1024-byte alignment; dynamic shared memory promises 16.
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad =
+      (kSwizzleAtomBytes - (raw_addr & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
+  uint8_t* smem = smem_raw + pad;
+  const uint32_t base = raw_addr + pad;
+  float* sums = reinterpret_cast<float*>(smem + T::kSumsOff);  // [warp][column]
+  float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
+  int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
+  auto stage_of = [&](int i) { return smem + T::kRingOff + (i % kStages) * T::kStageBytes; };
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  static_assert(kMaxBlockTokens / kPageSize <= kWgThreads, "one page id per thread");
+  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
+  if (block_t0 + int64_t(tid) * kPageSize < block_end) {
+    block_pages[tid] = pages[block_t0 / kPageSize + tid];
+  }
+  QueryLoad<kWgWarps> q;  // issued before the barrier: in flight with the page ids
+  load_query(p, row, q, [](int) { return true; });
+  __syncthreads();  // block_pages is complete
+
+  // Commit group i carries tile i (empty groups past the last tile keep the count regular).
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue_tile<D>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN, stage_of(i));
+  }
+
+  // The query into A while the first tiles arrive: lane holds dims [4 lane, 4 lane + 4) of head
+  // warp + 4 i, i.e. K block lane / 16, f16 chunk (lane % 16) / 2, bytes (lane % 2) * 8 of it.
+#pragma unroll
+  for (int i = 0; i < QueryLoad<kWgWarps>::kHeadsPerWarp; ++i) {
+    const int h = warp + i * kWgWarps;
+    uint2 e;
+    const float w = encode_head<D, true>(q.x[i], q.w[i], e);
+    if constexpr (D == KvDtype::kFp8) {
+      e = e4m3x4_to_f16x4(e.x);
+    }
+    uint8_t* dst = smem + T::kQueryOff + (lane / 16) * kQueryKBlockBytes +
+                   swizzle128_offset(h, (lane % 16) / 2) + (lane % 2) * 8;
+    *reinterpret_cast<uint2*>(dst) = e;
+    if (lane == 0) weight[h] = w;
+  }
+  fence_proxy_async();  // the query's generic stores become visible to wgmma (after a barrier)
+
+  const int g = lane / 4, qd = lane % 4;
+  float* logits = p.logits + int64_t(row) * p.ld_logits;
+  constexpr int kV = kN / 4;  // a lane's column values: 2 per 8-column block
+  for (int i = 0; i < tiles; ++i) {
+    cp_async_wait<kStages - 2>();                 // tile i has landed (this thread's copies)
+    if constexpr (!T::kFp8) fence_proxy_async();  // ... visible to wgmma, which reads the stage
+    __syncthreads();  // every thread's; tile i - 1's wgmma and epilogue are done
+    const int64_t t0 = block_t0 + int64_t(i) * kN;
+    issue_tile<D>(p, block_pages, block_t0, block_end, t0 + int64_t(kStages - 1) * kN,
+                  stage_of(i + kStages - 1));
+    const uint8_t* stage = stage_of(i);
+    uint32_t b_tile;
+    if constexpr (T::kFp8) {
+      widen_tile(stage, smem + T::kWideOff);
+      fence_proxy_async();
+      __syncthreads();  // the f16 tile is complete
+      b_tile = base + T::kWideOff;
+    } else {
+      b_tile = base + T::kRingOff + uint32_t((i % kStages) * T::kStageBytes);
+    }
+
+    float acc[kN / 2];
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      acc[j] = 0.0f;
+      fence_operand(acc[j]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t desc_a =
+            wgmma_desc_sw128(base + T::kQueryOff + kb * kQueryKBlockBytes + 32 * kk);
+        const uint64_t desc_b = wgmma_desc_sw128(b_tile + kb * T::kKBlockBytes + 32 * kk);
+        wgmma_tile<D, kN>(acc, desc_a, desc_b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) fence_operand(acc[j]);
+
+    // 2. This thread's heads 16 warp + g (+ 8) of columns 8 blk + 2 qd + e: v[2 blk + e].
+    const float w_lo = weight[16 * warp + g], w_hi = weight[16 * warp + g + 8];
+    float v[kV];
+#pragma unroll
+    for (int blk = 0; blk < kN / 8; ++blk) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        v[2 * blk + e] = __fmaf_rn(w_lo, fmaxf(acc[4 * blk + e], 0.0f),
+                                   __fmul_rn(w_hi, fmaxf(acc[4 * blk + 2 + e], 0.0f)));
+      }
+    }
+    // 3. Reduce-scatter over g: at the step of lane bit b (xor 4, 8, 16), the lane with bit b set
+    // keeps the upper half of its values and sends the lower. Lane g ends with the values
+    // m = k + (g & 1) kV / 2 + ((g >> 1) & 1) kV / 4 + ((g >> 2) & 1) kV / 8, k < kV / 8.
+    float v2[kV / 2], v4[kV / 4], v8[kV / 8];
+    scatter_step<kV>(v, v2, g & 1, 4);
+    scatter_step<kV / 2>(v2, v4, (g >> 1) & 1, 8);
+    scatter_step<kV / 4>(v4, v8, (g >> 2) & 1, 16);
+    const int m0 = (g & 1) * (kV / 2) + ((g >> 1) & 1) * (kV / 4) + ((g >> 2) & 1) * (kV / 8);
+#pragma unroll
+    for (int k = 0; k < kV / 8; ++k) {
+      const int m = m0 + k;
+      sums[warp * kN + 8 * (m / 2) + 2 * qd + (m & 1)] = v8[k];
+    }
+    __syncthreads();  // every warp's column sums
+    // 4. The warps, then k_scale; a page outside the pool gives 0 and one error.
+    for (int col = tid; col < kN; col += kWgThreads) {
+      const int64_t t = t0 + col;
+      if (t >= block_end) break;
+      float s = __fadd_rn(__fadd_rn(sums[col], sums[kN + col]),
+                          __fadd_rn(sums[2 * kN + col], sums[3 * kN + col]));
+      if (!valid_page(p, block_pages[(t - block_t0) / kPageSize])) {
+        s = 0.0f;
+        if (col % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
+      } else if constexpr (T::kFp8) {
+        s *= reinterpret_cast<const float*>(stage + T::kRawKeyBytes)[col];
+      }
+      logits[t] = s;
+    }
+  }
+  cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
+}
+
+template <KvDtype D>
+cudaError_t launch_dtype(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  const cudaError_t e = opt_in_smem(reinterpret_cast<const void*>(&indexer_logits_wgmma<D>),
+                                    WgTile<D>::kSmemBytes, false, opted);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
+  indexer_logits_wgmma<D><<<grid, kWgThreads, WgTile<D>::kSmemBytes, stream>>>(p, block_tokens);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, block_tokens, stream)
+                                        : launch_dtype<KvDtype::kFp8>(p, block_tokens, stream);
+}
+
+}  // namespace dsa::cuda::indexer_detail
