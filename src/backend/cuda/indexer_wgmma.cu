@@ -26,8 +26,9 @@
 //
 // Guards. Nothing at or past the block's end (<= seq_len) is read: those tokens' copies have a
 // source size of 0 (zero-filled), as have the tokens of a page id outside the pool, whose logits
-// are 0 and which count one error per page (the CPU's rule); page ids are read only for pages
-// that start before seq_len. A seq_len 0 row's blocks return at once and write nothing.
+// are 0 and which count one error per page (the CPU's rule). The block's page ids are loaded
+// beside seq_len (table entries inside the row's table; those of pages past seq_len are never
+// dereferenced). A seq_len 0 row's blocks return at once and write nothing.
 //
 // Arithmetic, the same for every token whatever B, the block size, the token's place in its tile
 // or the heads count (so a logit depends only on its row's inputs and the cache; the parity
@@ -45,17 +46,23 @@
 // the bits differ from the mma.sync variants (the tests compare it with the CPU, not bitwise
 // with them).
 //
-// Napkin, H200 (132 SMs, ~1.9 GHz, 32 B/ns/SM of HBM = ~17 B/clk/SM, 128 B/clk/SM of shared
-// memory, dense f16 wgmma ~4096 flop/clk/SM, cvt 16/clk/SM), per fp8 token (132 B, 16384 flop):
-//   HBM 7.7 clk; wgmma 4 clk (one m64n128k16 per 128 tokens and k16 block: 8 per tile); 64 cvt
+// Napkin, H200 (132 SMs, ~1.9 GHz, ~4.2 TB/s copy = 32 B/ns/SM = ~17 B/clk/SM, 128 B/clk/SM of
+// shared memory, dense f16/bf16 wgmma ~4096 flop/clk/SM, cvt 16/clk/SM), per fp8 token (132 B,
+// 16384 flop):
+//   HBM 7.7 clk; wgmma 4 clk (8 m64n128k16 per 128-token tile, 64 clk each at the peak); 64 cvt
 //   = 4 clk on the conversion pipe; shared memory 128 (cp.async) + 128 (raw read) + 256 (f16
-//   write) + 256 (wgmma's B) + 128 (wgmma's A, 2 KiB per instruction over 128 tokens) = 896 B =
-//   7 clk; epilogue ~1.5 clk of fp32 and shuffles. The units overlap across the two CTAs: B = 64,
-//   L = 32K (2.1M tokens, 15.9K per SM) is 64 us of HBM and 59 us of shared memory, so 70-90 us
-//   expected (target <= 95); B = 1, L = 128K (1000 tokens per SM, 4 tiles per block, 2 in flight
-//   from the start) ~4 us of bytes after ~2 us of seq_len, page-id and first-key latency: ~6-7
-//   us. bf16 (256 B, N = 64): HBM 15 clk/token against 4 of wgmma and 768 B (6 clk) of shared
-//   memory: bandwidth-bound.
+//   write) + 256 (wgmma's B) + 128 (wgmma's A: 2 KiB per instruction over 128 tokens) = 896 B =
+//   7 clk; the epilogue ~2 clk of issue (64 relu, 32 fma, 32 mul, 28 shuffles per thread and
+//   tile). A CTA runs these one after another (its wgmma is waited on right after the commit);
+//   the second CTA of the SM fills the gaps.
+//   fp8 B = 64, L = 32K: 277 MB of keys and scales = 66 us at copy bandwidth; 16.4K tiles =
+//   131K wgmma (2.1M tokens, 15.9K per SM: 64 us of HBM, 59 us of shared memory, 34 us of
+//   wgmma): expected 75-90 us (target <= 95, i.e. >= 70% of copy). B = 256: 4x that.
+//   fp8 B = 1, L = 128K: 17.3 MB = 4.1 us at copy bandwidth; 256 blocks of 4 tiles, one per SM
+//   slot, 2 tiles in flight from the start: ~2 us of seq_len / page-id / first-key latency, then
+//   ~4 us of bytes: ~6-7 us (target 60% of copy = ~7 us).
+//   bf16 (256 B, N = 64: 8 m64n64k16 per page): HBM 15 clk/token against 4 of wgmma and 768 B
+//   (6 clk) of shared memory: bandwidth-bound, B = 64, L = 32K ~130 us (537 MB).
 #include <atomic>
 
 #include "backend/cuda/indexer_common.cuh"
@@ -203,10 +210,17 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     indexer_logits_wgmma(IndexerLogitsParams p, int block_tokens) {
   using T = WgTile<D>;
   constexpr int kN = T::kN, kStages = T::kStages;
-  const int row = blockIdx.y;
-  const int64_t seq_len = clamped_seq_len(p, row);
+  const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
-  if (block_t0 >= seq_len) return;  // padded rows and tails cost one load
+  // The block's page ids are loaded beside seq_len (one round trip before the first copy, not
+  // two): entries of the row's table, whose pages past seq_len are never dereferenced.
+  static_assert(kMaxBlockTokens / kPageSize <= kWgThreads, "one page id per thread");
+  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
+  const int64_t page_index = block_t0 / kPageSize + tid;
+  int32_t page_id = -1;
+  if (tid < block_tokens / kPageSize && page_index < p.ld_page_table) page_id = pages[page_index];
+  const int64_t seq_len = clamped_seq_len(p, row);
+  if (block_t0 >= seq_len) return;  // padded rows and tails cost two loads
   const int64_t block_end = min(seq_len, block_t0 + block_tokens);
   const int tiles = int((block_end - block_t0 + kN - 1) / kN);
 
@@ -221,15 +235,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
   int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
   auto stage_of = [&](int i) { return smem + T::kRingOff + (i % kStages) * T::kStageBytes; };
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  static_assert(kMaxBlockTokens / kPageSize <= kWgThreads, "one page id per thread");
-  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
-  if (block_t0 + int64_t(tid) * kPageSize < block_end) {
-    block_pages[tid] = pages[block_t0 / kPageSize + tid];
-  }
-  QueryLoad<kWgWarps> q;  // issued before the barrier: in flight with the page ids
+  QueryLoad<kWgWarps> q;  // issued before the barrier: in flight while the first keys are queued
   load_query(p, row, q, [](int) { return true; });
+  block_pages[tid] = page_id;
   __syncthreads();  // block_pages is complete
 
   // Commit group i carries tile i (empty groups past the last tile keep the count regular).
@@ -343,9 +351,17 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
 template <KvDtype D>
 cudaError_t launch_dtype(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  // Once per device: the dynamic shared memory past 48 KiB, and the largest shared-memory
+  // carveout, so that two blocks fit on an SM.
   static std::atomic<uint64_t> opted{0};
-  const cudaError_t e = opt_in_smem(reinterpret_cast<const void*>(&indexer_logits_wgmma<D>),
-                                    WgTile<D>::kSmemBytes, false, opted);
+  const cudaError_t e = once_per_device(opted, false, [] {
+    const void* kernel = reinterpret_cast<const void*>(&indexer_logits_wgmma<D>);
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile<D>::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                int(cudaSharedmemCarveoutMaxShared));
+  });
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   indexer_logits_wgmma<D><<<grid, kWgThreads, WgTile<D>::kSmemBytes, stream>>>(p, block_tokens);
