@@ -10,8 +10,8 @@
 #   rows, bf16 and both fp8 roundings) with one variant forced (INDEXER_SAN_VARIANT, default
 #   wgmma);
 #   dsa_gpu_bench's indexer rows, fp8 and bf16 at B = 1 L = 128K, B = 64 L = 32K and B = 256
-#   L = 32K: the default, then legacy and wgmma forced (rows indexer_logits_{legacy,wgmma}/...),
-#   eager and in a CUDA graph, tabled in table.md.
+#   L = 32K: the default, then legacy, wgmma and wgmma-n64 forced (rows
+#   indexer_logits_<variant>/...), eager and in a CUDA graph, tabled in table.md.
 # INDEXER_SWEEP=1 then adds (past the 4 minutes) synccheck and initcheck over the default
 # dispatch, memcheck over a graph-replayed decode, the forced block-size and cluster-size sweeps
 # (sweep.md) and the torch baselines joined by report.py (report.md).
@@ -30,13 +30,13 @@ steps_setup indexer.log
 step nvidia-smi 5 nvidia-smi
 step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
   --gtest_output="json:$OUT/parity.json"
-sanitize sanitizer-memcheck memcheck 40 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
+sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
-sanitize sanitizer-racecheck racecheck 50 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
+sanitize sanitizer-racecheck racecheck 45 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
-step dsa_gpu_bench 60 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
-  --attention-only indexer_logits --indexer-variants legacy,wgmma --indexer-rows 1,64,256 \
-  --json "$OUT/bench.json"
+step dsa_gpu_bench 70 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
+  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64 \
+  --indexer-rows 1,64,256 --json "$OUT/bench.json"
 step table 5 python3 - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
@@ -48,7 +48,7 @@ for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
     variant = variant[len("indexer_logits_"):] or "default"
     e = r.get("extra", {})
     rows.setdefault(shape, {})[variant] = (r["us"], e.get("pct_of_copy", 0), e.get("graph_us", 0))
-variants = ["default", "legacy", "wgmma"]
+variants = ["default", "legacy", "wgmma", "wgmma-n64"]
 lines = ["| row | " + " | ".join(f"{v} us (% copy) | {v} graph us" for v in variants) + " |",
          "|---|" + "---|---|" * len(variants)]
 for shape, by in rows.items():
@@ -79,7 +79,7 @@ sanitize sanitizer-memcheck-replay memcheck 40 \
 for tokens in 512 2048 8192; do
   step "bench-tokens-$tokens" 25 env DSA_CUDA_INDEXER_BLOCK_TOKENS="$tokens" \
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
-    --indexer-variants legacy,wgmma --json "$OUT/bench-tokens-$tokens.json"
+    --indexer-variants legacy,wgmma,wgmma-n64 --json "$OUT/bench-tokens-$tokens.json"
 done
 for ranks in 1 4; do
   step "bench-cluster-$ranks" 25 env DSA_CUDA_INDEXER_CLUSTER="$ranks" \

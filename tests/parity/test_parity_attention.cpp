@@ -415,8 +415,9 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
 // The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one). "resident" and
 // "legacy" share their arithmetic (mma.sync, the same head-sum order); "wgmma" sums the heads in
 // another fixed order (its warps' partial sums last), so its bits differ from theirs: it is held
-// to the CPU's bound and to its own invariance, not compared bitwise with them.
-const char* const kIndexerVariants[] = {"resident", "legacy", "wgmma"};
+// to the CPU's bound and to its own invariance, not compared bitwise with them. "wgmma-n64" is
+// "wgmma" with fp8 tiles of 64 tokens instead of 128 (bf16: the same kernel).
+const char* const kIndexerVariants[] = {"resident", "legacy", "wgmma", "wgmma-n64"};
 
 // Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
 // one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
@@ -469,9 +470,29 @@ TEST_F(ParityAttention, IndexerLogitsEveryClusterSizeMatchesCpu) {
   }
 }
 
+using Outputs = std::vector<std::vector<uint8_t>>;
+
+// The CUDA outputs of a case with the indexer variant forced, its guards checked.
+Outputs variant_outputs(OpCase& c, Workspace& ws, const char* variant) {
+  ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", variant);
+  auto rb = run_side(c, ws, Side::kCuda);
+  EXPECT_EQ(rb.guard_report, "") << variant;
+  return std::move(rb.outputs);
+}
+
+// Every output of `got` equals the one of `want` byte for byte.
+::testing::AssertionResult same_outputs(const Outputs& got, const Outputs& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "output counts differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) return ::testing::AssertionFailure() << "output " << i << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // The mma.sync variants share their arithmetic: the same logits bit for bit (and the same error
 // count), at the default and at forced block sizes, in every cluster size, bad page ids and padded
-// rows included. ("wgmma" is not among them: another head-sum order, see kIndexerVariants.)
+// rows included. (The wgmma variants are not among them: another head-sum order, see
+// kIndexerVariants.)
 TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
   int cases = 0;
   for (const auto& d : kIndexDtypes) {
@@ -482,24 +503,12 @@ TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
         testing::Rng rng(700 + cases++);
         c.init(ws, rng);
         ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
-        std::vector<std::vector<uint8_t>> legacy;
-        {
-          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "legacy");
-          auto rb = run_side(c, ws, Side::kCuda);
-          EXPECT_EQ(rb.guard_report, "") << "legacy";
-          legacy = std::move(rb.outputs);
-        }
+        const Outputs legacy = variant_outputs(c, ws, "legacy");
         for (const char* ranks : {"1", "2", "4"}) {
-          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "resident");
           ScopedEnv cluster("DSA_CUDA_INDEXER_CLUSTER", ranks);
-          auto rb = run_side(c, ws, Side::kCuda);
-          EXPECT_EQ(rb.guard_report, "") << "resident, cluster " << ranks;
-          ASSERT_EQ(rb.outputs.size(), legacy.size());
-          for (size_t i = 0; i < legacy.size(); ++i) {
-            EXPECT_TRUE(rb.outputs[i] == legacy[i])
-                << c.vars() << ", tokens '" << tokens << "', cluster " << ranks << ": output " << i
-                << " differs from the legacy variant's";
-          }
+          EXPECT_TRUE(same_outputs(variant_outputs(c, ws, "resident"), legacy))
+              << c.vars() << ", tokens '" << tokens << "', cluster " << ranks
+              << ": resident against legacy";
         }
       }
     }
@@ -512,25 +521,35 @@ TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
 TEST_F(ParityAttention, IndexerLogitsEveryVariantIsBitwiseEqualAcrossBlockSizes) {
   int cases = 0;
   for (const char* variant : kIndexerVariants) {
-    ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", variant);
     for (const auto& d : kIndexDtypes) {
       IndexerCase c({d.dtype, d.rounding, 5, 64, 9000, true, /*bad_pages=*/true});
       Workspace ws(cpu(), cuda());
       testing::Rng rng(750 + cases++);
       c.init(ws, rng);
-      const auto reference = run_side(c, ws, Side::kCuda);
-      EXPECT_EQ(reference.guard_report, "") << variant;
+      const Outputs reference = variant_outputs(c, ws, variant);
       for (const char* tokens : {"512", "1024", "8192"}) {
         ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
-        auto rb = run_side(c, ws, Side::kCuda);
-        EXPECT_EQ(rb.guard_report, "") << variant << ", tokens " << tokens;
-        ASSERT_EQ(rb.outputs.size(), reference.outputs.size());
-        for (size_t i = 0; i < rb.outputs.size(); ++i) {
-          EXPECT_TRUE(rb.outputs[i] == reference.outputs[i])
-              << variant << ", " << c.vars() << ", tokens " << tokens << ": output " << i
-              << " differs from the default block size's";
-        }
+        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), reference))
+            << variant << ", " << c.vars() << ", tokens " << tokens << " against the default";
       }
+    }
+  }
+}
+
+// The wgmma variant's token arithmetic does not depend on the instruction's N (the tile width):
+// fp8 tiles of 128 and of 64 tokens give the same bits, at the default and a forced block size.
+TEST_F(ParityAttention, IndexerLogitsWgmmaTileWidthsAgreeBitwise) {
+  int cases = 0;
+  for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+    for (const char* tokens : {"", "512"}) {
+      IndexerCase c({d.dtype, d.rounding, 6, 64, 5000, true, /*bad_pages=*/true});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(780 + cases++);
+      c.init(ws, rng);
+      ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+      EXPECT_TRUE(
+          same_outputs(variant_outputs(c, ws, "wgmma-n64"), variant_outputs(c, ws, "wgmma")))
+          << c.vars() << ", tokens '" << tokens << "': tiles of 64 tokens against 128";
     }
   }
 }

@@ -297,7 +297,9 @@ __device__ __forceinline__ int64_t clamped_seq_len(const IndexerLogitsParams& p,
 
 // The resident variant (indexer_resident.cu) for p.heads heads in blocks of block_tokens tokens.
 cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
-// The wgmma variant (indexer_wgmma.cu): 64 heads x a tile of tokens on warpgroup MMA.
-cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
+// The wgmma variant (indexer_wgmma.cu): 64 heads x a tile of tokens on warpgroup MMA; narrow:
+// fp8 tiles of 64 tokens (three blocks per SM) instead of 128 (two).
+cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, bool narrow,
+                         cudaStream_t stream);
 
 }  // namespace dsa::cuda::indexer_detail

@@ -45,10 +45,12 @@
 //
 // Variant "wgmma" (indexer_wgmma.cu, its header has the design and the napkin math): all 64 heads
 // against a tile of 64 (bf16) or 128 (fp8, widened to f16 in shared memory) tokens per Hopper
-// warpgroup MMA, one warpgroup per block, two blocks per SM. Not bitwise equal to the two
-// mma.sync variants (another head-sum order), each batch-invariant on its own.
+// warpgroup MMA, one warpgroup per block, two blocks per SM; "wgmma-n64" the same with fp8
+// tiles of 64 tokens and three blocks per SM (bf16: the same kernel as "wgmma"). Not bitwise
+// equal to the two mma.sync variants (another head-sum order), each batch-invariant on its own;
+// the two tile widths give the same bits (the arithmetic of a token does not depend on N).
 //
-// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma) forces a variant;
+// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64) forces a variant;
 // DSA_CUDA_INDEXER_BLOCK_TOKENS (a power of two in [512, 8192]) the tokens per block, else the
 // largest that still gives two blocks per SM over the batch: few long blocks amortize the per-block
 // query setup at large batches, many short ones spread a single long row over the GPU;
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(kLegacyThreads)
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-enum class Variant { kLegacy, kResident, kWgmma };
+enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64 };
 
 // The variant used when none is forced: one line to flip once the H200 says otherwise.
 constexpr Variant kDefaultVariant = Variant::kLegacy;
@@ -243,6 +245,7 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "resident") == 0) return Variant::kResident;
     if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
+    if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
   }
   // The former kernel stays the default: on the H200 the resident variant took 128.4 us at fp8
   // B = 64, L = 32K (legacy 124.2) and 26.0 us at B = 1, L = 128K (legacy 18.2), bf16 150.1 and
@@ -274,7 +277,9 @@ template <KvDtype D>
 cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t stream) {
   const int block_tokens = block_tokens_for(p);
   if (variant == Variant::kResident) return launch_resident(p, block_tokens, stream);
-  if (variant == Variant::kWgmma) return launch_wgmma(p, block_tokens, stream);
+  if (variant == Variant::kWgmma || variant == Variant::kWgmmaN64) {
+    return launch_wgmma(p, block_tokens, variant == Variant::kWgmmaN64, stream);
+  }
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if constexpr (D == KvDtype::kFp8) {
     static std::atomic<uint64_t> opted{0};

@@ -16,7 +16,8 @@
 //     wgmma: its accumulation is narrower than f32.
 // One warpgroup per CTA, every thread a producer (cp.async of tile i + kStages - 1 while tile i
 // is widened and multiplied) and a consumer; two CTAs per SM (101 KiB fp8, 83 KiB bf16 of shared
-// memory) so that one CTA's widening and epilogue overlap the other's wgmma. Per tile:
+// memory; fp8 "wgmma-n64": three of 67 KiB) so that one CTA's widening and epilogue overlap
+// another's wgmma. Per tile:
 //   wait for tile i's copies, (bf16: fence.proxy.async,) barrier; queue tile i + kStages - 1 into
 //   the stage tile i - 1 left; (fp8: widen into the f16 tile, fence.proxy.async, barrier;)
 //   wgmma.fence, 8 wgmma (k16 blocks ascending), commit, wait 0; the epilogue.
@@ -63,6 +64,9 @@
 //   ~4 us of bytes: ~6-7 us (target 60% of copy = ~7 us).
 //   bf16 (256 B, N = 64: 8 m64n64k16 per page): HBM 15 clk/token against 4 of wgmma and 768 B
 //   (6 clk) of shared memory: bandwidth-bound, B = 64, L = 32K ~130 us (537 MB).
+//   "wgmma-n64" (fp8 tiles of one page, m64n64k16, 4 stages, 67 KiB, three blocks per SM):
+//   wgmma's A reads double (256 B/token: 1024 B = 8 clk of shared memory per token) against a
+//   third block to hide the serial steps of each; which wins is the H200's to say.
 #include <atomic>
 
 #include "backend/cuda/indexer_common.cuh"
@@ -75,15 +79,17 @@ constexpr int kWgThreads = 128;  // one warpgroup
 constexpr int kWgWarps = kWgThreads / 32;
 constexpr int kQueryKBlockBytes = kMaxHeads * kSwizzleRowBytes;  // 64 heads x 64 dims, 8 KiB
 
-// The tile shape and the shared-memory layout, by cache dtype. Offsets from the 1024-aligned base:
+// The tile shape and the shared-memory layout, by cache dtype and pages per tile (fp8: 2, or 1
+// for "wgmma-n64", which fits three blocks per SM; bf16: 1). Offsets from the 1024-aligned base:
 // the query (A, two K blocks), fp8's widened tile (B, two K blocks), the ring, the warps' column
 // sums, the weights, the block's page ids.
-template <KvDtype D>
+template <KvDtype D, int kPages_>
 struct WgTile {
   static constexpr bool kFp8 = D == KvDtype::kFp8;
-  static constexpr int kPages = kFp8 ? 2 : 1;    // pages per tile
+  static constexpr int kPages = kPages_;         // pages per tile
   static constexpr int kN = kPages * kPageSize;  // tokens per tile: the wgmma N
-  static constexpr int kStages = kFp8 ? 3 : 4;
+  static constexpr int kStages = kPages == 2 ? 3 : 4;
+  static constexpr int kBlocksPerSm = kFp8 && kPages == 1 ? 3 : 2;
   static constexpr int kKBlockBytes = kN * kSwizzleRowBytes;  // one K block of a B tile
   static constexpr int kTileBytes = 2 * kKBlockBytes;         // a swizzled B tile
   static constexpr int kRawKeyBytes = kN * kIndexHeadDim;     // fp8: the raw keys, then scales
@@ -98,7 +104,8 @@ struct WgTile {
       kPagesOff + kMaxBlockTokens / kPageSize * 4 + kSwizzleAtomBytes;  // + alignment slack
   static_assert(kRingOff % kSwizzleAtomBytes == 0 && kStageBytes % 16 == 0);
   static_assert(kFp8 || kStageBytes % kSwizzleAtomBytes == 0, "bf16 stages are swizzled tiles");
-  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kBlocksPerSm CTAs per SM");
+  static_assert(kPages == 1 || kPages == 2);
   static_assert(kMinBlockTokens % kN == 0, "blocks are whole tiles");
 };
 
@@ -114,11 +121,11 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kN / 2], uint64_t desc_a, 
 // Queues the copies of the tile of tokens [t0, t0 + kN) of the block into `stage`, one commit
 // group either way (empty past the block). Tokens at or past `end` and pages outside the pool are
 // zero-filled, never read.
-template <KvDtype D>
+template <class T>
 __device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const int32_t* pages,
                                            int64_t block_t0, int64_t end, int64_t t0,
                                            uint8_t* stage) {
-  using T = WgTile<D>;
+  constexpr KvDtype D = T::kFp8 ? KvDtype::kFp8 : KvDtype::kBf16;
   const int tid = threadIdx.x;
   if (t0 >= end) {  // past the block: an empty group
     cp_async_commit();
@@ -172,8 +179,8 @@ __device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const i
 // e4m3 (dims [16 c, 16 c + 16) of a token: f16 chunks 2 (c % 4) and 2 (c % 4) + 1 of K block
 // c / 4); the second K block's threads write their odd chunk first, so the 8 lanes of a store
 // phase hit 8 distinct 16-byte bank groups.
+template <class T>
 __device__ __forceinline__ void widen_tile(const uint8_t* stage, uint8_t* wide) {
-  using T = WgTile<KvDtype::kFp8>;
 #pragma unroll
   for (int u = 0; u < T::kN * 8 / kWgThreads; ++u) {
     const int idx = u * kWgThreads + int(threadIdx.x), t = idx / 8, c = idx % 8;
@@ -205,10 +212,10 @@ __device__ __forceinline__ void scatter_step(const float (&in)[kCount], float (&
   }
 }
 
-template <KvDtype D>
-__global__ void __launch_bounds__(kWgThreads, 2)
+template <KvDtype D, int kPages>
+__global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
     indexer_logits_wgmma(IndexerLogitsParams p, int block_tokens) {
-  using T = WgTile<D>;
+  using T = WgTile<D, kPages>;
   constexpr int kN = T::kN, kStages = T::kStages;
   const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t block_t0 = int64_t(blockIdx.x) * block_tokens;
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // Commit group i carries tile i (empty groups past the last tile keep the count regular).
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    issue_tile<D>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN, stage_of(i));
+    issue_tile<T>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN, stage_of(i));
   }
 
   // The query into A while the first tiles arrive: lane holds dims [4 lane, 4 lane + 4) of head
@@ -271,12 +278,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     if constexpr (!T::kFp8) fence_proxy_async();  // ... visible to wgmma, which reads the stage
     __syncthreads();  // every thread's; tile i - 1's wgmma and epilogue are done
     const int64_t t0 = block_t0 + int64_t(i) * kN;
-    issue_tile<D>(p, block_pages, block_t0, block_end, t0 + int64_t(kStages - 1) * kN,
+    issue_tile<T>(p, block_pages, block_t0, block_end, t0 + int64_t(kStages - 1) * kN,
                   stage_of(i + kStages - 1));
     const uint8_t* stage = stage_of(i);
     uint32_t b_tile;
     if constexpr (T::kFp8) {
-      widen_tile(stage, smem + T::kWideOff);
+      widen_tile<T>(stage, smem + T::kWideOff);
       fence_proxy_async();
       __syncthreads();  // the f16 tile is complete
       b_tile = base + T::kWideOff;
@@ -349,30 +356,34 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
 }
 
-template <KvDtype D>
-cudaError_t launch_dtype(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+template <KvDtype D, int kPages>
+cudaError_t launch_tile(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  using T = WgTile<D, kPages>;
   // Once per device: the dynamic shared memory past 48 KiB, and the largest shared-memory
-  // carveout, so that two blocks fit on an SM.
+  // carveout, so that kBlocksPerSm blocks fit on an SM.
   static std::atomic<uint64_t> opted{0};
   const cudaError_t e = once_per_device(opted, false, [] {
-    const void* kernel = reinterpret_cast<const void*>(&indexer_logits_wgmma<D>);
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile<D>::kSmemBytes);
+    const void* kernel = reinterpret_cast<const void*>(&indexer_logits_wgmma<D, kPages>);
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
     if (err != cudaSuccess) return err;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 int(cudaSharedmemCarveoutMaxShared));
   });
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
-  indexer_logits_wgmma<D><<<grid, kWgThreads, WgTile<D>::kSmemBytes, stream>>>(p, block_tokens);
+  indexer_logits_wgmma<D, kPages><<<grid, kWgThreads, T::kSmemBytes, stream>>>(p, block_tokens);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
-  return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, block_tokens, stream)
-                                        : launch_dtype<KvDtype::kFp8>(p, block_tokens, stream);
+cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, bool narrow,
+                         cudaStream_t stream) {
+  if (p.pool.dtype == KvDtype::kBf16)
+    return launch_tile<KvDtype::kBf16, 1>(p, block_tokens, stream);
+  return narrow ? launch_tile<KvDtype::kFp8, 1>(p, block_tokens, stream)
+                : launch_tile<KvDtype::kFp8, 2>(p, block_tokens, stream);
 }
 
 }  // namespace dsa::cuda::indexer_detail
