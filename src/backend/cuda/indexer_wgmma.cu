@@ -190,13 +190,10 @@ __device__ __forceinline__ void widen_tile(const uint8_t* stage, uint8_t* wide) 
     uint8_t* block = wide + (c / 4) * T::kKBlockBytes;
     const int even = 2 * (c % 4);
     const uint4 lo = make_uint4(f0.x, f0.y, f1.x, f1.y), hi = make_uint4(f2.x, f2.y, f3.x, f3.y);
-    if (c < 4) {
-      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even)) = lo;
-      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + 1)) = hi;
-    } else {
-      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + 1)) = hi;
-      *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even)) = lo;
-    }
+    const int odd_first = c / 4;  // selects, not a branch: the warp stays converged
+    *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + odd_first)) = odd_first ? hi : lo;
+    *reinterpret_cast<uint4*>(block + swizzle128_offset(t, even + 1 - odd_first)) =
+        odd_first ? lo : hi;
   }
 }
 
