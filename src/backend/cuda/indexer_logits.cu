@@ -236,10 +236,11 @@ __global__ void __launch_bounds__(kLegacyThreads)
 
 enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64 };
 
-// The variant used when none is forced: one line to flip once the H200 says otherwise.
-constexpr Variant kDefaultVariant = Variant::kLegacy;
+// The variant used when none is forced, per cache dtype: one line each to flip.
+constexpr Variant kDefaultBf16 = Variant::kWgmma;
+constexpr Variant kDefaultFp8 = Variant::kLegacy;
 
-// The forced variant, or the default of the dtype (the H200 measurements in the header).
+// The forced variant, or the default of the dtype (the H200 measurements below).
 Variant variant_for(KvDtype dtype) {
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_VARIANT")) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
@@ -247,12 +248,13 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
     if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
   }
-  // The former kernel stays the default: on the H200 the resident variant took 128.4 us at fp8
-  // B = 64, L = 32K (legacy 124.2) and 26.0 us at B = 1, L = 128K (legacy 18.2), bf16 150.1 and
-  // 25.9 us (legacy 145.6 and 17.0): bench/results/2026-12-03-h200-attn-mla.md.
-  // The wgmma variant (indexer_wgmma.cu) is not measured yet.
-  (void)dtype;
-  return kDefaultVariant;
+  // H200, 2026-12-03 (bench/results/2026-12-03-h200-variants.md), us, legacy / wgmma:
+  //   bf16: B = 1, L = 128K 16.6 / 13.1; B = 64, L = 32K 146.5 / 139.6; B = 256 550.1 / 534.2.
+  //   fp8:  B = 1, L = 128K 18.3 / 16.3; B = 64, L = 32K 122.8 / 143.5; B = 256 436.0 / 534.8.
+  // So wgmma for bf16 caches and the former kernel for fp8 ones (the resident variant was slower
+  // than both: bench/results/2026-12-03-h200-attn-mla.md). The dtype is the cache's, fixed for
+  // the process, so a row's bits never depend on the batch.
+  return dtype == KvDtype::kBf16 ? kDefaultBf16 : kDefaultFp8;
 }
 
 // Tokens per block: the override, or the largest size that keeps two blocks per SM (every
