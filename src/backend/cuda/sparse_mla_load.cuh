@@ -1,17 +1,22 @@
-// The data movement of the sparse MLA kernel (sparse_mla.cu, whose header comment has the
-// design): the shared-memory layout of each variant (m-tiles per CTA, ring depth), the selected
-// slots, the latent chunks' copies into the ring (bf16 rows; fp8 raw bytes and their dequant to
-// bf16), and q's distribution over the cluster through distributed shared memory.
+// The data movement of the sparse MLA kernels (sparse_mla.cu, mma.sync, and sparse_mla_wgmma.cu,
+// wgmma; their header comments have the designs): the shared-memory layout of each mma.sync
+// variant (m-tiles per CTA, ring depth), the split plan, the selected slots, the latent chunks'
+// copies into shared memory (bf16 rows; fp8 raw bytes and their dequant to bf16) in either
+// kernel's row layout (padded rows, or the 128-byte-swizzled tiles of wgmma), q's distribution
+// over the cluster through distributed shared memory, and the cluster's fixed-order combine.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/wgmma.cuh"
 #include "dsa/ops.h"
 #include "dsa/token_codec.h"
 
@@ -33,6 +38,20 @@ constexpr int kRopePieces = (kLatentDim - kKvLoraRank) / 8;  // 16-byte rope pie
 constexpr size_t kSmemLimit = 227 * 1024;                    // sm_90 dynamic shared memory per CTA
 static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
 static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
+
+// The fixed split of a row's selected tokens: a function of topk and the process's split bound
+// alone, never of the batch (batch invariance). Both kernels use it.
+struct SplitPlan {
+  int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
+  int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
+};
+inline SplitPlan split_plan(int topk, int max_splits) {
+  const int chunks = (topk + kChunk - 1) / kChunk;
+  SplitPlan plan;
+  while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
+  plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
+  return plan;
+}
 
 // The shared memory of one variant: kTiles m-tiles of 16 heads (2 kTiles warps), chunks landing
 // in a ring of `stages` (bf16: the bf16 rows themselves; fp8: the raw bytes, dequantized into a
@@ -101,6 +120,28 @@ __device__ __forceinline__ int64_t checked_slot(const SparseMlaParams& p, int64_
   return (slot < 0 || slot >= p.pool.capacity()) ? int64_t(-1) : slot;
 }
 
+// Where a token's (or head's) bf16 row lives in shared memory: row_at(r, d) is the address of
+// dim d (a multiple of 4) of row r.
+//   PaddedRows: rows of kPitch bf16 (the mma.sync kernel).
+//   SwizzledRows<kRows>: kLatentDim / 64 tiles of [kRows][64 dims], each 128-byte swizzled and
+//       K-major (wgmma.cuh), tile b (dims [64 b, 64 b + 64)) at b * kRows * 128 bytes; the base
+//       1024-aligned (the wgmma kernel).
+struct PaddedRows {
+  __nv_bfloat16* base;
+  __device__ __forceinline__ __nv_bfloat16* operator()(int r, int d) const {
+    return base + r * kPitch + d;
+  }
+};
+template <int kRows>
+struct SwizzledRows {
+  uint8_t* base;
+  __device__ __forceinline__ __nv_bfloat16* operator()(int r, int d) const {
+    return reinterpret_cast<__nv_bfloat16*>(base + (d / 64) * (kRows * kSwizzleRowBytes) +
+                                            swizzle128_offset(r, (d % 64) / 8)) +
+           d % 8;
+  }
+};
+
 // One chunk's place in the rings: its bf16 rows and, for fp8, its raw stage: the e4m3 values, the
 // rope (bf16 as stored) and the scale of each 64-value unit.
 struct Stage {
@@ -111,19 +152,20 @@ struct Stage {
 };
 
 // Starts the copies of one chunk from its staged slots [32] (the caller commits the group).
-// bf16: cp.async for every 16-byte piece into kv, zeros for unused tokens. fp8: into the raw stage,
-// the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4 bytes) beside them, and
-// the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros for unused tokens).
-template <KvDtype D, int kThreads>
+// bf16: cp.async for every 16-byte piece into rows (st.kv is unused), zeros for unused tokens. fp8:
+// into the raw stage, the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4
+// bytes) beside them, and the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros
+// for unused tokens).
+template <KvDtype D, int kThreads, class Rows>
 __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int64_t* slots,
-                                            const Stage& st) {
+                                            const Stage& st, Rows rows) {
   if constexpr (D == KvDtype::kBf16) {
 #pragma unroll
     for (int i = 0; i < kChunk * kPieces / kThreads; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       const int token = idx / kPieces, piece = idx % kPieces;
       const int64_t slot = slots[token];
-      __nv_bfloat16* dst = st.kv + token * kPitch + piece * 8;
+      __nv_bfloat16* dst = rows(token, piece * 8);
       if (slot >= 0) {
         cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + piece * 16);
       } else {
@@ -168,13 +210,12 @@ __device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x * s, f.y * s);
 }
-template <int kThreads>
-__device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Stage& st) {
+template <int kThreads, class Rows>
+__device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Stage& st, Rows rows) {
 #pragma unroll
   for (int i = 0; i < kChunk * kUnits / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int token = idx / kUnits, unit = idx % kUnits;
-    __nv_bfloat16* dst = st.kv + token * kPitch + unit * kUnitValues;
     const bool used = slots[token] >= 0;
     const float s = used ? st.scale[token * kUnits + unit] : 0.0f;
 #pragma unroll
@@ -190,8 +231,8 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
         hi.x = dequant_pair(uint16_t(v.z), s), hi.y = dequant_pair(uint16_t(v.z >> 16), s);
         hi.z = dequant_pair(uint16_t(v.w), s), hi.w = dequant_pair(uint16_t(v.w >> 16), s);
       }
-      *reinterpret_cast<uint4*>(dst + j * 16) = lo;
-      *reinterpret_cast<uint4*>(dst + j * 16 + 8) = hi;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16)) = lo;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + 8)) = hi;
     }
   }
 #pragma unroll
@@ -202,7 +243,7 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
         slots[token] >= 0
             ? *reinterpret_cast<const uint4*>(st.rope + token * kRawRopeBytes + piece * 16)
             : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(st.kv + token * kPitch + kKvLoraRank + piece * 8) = v;
+    *reinterpret_cast<uint4*>(rows(token, kKvLoraRank + piece * 8)) = v;
   }
 }
 
@@ -217,15 +258,15 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// q of the cluster's kHeads heads, rounded to bf16, into the q_s of every CTA of the cluster
-// (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte loads
-// when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them in
-// all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA.
-// The caller has arrived at the cluster barrier once; this waits for that phase (every CTA has
-// started, so its shared memory may be written) before the first remote store.
-template <int kHeads, int kThreads>
+// q of the cluster's kHeads heads, rounded to bf16, into q_at (head, dim) of every CTA of the
+// cluster (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte
+// loads when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them
+// in all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA. The
+// caller has arrived at the cluster barrier once; this waits for that phase (every CTA has started,
+// so its shared memory may be written) before the first remote store.
+template <int kHeads, int kThreads, class Rows>
 __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                              int split, int row, int head0, __nv_bfloat16* q_s) {
+                              int split, int row, int head0, Rows q_at) {
   constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
   constexpr int kBatch = 6;                   // loads in flight per thread
   const int share = kHeads * kRowPieces / splits, begin = split * share;
@@ -251,10 +292,100 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
       const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
       const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
       for (int r = 0; r < splits; ++r) {
-        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_s + h * kPitch + d, r)) = bf;
+        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_at(h, d), r)) = bf;
       }
     }
   }
+}
+
+// The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
+// [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
+// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
+// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
+// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
+// variant.
+// V: the kernel's variant (kHeads, kThreads, kSmem's m, l and coef offsets); smem: the CTA's
+// shared memory base, at the same offset in every CTA of the cluster, where part starts.
+template <class V>
+__device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
+                               int split, int row, int head0, uint8_t* smem) {
+  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
+  if (threadIdx.x < V::kHeads) {
+    const int h = threadIdx.x;
+    float ms[kMaxSplits], ls[kMaxSplits];
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+      m_max = fmaxf(m_max, ms[s]);
+    }
+    float l_sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
+      l_sum += ls[s] * ms[s];
+    }
+    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      coef[h * kMaxSplits + s] = ms[s] * inv;
+    }
+    if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
+      p.lse[int64_t(row) * p.heads + head0 + h] =
+          l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+  __syncthreads();  // coef is complete
+
+  const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
+  const int d0 = split * (kKvLoraRank / splits);
+  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
+    const int h = it / vecs, d = d0 + (it % vecs) * 4;
+    if (head0 + h >= p.heads) continue;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
+      const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      const float w = coef[h * kMaxSplits + s];
+      acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
+      acc.z = fmaf(v.z, w, acc.z), acc.w = fmaf(v.w, w, acc.w);
+    }
+    float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
+    out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+  }
+}
+
+// The bound on splits per row: 8 (the portable cluster size), or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
+// changes the bits: set it for a whole process or not at all.
+inline int max_splits() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
+  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
+}
+
+// Whether the GPU can place one cluster of config's size for `kernel` (asked once per device,
+// remembered in the caller's asked / fits bits), else cudaErrorInvalidClusterSize, with nothing
+// launched (a launch that fails would be sticky in the worst case; this never is).
+inline cudaError_t cluster_fits(const void* kernel, const cudaLaunchConfig_t& config,
+                                std::atomic<uint64_t>& asked, std::atomic<uint64_t>& fits) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(asked.load(std::memory_order_relaxed) & bit)) {
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    if (err != cudaSuccess) return err;
+    if (clusters > 0) fits.fetch_or(bit, std::memory_order_relaxed);
+    asked.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return (fits.load(std::memory_order_relaxed) & bit) ? cudaSuccess : cudaErrorInvalidClusterSize;
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail
