@@ -250,46 +250,9 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];  // S_0 + S_1 in both
 
-    // Online softmax over the chunk: columns n*8 + c*2 + j, rows g (regs 0,1) and g+8 (2,3).
-    float cmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const bool ok = slots[n * 8 + c * 2 + j] >= 0;
-        s[n][j] = ok ? s[n][j] * scale_log2 : -INFINITY;
-        s[n][2 + j] = ok ? s[n][2 + j] * scale_log2 : -INFINITY;
-        cmax[0] = fmaxf(cmax[0], s[n][j]);
-        cmax[1] = fmaxf(cmax[1], s[n][2 + j]);
-      }
-    }
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
-      const float m_new = fmaxf(m[r], cmax[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - m_use[e / 2]);
-        l[e / 2] += s[n][e];
-      }
-    }
-    // Rescale o, unless no lane's row max moved (o * 1 is o: the same bits either way).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-      }
-    }
+    // Online softmax over the chunk (the same step as the wgmma kernel's).
+    softmax_step(reinterpret_cast<float(&)[16]>(s), slots, c, scale_log2, m, l,
+                 reinterpret_cast<float(&)[128]>(o));
     accumulate_pv(st.kv, half, s, o);
     if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
   }
@@ -322,48 +285,12 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
-// Shared memory above 48 KiB and clusters past the portable 8 need an opt-in per kernel, asked
-// once per device.
-template <KvDtype D, int kTiles>
-cudaError_t opt_in() {
-  static std::atomic<uint64_t> opted_in{0};
-  return once_per_device(opted_in, false, [] {
-    const cudaError_t err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(Variant<D, kTiles>::kSmem.bytes));
-    if (err != cudaSuccess) return err;
-    return cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
-}
-
 template <KvDtype D, int kTiles>
 cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t stream) {
   using V = Variant<D, kTiles>;
-  const cudaError_t e = opt_in<D, kTiles>();
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  const unsigned groups = unsigned((p.heads + V::kHeads - 1) / V::kHeads);
-  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
-  config.blockDim = dim3(V::kThreads);
-  config.dynamicSmemBytes = V::kSmem.bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(plan.splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  if (plan.splits > kDefaultSplits) {  // a non-portable cluster: refuse (no launch) if unplaceable
-    static std::atomic<uint64_t> asked{0}, fits{0};
-    const cudaError_t placed = cluster_fits(
-        reinterpret_cast<const void*>(&sparse_mla_kernel<D, kTiles>), config, asked, fits);
-    if (placed != cudaSuccess) return placed;
-  }
-  const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_kernel<D, kTiles>, p, plan);
-  if (launched != cudaSuccess) return launched;
-  return cudaGetLastError();
+  static LaunchOnce once;
+  return launch_split_clusters(sparse_mla_kernel<D, kTiles>, p, plan, V::kHeads, V::kThreads,
+                               V::kSmem.bytes, stream, once);
 }
 
 // m-tiles (16 heads each) per CTA: 4, 2 or 1. DSA_CUDA_SPARSE_MLA_HEADS=64|32|16 forces one (read

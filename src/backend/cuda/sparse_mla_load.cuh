@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/wgmma.cuh"
 #include "dsa/ops.h"
@@ -369,23 +370,104 @@ inline int max_splits() {
   return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
 }
 
-// Whether the GPU can place one cluster of config's size for `kernel` (asked once per device,
-// remembered in the caller's asked / fits bits), else cudaErrorInvalidClusterSize, with nothing
-// launched (a launch that fails would be sticky in the worst case; this never is).
-inline cudaError_t cluster_fits(const void* kernel, const cudaLaunchConfig_t& config,
-                                std::atomic<uint64_t>& asked, std::atomic<uint64_t>& fits) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(asked.load(std::memory_order_relaxed) & bit)) {
-    int clusters = 0;
-    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    if (err != cudaSuccess) return err;
-    if (clusters > 0) fits.fetch_or(bit, std::memory_order_relaxed);
-    asked.fetch_or(bit, std::memory_order_relaxed);
+// One chunk's online-softmax step of a thread that holds rows g and g + 8 (g = lane / 4) of its
+// warp's 16 rows of S over the chunk's 32 tokens in the m16n8 C / wgmma D layout: s[4 n + e] is
+// row g + 8 (e / 2), token 8 n + 2 c + e % 2 (c = lane % 4). Scales s to log2 units (scale_log2 =
+// scale * log2 e), masks the tokens whose staged slot is -1 to -inf, takes the row max over the
+// quad, turns s into p = 2^(s - m) in place, updates m (log2 units, -inf until a valid token)
+// and l, and rescales o (any accumulator in the same layout: element k is of row (k % 4) / 2)
+// unless no row max of the warp moved (o * 1 is o: the same bits either way). Both kernels run
+// exactly this sequence.
+template <int kO>
+__device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slots, int c,
+                                             float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&o)[kO]) {
+  float cmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const bool ok = slots[n * 8 + c * 2 + j] >= 0;
+      s[4 * n + j] = ok ? s[4 * n + j] * scale_log2 : -INFINITY;
+      s[4 * n + 2 + j] = ok ? s[4 * n + 2 + j] * scale_log2 : -INFINITY;
+      cmax[0] = fmaxf(cmax[0], s[4 * n + j]);
+      cmax[1] = fmaxf(cmax[1], s[4 * n + 2 + j]);
+    }
   }
-  return (fits.load(std::memory_order_relaxed) & bit) ? cudaSuccess : cudaErrorInvalidClusterSize;
+  float alpha[2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
+    cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
+    const float m_new = fmaxf(m[r], cmax[r]);
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
+    alpha[r] = exp2f(m[r] - m_use[r]);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    s[i] = exp2f(s[i] - m_use[(i % 4) / 2]);
+    l[(i % 4) / 2] += s[i];
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int k = 0; k < kO; ++k) o[k] *= alpha[(k % 4) / 2];
+  }
+}
+
+// The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
+// KiB, clusters past the portable 8) and whether one cluster of 16 fits on the GPU.
+struct LaunchOnce {
+  std::atomic<uint64_t> opted_in{0}, asked{0}, fits{0};
+};
+using SplitKernel = void (*)(SparseMlaParams, SplitPlan);
+
+// Launches `kernel` over rows * ceil(heads / heads_per_cta) * plan.splits CTAs of `threads`, in
+// clusters of plan.splits (a row's head groups side by side, the splits of one (row, group) in
+// one cluster). A cluster past the portable size that the GPU cannot place is refused with
+// cudaErrorInvalidClusterSize and nothing launched (a launch that fails would be sticky in the
+// worst case; this never is).
+inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaParams& p,
+                                         const SplitPlan& plan, int heads_per_cta, int threads,
+                                         size_t smem_bytes, cudaStream_t stream, LaunchOnce& once) {
+  cudaError_t err = once_per_device(once.opted_in, false, [&] {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  const unsigned groups = unsigned((p.heads + heads_per_cta - 1) / heads_per_cta);
+  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(plan.splits);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (plan.splits > kDefaultSplits) {  // asked once per device
+    int device = 0;
+    err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = uint64_t(1) << (device % 64);
+    if (!(once.asked.load(std::memory_order_relaxed) & bit)) {
+      int clusters = 0;
+      err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+      if (err != cudaSuccess) return err;
+      if (clusters > 0) once.fits.fetch_or(bit, std::memory_order_relaxed);
+      once.asked.fetch_or(bit, std::memory_order_relaxed);
+    }
+    if (!(once.fits.load(std::memory_order_relaxed) & bit)) return cudaErrorInvalidClusterSize;
+  }
+  err = cudaLaunchKernelEx(&config, kernel, p, plan);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail

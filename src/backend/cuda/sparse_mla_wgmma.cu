@@ -277,46 +277,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) s[i] += exchange[((wg ^ 1) * kSRegs + i) * 128 + t];
 
-    // 5. Online softmax over the chunk: s[4 j + e] is row g + 8 (e / 2), column 8 j + 2 qd + e % 2.
-    float cmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kChunk / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool ok = slots[j * 8 + qd * 2 + e] >= 0;
-        s[4 * j + e] = ok ? s[4 * j + e] * scale_log2 : -INFINITY;
-        s[4 * j + 2 + e] = ok ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
-        cmax[0] = fmaxf(cmax[0], s[4 * j + e]);
-        cmax[1] = fmaxf(cmax[1], s[4 * j + 2 + e]);
-      }
-    }
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
-      const float m_new = fmaxf(m[r], cmax[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < kSRegs; ++i) {
-      s[i] = exp2f(s[i] - m_use[(i % 4) / 2]);
-      l[(i % 4) / 2] += s[i];
-    }
-    // Rescale o, unless no lane's row max moved (o * 1 is o: the same bits either way).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int nb = 0; nb < kOutTiles; ++nb) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[nb][4 * j] *= alpha[0], o[nb][4 * j + 1] *= alpha[0];
-          o[nb][4 * j + 2] *= alpha[1], o[nb][4 * j + 3] *= alpha[1];
-        }
-      }
-    }
+    // 5. Online softmax over the chunk.
+    softmax_step(s, slots, qd, scale_log2, m, l, reinterpret_cast<float(&)[kOutTiles * 32]>(o));
 
     // 6. O += P V: the A fragment of k16 step kk is the D fragment's blocks 2 kk and 2 kk + 1.
     uint32_t a[2][4];
@@ -382,46 +344,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 }
 
 template <KvDtype D>
-cudaError_t opt_in() {
-  static std::atomic<uint64_t> opted_in{0};
-  return once_per_device(opted_in, false, [] {
-    const cudaError_t err = cudaFuncSetAttribute(sparse_mla_wgmma_kernel<D>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(WgVariant<D>::kSmem.bytes));
-    if (err != cudaSuccess) return err;
-    return cudaFuncSetAttribute(sparse_mla_wgmma_kernel<D>,
-                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
-}
-
-template <KvDtype D>
 cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   using V = WgVariant<D>;
-  const cudaError_t e = opt_in<D>();
-  if (e != cudaSuccess) return e;
-  const SplitPlan plan = split_plan(p.topk, max_splits());
-  cudaLaunchConfig_t config = {};
-  const unsigned groups = unsigned((p.heads + V::kHeads - 1) / V::kHeads);
-  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
-  config.blockDim = dim3(V::kThreads);
-  config.dynamicSmemBytes = V::kSmem.bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(plan.splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  if (plan.splits > kDefaultSplits) {  // a non-portable cluster: refuse (no launch) if unplaceable
-    static std::atomic<uint64_t> asked{0}, fits{0};
-    const cudaError_t placed = cluster_fits(
-        reinterpret_cast<const void*>(&sparse_mla_wgmma_kernel<D>), config, asked, fits);
-    if (placed != cudaSuccess) return placed;
-  }
-  const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_wgmma_kernel<D>, p, plan);
-  if (launched != cudaSuccess) return launched;
-  return cudaGetLastError();
+  static LaunchOnce once;
+  return launch_split_clusters(sparse_mla_wgmma_kernel<D>, p, split_plan(p.topk, max_splits()),
+                               V::kHeads, V::kThreads, V::kSmem.bytes, stream, once);
 }
 
 }  // namespace
