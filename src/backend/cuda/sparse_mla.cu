@@ -170,39 +170,19 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   auto slots_of = [&](int chunk) { return slots_s + (chunk % kRing) * kChunk; };
 
   cg::cluster_group cluster = cg::this_cluster();
-  // blockIdx.x = (row * groups + group) * splits + split: the head groups of a row run side by
-  // side, so the second reads the row's latent rows from L2.
-  const int split = int(cluster.block_rank());  // blockIdx.x % plan.splits
-  const int groups = (p.heads + V::kHeads - 1) / V::kHeads;
-  const int row = int(blockIdx.x / plan.splits) / groups;
-  const int head0 = int(blockIdx.x / plan.splits) % groups * V::kHeads;
+  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()));
+  const int64_t* indices = work.indices;
+  const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int mt = warp % kTiles, half = warp / kTiles;
   const int g = lane / 4, c = lane % 4;
-  const int64_t* indices = p.indices + int64_t(row) * p.ld_indices;
-  const int chunk0 = split * plan.chunks_per_split;
-  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
-  const int n_chunks = max(0, min(plan.chunks_per_split, total_chunks - chunk0));
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
   // Prologue, two memory round trips: the slots of the first kStages chunks with this CTA's
   // share of q (stored in every CTA of the cluster); then the first kStages - 1 chunks (one
   // cp.async group each, empty past the split's end), while the cluster's q stores settle.
-  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
-  int64_t first_slots[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) {
-    const bool load = threadIdx.x < kChunk && i < n_chunks;
-    first_slots[i] = load ? raw_slot(p, indices, chunk0 + i, threadIdx.x) : int64_t(-1);
-  }
-  share_queries<V::kHeads, V::kThreads>(p, cluster, plan.splits, split, row, head0,
-                                        PaddedRows{q_s});
-  cluster_arrive_release();  // this CTA's q stores are done
-  if (threadIdx.x < kChunk) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) slots_of(i)[threadIdx.x] = checked_slot(p, first_slots[i]);
-  }
-  __syncthreads();  // the staged slots are visible
+  start_split<V::kHeads, V::kThreads, kStages, false>(p, cluster, plan, work, PaddedRows{q_s},
+                                                      slots_s);
 #pragma unroll
   for (int i = 0; i + 1 < kStages; ++i) {
     if (i < n_chunks) {
@@ -257,32 +237,9 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
   }
 
-  // The partial of this split: row sums over the quad, then o, m, l into shared memory (o over
-  // q and the latent ring, which every warp is done with after the barrier; every copy into the
-  // ring has landed, the last real one at the wait of the last step).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  __syncthreads();
-  auto* part = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = mt * 16 + g + r * 8;
-    float* dst = part + h * kPartPitch + half * kHalfOut + c * 2;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
-    }
-    if (half == 0 && c == 0) {
-      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
-      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
-    }
-  }
-  cluster.sync();  // every split's partial is complete and visible to the cluster
-  combine_splits<V>(p, cluster, plan.splits, split, row, head0, smem);
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  // Every copy into the ring has landed, the last real one at the wait of the last step.
+  finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
+                  mt * 16 + g, half * kHalfOut + c * 2, half == 0 && c == 0);
 }
 
 template <KvDtype D, int kTiles>

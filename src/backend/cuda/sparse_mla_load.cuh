@@ -143,6 +143,28 @@ struct SwizzledRows {
   }
 };
 
+// What one CTA works on: split `split` of head group head0 / heads_per_cta of row `row`, the
+// chunks [chunk0, chunk0 + n_chunks) of the row's selected tokens (n_chunks may be 0). CTA x is
+// x = (row * groups + group) * splits + split: the head groups of a row run side by side, so
+// the second reads the row's latent rows from L2.
+struct CtaWork {
+  int split, row, head0, chunk0, n_chunks;
+  const int64_t* indices;  // the row's selected slots
+};
+__device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const SplitPlan& plan,
+                                            int heads_per_cta, int split) {
+  CtaWork w;
+  const int groups = (p.heads + heads_per_cta - 1) / heads_per_cta;
+  w.split = split;  // blockIdx.x % plan.splits: the CTA's rank in its cluster
+  w.row = int(blockIdx.x / plan.splits) / groups;
+  w.head0 = int(blockIdx.x / plan.splits) % groups * heads_per_cta;
+  w.indices = p.indices + int64_t(w.row) * p.ld_indices;
+  w.chunk0 = split * plan.chunks_per_split;
+  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
+  w.n_chunks = max(0, min(plan.chunks_per_split, total_chunks - w.chunk0));
+  return w;
+}
+
 // One chunk's place in the rings: its bf16 rows and, for fp8, its raw stage: the e4m3 values, the
 // rope (bf16 as stored) and the scale of each 64-value unit.
 struct Stage {
@@ -297,6 +319,35 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
       }
     }
   }
+}
+
+// The first half of both kernels' prologue, one memory round trip: arrives at the cluster
+// barrier (this CTA has started), loads the slots of the first kStages chunks and this CTA's
+// share of q, stores q into every CTA of the cluster (q_at: the kernel's layout; kAsyncProxy:
+// fenced for the async proxy, which reads it with wgmma), arrives again (release: this CTA's q
+// stores are done), stages the checked slots into slots_s [kStages][kChunk] and syncs the CTA.
+// The caller waits on the cluster barrier (acquire) before it reads q.
+template <int kHeads, int kThreads, int kStages, bool kAsyncProxy, class Rows>
+__device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluster_group& cluster,
+                                            const SplitPlan& plan, const CtaWork& w, Rows q_at,
+                                            int64_t* slots_s) {
+  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
+  int64_t first_slots[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    const bool load = threadIdx.x < kChunk && i < w.n_chunks;
+    first_slots[i] = load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x) : int64_t(-1);
+  }
+  share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, q_at);
+  if constexpr (kAsyncProxy) fence_proxy_async_all();  // q's stores, in any CTA
+  cluster_arrive_release();                            // this CTA's q stores are done
+  if (threadIdx.x < kChunk) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      slots_s[i * kChunk + threadIdx.x] = checked_slot(p, first_slots[i]);
+    }
+  }
+  __syncthreads();  // the staged slots are visible
 }
 
 // The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
@@ -468,6 +519,42 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
   err = cudaLaunchKernelEx(&config, kernel, p, plan);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
+}
+
+// The end of both kernels, once the token loop is done (no copy or wgmma in flight): the row
+// sums over the quad, the split's partial into shared memory (o over q and the rings, which
+// every warp is done with after the barrier) and the cluster's combine. The thread holds rows
+// `row0` and row0 + 8 of the CTA's heads and, of each, 256 consecutive output dims starting at
+// dim0 in the m16n8 C layout repeated: o[4 j + e] is row row0 + 8 (e / 2), dim dim0 + 8 j + e % 2
+// (dim0 includes 2 (lane % 4)); writes_ml: this thread stores m and l of its rows.
+template <class V>
+__device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::cluster_group& cluster,
+                                             const SplitPlan& plan, const CtaWork& w, uint8_t* smem,
+                                             const float (&o)[128], const float (&m)[2],
+                                             float (&l)[2], int row0, int dim0, bool writes_ml) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  __syncthreads();
+  auto* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = row0 + r * 8;
+    float* dst = part + h * kPartPitch + dim0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+    }
+    if (writes_ml) {
+      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
+      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
+    }
+  }
+  cluster.sync();  // every split's partial is complete and visible to the cluster
+  combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail

@@ -76,7 +76,7 @@
 //   B = 256: 4x that, ~250-350 us (~350 TFLOP/s).
 //   B = 1: 16 CTAs, each 8 chunks in a row: ~8 x 0.8 us + ~2 us prologue + ~1 us combine ~ 9 us
 //     (latency-bound: one CTA per SM, tensor cores mostly idle); <= 12 us targeted.
-// ptxas (sm_90a, nvcc 13, -Xptxas -v): 254 registers per thread for both dtypes, no spills, no
+// ptxas (sm_90a, nvcc 13, -Xptxas -v): 255 / 254 registers per thread (bf16 / fp8), no spills, no
 // wgmma serialization warning (C7515); 256 threads, so one CTA per SM by registers as by shared
 // memory.
 #include <cooperative_groups.h>
@@ -147,13 +147,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   constexpr bool kFp8 = D == KvDtype::kFp8;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  // The swizzle atoms need 1024-byte alignment; dynamic shared memory promises 16. The pad is
-  // the same in every CTA of the cluster (the same kernel), so mapped addresses agree.
-  const uint32_t raw_base = smem_addr(smem_raw);
-  const uint32_t pad =
-      (kSwizzleAtomBytes - (raw_base & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
-  uint8_t* smem = smem_raw + pad;
-  const uint32_t base = raw_base + pad;
+  // The swizzle atoms need 1024-byte alignment. The pad is the same in every CTA of the cluster
+  // (the same kernel), so mapped addresses agree.
+  uint8_t* smem = align_to_atom(smem_raw);
+  const uint32_t base = smem_addr(smem);
 
   auto* slots_s = reinterpret_cast<int64_t*>(smem + V::kSmem.slots);
   auto slots_of = [&](int chunk) { return slots_s + (chunk % kRing) * kChunk; };
@@ -171,36 +168,18 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   };
 
   cg::cluster_group cluster = cg::this_cluster();
-  const int split = int(cluster.block_rank());  // blockIdx.x % plan.splits
-  const int groups = (p.heads + V::kHeads - 1) / V::kHeads;
-  const int row = int(blockIdx.x / plan.splits) / groups;
-  const int head0 = int(blockIdx.x / plan.splits) % groups * V::kHeads;
+  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()));
+  const int64_t* indices = work.indices;
+  const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
   const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
-  const int64_t* indices = p.indices + int64_t(row) * p.ld_indices;
-  const int chunk0 = split * plan.chunks_per_split;
-  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
-  const int n_chunks = max(0, min(plan.chunks_per_split, total_chunks - chunk0));
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
   // Prologue (as the mma.sync kernel's): the slots of the first kStages chunks with this CTA's
-  // share of q, stored swizzled in every CTA of the cluster; then the first kStages - 1 chunks.
-  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
-  int64_t first_slots[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) {
-    const bool load = threadIdx.x < kChunk && i < n_chunks;
-    first_slots[i] = load ? raw_slot(p, indices, chunk0 + i, threadIdx.x) : int64_t(-1);
-  }
-  share_queries<V::kHeads, V::kThreads>(p, cluster, plan.splits, split, row, head0,
-                                        SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
-  fence_proxy_async_all();   // this thread's q stores, in any CTA, before the async proxy reads
-  cluster_arrive_release();  // this CTA's q stores are done
-  if (threadIdx.x < kChunk) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) slots_of(i)[threadIdx.x] = checked_slot(p, first_slots[i]);
-  }
-  __syncthreads();  // the staged slots are visible
+  // share of q, stored swizzled in every CTA of the cluster and fenced for the async proxy; then
+  // the first kStages - 1 chunks.
+  start_split<V::kHeads, V::kThreads, kStages, true>(
+      p, cluster, plan, work, SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q}, slots_s);
 #pragma unroll
   for (int i = 0; i + 1 < kStages; ++i) {
     if (i < n_chunks) fetch(i);
@@ -312,35 +291,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
 
-  // The partial of this split: row sums over the quad, then o, m, l into shared memory (o over
-  // q and the rings, which every warpgroup is done with after the barrier).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  __syncthreads();
-  auto* part = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = 16 * warp + g + 8 * r;
-    float* dst = part + h * kPartPitch + wg * (kKvLoraRank / 2) + 2 * qd;
-#pragma unroll
-    for (int nb = 0; nb < kOutTiles; ++nb) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<float2*>(dst + nb * 64 + j * 8) =
-            make_float2(o[nb][4 * j + 2 * r], o[nb][4 * j + 2 * r + 1]);
-      }
-    }
-    if (wg == 0 && qd == 0) {
-      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
-      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
-    }
-  }
-  cluster.sync();  // every split's partial is complete and visible to the cluster
-  combine_splits<V>(p, cluster, plan.splits, split, row, head0, smem);
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
+                  16 * warp + g, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
 }
 
 template <KvDtype D>

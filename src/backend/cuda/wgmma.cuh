@@ -102,6 +102,13 @@ __host__ __device__ __forceinline__ constexpr int swizzle128_offset(int r, int c
   return r * kSwizzleRowBytes + ((c ^ (r & 7)) << 4);
 }
 
+// The first 1024-aligned byte at or after p in shared memory (dynamic shared memory promises 16
+// bytes of alignment; swizzle atoms need 1024: reserve kSwizzleAtomBytes of slack).
+__device__ __forceinline__ uint8_t* align_to_atom(uint8_t* p) {
+  const uint32_t at = uint32_t(__cvta_generic_to_shared(p));
+  return p + ((kSwizzleAtomBytes - (at & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
+}
+
 // The descriptor of a 128-byte-swizzled K-major operand starting at shared byte address
 // `smem_byte_addr` (the tile start, 1024-aligned, plus 32 bytes per k16 block; see above).
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr) {
