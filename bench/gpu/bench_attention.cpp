@@ -10,8 +10,9 @@
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
 //       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS),
-//       .../wgmma (the wgmma kernel, DSA_CUDA_SPARSE_MLA_VARIANT=wgmma) and at B = 1 .../graph
-//       and .../wgmma/graph (graph-launched)
+//       .../wgmma (the wgmma kernel, DSA_CUDA_SPARSE_MLA_VARIANT=wgmma), .../wgmma/splits=16,
+//       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma) and at B = 1
+//       .../graph and .../wgmma/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -244,7 +245,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false},
       {nullptr, "", "/wgmma", false, true},
-      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, true}};
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, true},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, true}};
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({nullptr, "", "/wgmma/graph", true, true});

@@ -701,13 +701,17 @@ TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
 }
 
 // One small case per dtype for the sanitizers (scripts/gpu-attn.sh): 6 chunks per split (the
-// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits.
+// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits; P V on
+// the register-A wgmma and on mma.sync (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma, the check path).
 TEST_F(ParityAttention, SparseMlaWgmmaCompact) {
   int cases = 0;
-  for (int max_splits : {0, 16}) {
-    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, kWgmma});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1180 + cases++));
+  for (const char* pv : {"wgmma", "mma"}) {
+    ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
+    for (int max_splits : {0, 16}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, kWgmma});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1180 + cases++)) << "P V on " << pv;
+      }
     }
   }
 }

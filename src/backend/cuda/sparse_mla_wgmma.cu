@@ -27,9 +27,10 @@
 //      copied into the bf16 tile; fence.proxy.async; __syncthreads (both warpgroups are past the
 //      previous chunk's P V, whose tile the next copies overwrite).
 //   2. issue the copies of chunk + 2 (one cp.async group per chunk, empty past the split's end).
-//   3. S_wg[64 heads x 32 tokens] = Q K^T over this warpgroup's 288 of the 576 dims: 18
-//      wgmma.m64n32k16 (A = q tile, B = the chunk tile, both K-major in smem), in k order from
-//      +0; wait.
+//   3. S_wg[64 heads x 32 tokens] = Q K^T over this warpgroup's 288 of the 576 dims (the even
+//      k16 steps for warpgroup 0, the odd ones for 1: both chains then run from the same two
+//      base descriptors at fixed offsets): 18 wgmma.m64n32k16 (A = q tile, B = the chunk tile,
+//      both K-major in smem), in k order from +0; wait.
 //   4. The two partials meet in shared memory: each warpgroup stores its 16 accumulators per
 //      thread, __syncthreads, and adds the other's: S = S_0 + S_1 in both (f32 addition
 //      commutes, so both hold the same bits, hence the same softmax statistics and P).
@@ -76,13 +77,19 @@
 //   B = 256: 4x that, ~250-350 us (~350 TFLOP/s).
 //   B = 1: 16 CTAs, each 8 chunks in a row: ~8 x 0.8 us + ~2 us prologue + ~1 us combine ~ 9 us
 //     (latency-bound: one CTA per SM, tensor cores mostly idle); <= 12 us targeted.
-// ptxas (sm_90a, nvcc 13, -Xptxas -v): 255 / 254 registers per thread (bf16 / fp8), no spills, no
-// wgmma serialization warning (C7515); 256 threads, so one CTA per SM by registers as by shared
-// memory.
+// Check path: DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma runs step 6 on mma.sync with V^T fragments from
+// ldmatrix.trans (accumulate_pv_mma) instead of the register-A, MN-major wgmma: the same
+// tolerances, other bits; it tells a fault of that wgmma form from one elsewhere.
+// ptxas (sm_90a, nvcc 13, -Xptxas -v): 245 / 224 registers per thread (bf16 / fp8; the check
+// path 255 / 254), no spills, no wgmma serialization warning (C7515); 256 threads, so one CTA
+// per SM by registers as by shared memory.
 #include <cooperative_groups.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
@@ -140,7 +147,51 @@ struct WgVariant {
   static_assert(kChunk * kPieces % kThreads == 0 && kChunk * kUnits % kThreads == 0);
 };
 
-template <KvDtype D>
+// P V on mma.sync (the DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma check path): each warp multiplies its 16
+// heads' P (the same A fragments as the register-A wgmma) by V [32 tokens x 256 dims of this
+// warpgroup], the V^T fragments read by ldmatrix.trans from the swizzled chunk tile at `tile`
+// (generic address). o is the wgmma D layout flattened, which per warp is the m16n8 C layout of
+// the 8-dim blocks J = 0..31: o[J][e]. Other bits than the wgmma path (another summation order
+// inside the tensor core), the same within the tolerances: a check of the register-A / MN-major
+// wgmma path against one that does not use it.
+__device__ __forceinline__ void accumulate_pv_mma(const uint8_t* tile, int wg,
+                                                  const uint32_t (&a)[2][4], float (&o)[32][4]) {
+  // The lane through an empty asm: the 32 addresses are formed per call, not hoisted out of the
+  // chunk loop into live registers.
+  int lane = int(threadIdx.x % 32);
+  asm volatile("" : "+r"(lane));
+  // Lanes 8 i .. 8 i + 7 address the rows of matrix i: tokens 8 ((lane / 8) % 2) + lane % 8 of
+  // the k16 step, dims 8 (lane / 16) of the 16-dim pair; the row's swizzle XOR is lane % 8.
+  const uint32_t base = smem_addr(tile) + uint32_t((8 * ((lane / 8) % 2) + lane % 8) * 128);
+#pragma unroll 1
+  for (int kk = 0; kk < 2; ++kk) {  // k16 steps, then 16-dim pairs
+    uint32_t ak[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ak[r] = kk == 0 ? a[0][r] : a[1][r];
+#pragma unroll
+    for (int pair = 0; pair < 16; ++pair) {
+      const int dim = wg * (kKvLoraRank / 2) + pair * 16 + (lane / 16) * 8;
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, base + uint32_t(kk * 16 * 128 + (dim / 64) * kKvTileBytes +
+                                           ((((dim % 64) / 8) ^ (lane % 8)) << 4)));
+      mma_bf16(o[2 * pair], ak, b[0], b[1]);
+      mma_bf16(o[2 * pair + 1], ak, b[2], b[3]);
+    }
+  }
+}
+
+// S over this warpgroup's 18 k16 steps, in order: step i reads k16 block 2 (i % 2) of 64-dim
+// tile i / 2 (plus the warpgroup's block, in the base descriptors) of q and of the chunk.
+template <int... kI>
+__device__ __forceinline__ void partial_scores(float (&s)[kSRegs], uint64_t desc_q,
+                                               uint64_t desc_kv,
+                                               std::integer_sequence<int, kI...>) {
+  (wgmma_bf16_n32_at<((kI / 2) * kQTileBytes + (kI % 2) * 64) / 16,
+                     ((kI / 2) * kKvTileBytes + (kI % 2) * 64) / 16>(s, desc_q, desc_kv),
+   ...);
+}
+
+template <KvDtype D, bool kPvWgmma>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_wgmma_kernel(SparseMlaParams p, SplitPlan plan) {
   using V = WgVariant<D>;
@@ -222,12 +273,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const int64_t next_slot =
         restage ? raw_slot(p, indices, chunk0 + ch + kStages, threadIdx.x) : -1;
 
-    // 3. This warpgroup's partial S over k16 steps [18 wg, 18 wg + 18).
+    // 3. This warpgroup's partial S over the k16 steps ks = 2 i + wg, i = 0..17 (the odd or the
+    // even ones: step 2 i + wg is k16 block kk = 2 (i % 2) + wg of 64-dim tile i / 2).
     const uint32_t tile = base + tile_offset(ch);
-    // q's address through an empty asm: the 18 descriptors are formed here, per chunk (a few
-    // adds), not hoisted out of the loop into 36 live registers.
-    uint32_t q_at = q_base;
-    asm volatile("" : "+r"(q_at));
     float s[kSRegs];
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) {
@@ -235,12 +283,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       fence_operand(s[i]);
     }
     wgmma_fence();
-#pragma unroll
-    for (int i = 0; i < kHalfSteps; ++i) {
-      const int ks = wg * kHalfSteps + i, blk = ks / 4, kk = ks % 4;
-      wgmma_bf16<kChunk>(s, wgmma_desc_sw128(q_at + uint32_t(blk * kQTileBytes + kk * 32)),
-                         wgmma_desc_sw128(tile + uint32_t(blk * kKvTileBytes + kk * 32)));
-    }
+    partial_scores(s, wgmma_desc_sw128(q_base + uint32_t(wg * 32)),
+                   wgmma_desc_sw128(tile + uint32_t(wg * 32)),
+                   std::make_integer_sequence<int, kHalfSteps>{});
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -269,24 +314,28 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         fence_operand(a[kk][r]);
       }
     }
-    fence_o();
-    wgmma_fence();
+    if constexpr (kPvWgmma) {
+      fence_o();
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
+      for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
-      for (int nb = 0; nb < kOutTiles; ++nb) {
-        // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile wg * 4 + nb.
-        const uint32_t v =
-            tile + uint32_t((wg * kOutTiles + nb) * kKvTileBytes + kk * 2 * kSwizzleAtomBytes);
-        wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kKvTileBytes));
+        for (int nb = 0; nb < kOutTiles; ++nb) {
+          // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile wg * 4 + nb.
+          const uint32_t v =
+              tile + uint32_t((wg * kOutTiles + nb) * kKvTileBytes + kk * 2 * kSwizzleAtomBytes);
+          wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kKvTileBytes));
+        }
       }
+      wgmma_commit();
+      // Waited here, not at the next chunk's barrier: a group left pending across the loop's
+      // back edge makes ptxas serialize every wgmma of the kernel (C7515), which costs far more
+      // than the overlap with the next chunk's cp.async wait would give.
+      wgmma_wait<0>();
+      fence_o();
+    } else {
+      accumulate_pv_mma(smem + tile_offset(ch), wg, a, reinterpret_cast<float(&)[32][4]>(o));
     }
-    wgmma_commit();
-    // Waited here, not at the next chunk's barrier: a group left pending across the loop's back
-    // edge makes ptxas serialize every wgmma of the kernel (C7515), which costs far more than
-    // the overlap with the next chunk's cp.async wait would give.
-    wgmma_wait<0>();
-    fence_o();
     if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
   }
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
@@ -295,12 +344,25 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                   16 * warp + g, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
 }
 
-template <KvDtype D>
+template <KvDtype D, bool kPvWgmma>
 cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   using V = WgVariant<D>;
   static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_wgmma_kernel<D>, p, split_plan(p.topk, max_splits()),
-                               V::kHeads, V::kThreads, V::kSmem.bytes, stream, once);
+  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma>, p,
+                               split_plan(p.topk, max_splits()), V::kHeads, V::kThreads,
+                               V::kSmem.bytes, stream, once);
+}
+
+// DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma (read at every call): P V on mma.sync instead of the
+// register-A wgmma (accumulate_pv_mma): a check path with other bits, not for serving.
+bool pv_on_wgmma() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_WGMMA_PV");
+  return v == nullptr || std::strcmp(v, "mma") != 0;
+}
+
+template <KvDtype D>
+cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
+  return pv_on_wgmma() ? launch<D, true>(p, stream) : launch<D, false>(p, stream);
 }
 
 }  // namespace
@@ -308,8 +370,8 @@ cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
 cudaError_t sparse_mla_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
-  return p.pool.dtype == KvDtype::kBf16 ? launch<KvDtype::kBf16>(p, stream)
-                                        : launch<KvDtype::kFp8>(p, stream);
+  return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
+                                        : launch_dtype<KvDtype::kFp8>(p, stream);
 }
 
 }  // namespace dsa::cuda

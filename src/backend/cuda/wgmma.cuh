@@ -193,6 +193,24 @@ __device__ __forceinline__ void wgmma_bf16<32>(float (&d)[16], uint64_t desc_a, 
         "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
+// The same for N = 32 with the operands at compile-time offsets from two base descriptors
+// (kOffA, kOffB: byte offsets / 16, added to the start-address field inside the instruction's
+// asm block, so a chain of these keeps two descriptors live instead of two per instruction; the
+// sums stay below 2^14, the field's width, for any shared address).
+template <int kOffA, int kOffB>
+__device__ __forceinline__ void wgmma_bf16_n32_at(float (&d)[16], uint64_t desc_a,
+                                                  uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %18, 0;\n"
+      "add.s64 da, %16, %19;\nadd.s64 db, %17, %20;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "da, db, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kOffA), "n"(kOffB));
+}
 template <>
 __device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
