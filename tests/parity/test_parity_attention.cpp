@@ -377,6 +377,18 @@ class ParityAttention : public ParityTest {
     TopkCase c(spec);
     return check_parity(c, cpu(), cuda(), seed);
   }
+  // The wgmma sparse MLA kernel's compact cases (SparseMlaWgmmaCompact): P V on the register-A
+  // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path).
+  void wgmma_compact_cases(const char* pv, uint64_t seed) {
+    ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
+    for (int max_splits : {0, 16}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
+            << "P V on " << (pv != nullptr ? pv : "wgmma");
+      }
+    }
+  }
 };
 
 struct DtypeVariant {
@@ -701,20 +713,11 @@ TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
 }
 
 // One small case per dtype for the sanitizers (scripts/gpu-attn.sh): 6 chunks per split (the
-// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits; P V on
-// the register-A wgmma and on mma.sync (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma, the check path).
-TEST_F(ParityAttention, SparseMlaWgmmaCompact) {
-  int cases = 0;
-  for (const char* pv : {"wgmma", "mma"}) {
-    ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
-    for (int max_splits : {0, 16}) {
-      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-        SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, kWgmma});
-        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1180 + cases++)) << "P V on " << pv;
-      }
-    }
-  }
-}
+// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits.
+TEST_F(ParityAttention, SparseMlaWgmmaCompact) { wgmma_compact_cases(nullptr, 1180); }
+// The check path (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma): passing here but not above points at the
+// register-A / MN-major wgmma of P V; failing both, at the rest of the kernel.
+TEST_F(ParityAttention, SparseMlaWgmmaPvMmaCompact) { wgmma_compact_cases("mma", 1190); }
 
 // A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
 // with 8 and with 16 splits per row.
