@@ -254,8 +254,13 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
         hi.x = dequant_pair(uint16_t(v.z), s), hi.y = dequant_pair(uint16_t(v.z >> 16), s);
         hi.z = dequant_pair(uint16_t(v.w), s), hi.w = dequant_pair(uint16_t(v.w >> 16), s);
       }
-      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16)) = lo;
-      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + 8)) = hi;
+      // Odd units store their upper half first: the 8 units' stores of one instruction land in 8
+      // distinct 16-byte bank groups (chunk 2 j + unit % 2 of a 128-byte row, in either layout).
+      const bool odd = unit % 2 != 0;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + (odd ? 8 : 0))) =
+          odd ? hi : lo;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + (odd ? 0 : 8))) =
+          odd ? lo : hi;
     }
   }
 #pragma unroll
