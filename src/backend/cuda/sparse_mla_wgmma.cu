@@ -70,17 +70,19 @@
 //   shared-memory traffic: S operands 2 x 18 x (2 KiB q + 1 KiB kv) = 108 KiB, exchange 32 KiB,
 //   V 2 x 16 KiB = 32 KiB, copies in 36 KiB (fp8: raw 21 KiB in, 21 KiB read, 36 KiB out):
 //   ~208 KiB = ~1660 clk. The mma.sync kernel moves ~344 KiB per 32-token chunk of 64 heads.
-//   Serialized inside a CTA (S, exchange, softmax, P V, one barrier each): ~1.3-1.7k clk per chunk.
-//   B = 64: 64 x 2 x 8 = 1024 CTAs x 8 chunks on 132 SMs = 7.8 waves: ~62k clk of chunks ~ 35 us
-//     at the smem bound; with the prologue (q 147 KiB of f32 per group, once per cluster) and
-//     the combine, ~60-90 us expected (~300-400 TFLOP/s); target <= 146 us.
-//   B = 256: 4x that, ~250-350 us (~350 TFLOP/s).
-//   B = 1: 16 CTAs, each 8 chunks in a row: ~8 x 0.8 us + ~2 us prologue + ~1 us combine ~ 9 us
-//     (latency-bound: one CTA per SM, tensor cores mostly idle); <= 12 us targeted.
+//   Serialized inside a CTA (barrier, copies issued, S ~900 clk at the smem bound, exchange
+//   ~150, softmax ~100, P V ~550): ~1.9k clk, ~1 us per chunk.
+//   B = 64: 64 x 2 x 8 = 1024 CTAs of 8 chunks; clusters of 8 CTAs of one SM each place ~128 at
+//     a time: 8 waves x (8 chunks ~ 8 us + prologue (q: 147 KiB of f32 per group, shared by the
+//     cluster) and combine ~3 us) ~ 90 us expected (~400 TFLOP/s); target <= 146 us.
+//   B = 256: 32 such waves, ~350 us (~420 TFLOP/s); target >= 300 TFLOP/s.
+//   B = 1: 16 CTAs, each 8 chunks in a row: ~8 us + ~2 us prologue + ~1 us combine ~ 11 us
+//     (latency-bound: one CTA per SM, tensor cores mostly idle); target <= 12 us. With
+//     DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (process-wide), 4 chunks per CTA: ~7 us.
 // Check path: DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma runs step 6 on mma.sync with V^T fragments from
 // ldmatrix.trans (accumulate_pv_mma) instead of the register-A, MN-major wgmma: the same
 // tolerances, other bits; it tells a fault of that wgmma form from one elsewhere.
-// ptxas (sm_90a, nvcc 13, -Xptxas -v): 245 / 224 registers per thread (bf16 / fp8; the check
+// ptxas (sm_90a, nvcc 13, -Xptxas -v): 245 / 225 registers per thread (bf16 / fp8; the check
 // path 255 / 254), no spills, no wgmma serialization warning (C7515); 256 threads, so one CTA
 // per SM by registers as by shared memory.
 #include <cooperative_groups.h>
