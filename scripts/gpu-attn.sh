@@ -2,8 +2,9 @@
 # The attention kernels' GPU check: sparse MLA, top-k and indexer logits. Runs ON the device, from
 # the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,
 # bench,dsa}), in under 10 minutes (the step timeouts add up to 590 s; a usual run takes ~5):
-#   the wgmma sparse MLA kernel first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma): its parity and batch
-#   invariance, memcheck + racecheck over its compact case;
+#   the wgmma sparse MLA kernel first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma): its parity, batch
+#   invariance (1 / 7 / 64 / 256 rows, and a padded graph bucket against eager decode),
+#   memcheck + racecheck over its compact case;
 #   dsa_gpu_bench's attention rows (no store or GEMM rows; both sparse MLA kernels) and the torch
 #   baselines, joined by report.py (before the longer checks, so a run cut short keeps them);
 #   the other ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
@@ -25,7 +26,8 @@ source scripts/gpu-steps.sh
 steps_setup attn.log
 
 step nvidia-smi 10 nvidia-smi
-step parity-wgmma 45 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.SparseMlaWgmma*' \
+step parity-wgmma 45 "$B/tests/dsa_parity_tests" \
+  --gtest_filter='ParityAttention.SparseMlaWgmma*:*WgmmaSparseMla*' \
   --gtest_output="json:$OUT/parity-wgmma.json"
 sanitize sanitizer-memcheck-wgmma memcheck 40 "$B/tests/dsa_parity_tests" \
   --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
