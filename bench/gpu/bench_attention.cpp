@@ -11,8 +11,10 @@
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
-//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS)
-//       and at B = 1 .../graph (graph-launched)
+//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS),
+//       .../wgmma (the wgmma kernel, DSA_CUDA_SPARSE_MLA_VARIANT=wgmma), .../wgmma/splits=16,
+//       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma) and at B = 1
+//       .../graph and .../wgmma/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -229,21 +231,30 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
   // One row per variant: the batch's own choice, then each heads-per-CTA forced (.../heads=H),
-  // and 16 splits per row (.../splits=16), so the dispatch is checked against the alternatives
-  // in the same run. At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host
-  // launch cost, as in the decode graphs), the batch's own choice.
+  // 16 splits per row (.../splits=16) and the wgmma kernel (.../wgmma), so the dispatch is
+  // checked against the alternatives in the same run. At B = 1 also .../graph: 50 launches
+  // captured in one CUDA graph (no host launch cost, as in the decode graphs), the batch's own
+  // choice, and .../wgmma/graph.
   struct Variant {
     const char* env;  // null: none
     const char* value;
     const char* suffix;
     bool graph;
+    bool wgmma = false;  // also DSA_CUDA_SPARSE_MLA_VARIANT=wgmma
   };
-  std::vector<Variant> variants = {{nullptr, "", "", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
-                                   {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false}};
-  if (kRows == 1) variants.push_back({nullptr, "", "/graph", true});
+  std::vector<Variant> variants = {
+      {nullptr, "", "", false},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false},
+      {nullptr, "", "/wgmma", false, true},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, true},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, true}};
+  if (kRows == 1) {
+    variants.push_back({nullptr, "", "/graph", true});
+    variants.push_back({nullptr, "", "/wgmma/graph", true, true});
+  }
   for (const Variant& v : variants) {
     int64_t call = 0;
     double us = 0;
@@ -258,11 +269,14 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     // A variant that cannot launch here (16 splits: a cluster of 16 the GPU cannot place) is
     // reported and skipped; the other rows go on.
     try {
-      with_env(v.env, v.value, [&] {
-        us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+      with_env(v.wgmma ? "DSA_CUDA_SPARSE_MLA_VARIANT" : nullptr, "wgmma", [&] {
+        with_env(v.env, v.value, [&] {
+          us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+        });
       });
     } catch (const std::exception& e) {
       unsetenv(v.env == nullptr ? "DSA_CUDA_SPARSE_MLA_HEADS" : v.env);
+      unsetenv("DSA_CUDA_SPARSE_MLA_VARIANT");
       std::printf("  sparse_mla/%s/B=%d%s FAILED: %s\n", kv_dtype_name(dtype), kRows, v.suffix,
                   e.what());
       continue;
@@ -280,7 +294,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     r.extra = {{"tflops", tflops},
                {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
                {"rotation_sets", sets},
-               {"variant", v.env == nullptr ? "" : std::string(v.env) + "=" + v.value}};
+               {"variant", std::string(v.wgmma ? "DSA_CUDA_SPARSE_MLA_VARIANT=wgmma " : "") +
+                               (v.env == nullptr ? "" : std::string(v.env) + "=" + v.value)}};
     std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
                 100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
     ctx.add(std::move(r));

@@ -262,6 +262,9 @@ struct MlaSpec {
   // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
   // the default (8). It moves the split boundaries, so only runs with the same bound compare.
   int max_splits = 0;
+  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma" or "mma"; null
+  // leaves the default. The families give different bits: only runs of one family compare.
+  const char* variant = nullptr;
 };
 
 // Sets an environment variable for a scope (unset again at its end); null value: leaves it unset.
@@ -288,7 +291,8 @@ class SparseMlaCase final : public OpCase {
            (s_.padded_stride ? ",padded_stride" : "") +
            (s_.heads_per_cta ? ",heads_per_cta=" + std::to_string(s_.heads_per_cta) : "") +
            (s_.max_splits ? ",max_splits=" + std::to_string(s_.max_splits) : "") +
-           (s_.spare_row ? ",spare_row" : "");
+           (s_.spare_row ? ",spare_row" : "") +
+           (s_.variant != nullptr ? std::string(",variant=") + s_.variant : "");
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
@@ -353,6 +357,7 @@ class SparseMlaCase final : public OpCase {
     ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
     ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
                          s_.max_splits ? splits.c_str() : nullptr);
+    ScopedEnv variant_env("DSA_CUDA_SPARSE_MLA_VARIANT", s_.variant);
     ws.backend(side).sparse_mla(p);
   }
 
@@ -372,6 +377,18 @@ class ParityAttention : public ParityTest {
   ::testing::AssertionResult topk_matches(const TopkSpec& spec, uint64_t seed) {
     TopkCase c(spec);
     return check_parity(c, cpu(), cuda(), seed);
+  }
+  // The wgmma sparse MLA kernel's compact cases (SparseMlaWgmmaCompact): P V on the register-A
+  // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path).
+  void wgmma_compact_cases(const char* pv, uint64_t seed) {
+    ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
+    for (int max_splits : {0, 16}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
+            << "P V on " << (pv != nullptr ? pv : "wgmma");
+      }
+    }
   }
 };
 
@@ -715,6 +732,60 @@ TEST_F(ParityAttention, SparseMlaBatchInvariant) {
           MlaSpec{dtype, rows, 128, 2048, false, mappings[1].at(at), false, 16});
     };
     EXPECT_TRUE(check_batch_invariance(make16, kInvarianceRows, cpu(), cuda())) << "16 splits";
+  }
+}
+
+// ---- the wgmma kernel (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma) ---------------------------------------
+// Its own families: its bits differ from the mma.sync kernel's (another f32 summation order
+// inside the tensor cores), within the same tolerances against the CPU.
+
+constexpr const char* kWgmma = "wgmma";
+
+// The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
+// groups: 128), 2 / 4 / 4 splits of 1-2 chunks (one empty split at 150), the real topk (8 splits
+// of 8 chunks: the 3-stage ring wraps), 3 chunks per split, and 16 splits (a non-portable
+// cluster); padded, short, sentinel and out-of-pool slots; strides that are not a multiple of 4
+// floats; a spare output row that must stay poison.
+TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
+  int cases = 0;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int heads : {128, 16, 4}) {
+      for (int topk : {100, 37, 150}) {
+        SparseMlaCase c({dtype, 5, heads, topk, topk == 37, 0, true, 0, kWgmma});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1100 + cases++));
+      }
+    }
+    SparseMlaCase full({dtype, 4, 128, 2048, false, 0, true, 0, kWgmma});
+    EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1150 + cases++));
+    SparseMlaCase shallow({dtype, 4, 32, 700, true, 0, true, 0, kWgmma});
+    EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1150 + cases++));
+    SparseMlaCase wide({dtype, 3, 128, 2048, true, 0, true, 16, kWgmma});
+    EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1150 + cases++));
+  }
+}
+
+// One small case per dtype for the sanitizers (scripts/gpu-attn.sh): 6 chunks per split (the
+// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits.
+TEST_F(ParityAttention, SparseMlaWgmmaCompact) { wgmma_compact_cases(nullptr, 1180); }
+// The check path (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma): passing here but not above points at the
+// register-A / MN-major wgmma of P V; failing both, at the rest of the kernel.
+TEST_F(ParityAttention, SparseMlaWgmmaPvMmaCompact) { wgmma_compact_cases("mma", 1190); }
+
+// A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
+// with 8 and with 16 splits per row.
+TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int topk : {512, 2048}) {
+      for (int max_splits : {0, 16}) {
+        if (topk == 512 && max_splits == 16) continue;
+        auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+          return std::make_unique<SparseMlaCase>(
+              MlaSpec{dtype, rows, 128, topk, false, 0, false, max_splits, kWgmma});
+        };
+        EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()))
+            << "wgmma, topk " << topk << ", max_splits " << max_splits;
+      }
+    }
   }
 }
 
