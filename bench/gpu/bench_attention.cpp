@@ -10,11 +10,12 @@
 // rows are timed as eager launches (us) and as launches captured into one CUDA graph (graph_us:
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
-//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS),
-//       .../wgmma (the wgmma kernel, DSA_CUDA_SPARSE_MLA_VARIANT=wgmma), .../wgmma/splits=16,
+//       per row, or the measured launch latency when that is more (the default kernel); also
+//       .../mma (the mma.sync kernel, DSA_CUDA_SPARSE_MLA_VARIANT=mma) with .../heads=H (its heads
+//       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
+//       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
 //       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma) and at B = 1
-//       .../graph and .../wgmma/graph (graph-launched)
+//       .../graph, .../mma/graph and .../wgmma/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -240,20 +241,22 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     const char* value;
     const char* suffix;
     bool graph;
-    bool wgmma = false;  // also DSA_CUDA_SPARSE_MLA_VARIANT=wgmma
+    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma); null: the default
   };
   std::vector<Variant> variants = {
       {nullptr, "", "", false},
-      {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
-      {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
-      {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
-      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false},
-      {nullptr, "", "/wgmma", false, true},
-      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, true},
-      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, true}};
+      {nullptr, "", "/mma", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false, "mma"},
+      {nullptr, "", "/wgmma", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"}};
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
-    variants.push_back({nullptr, "", "/wgmma/graph", true, true});
+    variants.push_back({nullptr, "", "/mma/graph", true, "mma"});
+    variants.push_back({nullptr, "", "/wgmma/graph", true, "wgmma"});
   }
   for (const Variant& v : variants) {
     int64_t call = 0;
@@ -269,7 +272,7 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     // A variant that cannot launch here (16 splits: a cluster of 16 the GPU cannot place) is
     // reported and skipped; the other rows go on.
     try {
-      with_env(v.wgmma ? "DSA_CUDA_SPARSE_MLA_VARIANT" : nullptr, "wgmma", [&] {
+      with_env(v.kernel ? "DSA_CUDA_SPARSE_MLA_VARIANT" : nullptr, v.kernel, [&] {
         with_env(v.env, v.value, [&] {
           us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
         });
@@ -294,7 +297,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     r.extra = {{"tflops", tflops},
                {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
                {"rotation_sets", sets},
-               {"variant", std::string(v.wgmma ? "DSA_CUDA_SPARSE_MLA_VARIANT=wgmma " : "") +
+               {"variant", (v.kernel ? "DSA_CUDA_SPARSE_MLA_VARIANT=" + std::string(v.kernel) + " "
+                                     : std::string()) +
                                (v.env == nullptr ? "" : std::string(v.env) + "=" + v.value)}};
     std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
                 100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);

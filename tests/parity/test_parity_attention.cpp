@@ -262,8 +262,9 @@ struct MlaSpec {
   // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
   // the default (8). It moves the split boundaries, so only runs with the same bound compare.
   int max_splits = 0;
-  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma" or "mma"; null
-  // leaves the default. The families give different bits: only runs of one family compare.
+  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma" or "mma"; null is
+  // "mma", whose heads per CTA the families above force. The families give different bits: only
+  // runs of one family compare, whichever of them is the process default.
   const char* variant = nullptr;
 };
 
@@ -357,7 +358,8 @@ class SparseMlaCase final : public OpCase {
     ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
     ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
                          s_.max_splits ? splits.c_str() : nullptr);
-    ScopedEnv variant_env("DSA_CUDA_SPARSE_MLA_VARIANT", s_.variant);
+    ScopedEnv variant_env("DSA_CUDA_SPARSE_MLA_VARIANT",
+                          s_.variant != nullptr ? s_.variant : "mma");
     ws.backend(side).sparse_mla(p);
   }
 

@@ -292,8 +292,11 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // the wgmma kernel (sparse_mla_wgmma.cu). DSA_CUDA_SPARSE_MLA_VARIANT=wgmma|mma forces one (read
 // at every call; anything else: the default). The two give different bits (their f32 sums run
 // in different orders), each batch-invariant on its own: pick one for a whole process.
+// The wgmma kernel is the default: on the H200 it took 297.8 / 1143.6 us at B = 64 / 256 (bf16;
+// mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us at B = 1
+// (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md.
 enum class MlaKernel { kMma, kWgmma };
-constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kMma;
+constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma;
 MlaKernel mla_kernel() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
