@@ -48,14 +48,16 @@
 // default): the same steps on the same values, in another order, so the same bits. Step k (k =
 // 1 .. n - 1; chunk 0's steps 1-5 are the prologue, chunk n - 1's step 6 the epilogue):
 //   1-2. the step barrier of chunk k (fp8: one barrier more before its dequant, see below),
-//        issuing the copies of chunk k + 1 (bf16) or k + 2 (fp8);
+//        issuing the copies of chunk k + 2 (fp8 only; bf16 issues its copies at the end of a
+//        step, see below);
 //   3. S(k) issued, one wgmma group; then 6. P V(k - 1) issued from the P of the previous step,
 //      a second group;
 //   wgmma.wait_group 1: S(k) has completed (groups complete in order), P V(k - 1) may still run;
 //   4-5. the exchange (its barrier) and the softmax statistics of chunk k (m, l, P(k) packed into
 //      registers other than those P V(k - 1) reads) while the tensor cores run P V(k - 1);
 //   wgmma.wait_group 0, then o *= alpha(k) where the serial step rescales: after P V(k - 1) has
-//   accumulated, before P V(k) (the same o, the same factor, the same bits).
+//   accumulated, before P V(k) (the same o, the same factor, the same bits); bf16: a barrier
+//   over the warpgroup, and the copies of its own dims of chunk k + 2 (fetch_own_dims).
 // So the exchange, the softmax and the next step's barrier and copy issue overlap P V; S and
 // P V of neighbouring chunks run back to back on the tensor cores. Every group is waited inside
 // its step: none is pending across the loop's back edge (ptxas serializes every wgmma then,
@@ -64,9 +66,15 @@
 // (C7513, serialized).
 // Ring invariants, overlapped (k = the chunk whose step barrier it is):
 //   - bf16, 3 tiles: after the barrier of k, tile (k - 1) % 3 is read by P V(k - 1), tile k % 3
-//     by S(k) and P V(k); the copies of chunk k + 1 go to tile (k + 1) % 3 = (k - 2) % 3, whose
-//     P V(k - 2) every thread waited for before the barrier. One chunk of copies in flight
-//     (the serial schedule has two): each step waits for all of this thread's copies.
+//     by S(k) and P V(k), and tile (k + 1) % 3 is still landing: no tile is free there. But
+//     the 64-dim tiles 4 wg .. 4 wg + 3 of a chunk are read by S (done in both warpgroups
+//     before the exchange barrier of its chunk) and by warpgroup wg's P V alone, and the rope
+//     tile by S alone. So at the end of the step of k (P V(k - 1) waited, then a barrier over
+//     the warpgroup: all its warps are past the wait) warpgroup wg copies its 4 tiles and half
+//     of the rope tile of chunk k + 2 into tile (k - 1) % 3 (fetch_own_dims; the other
+//     warpgroup may still be reading its own 4 tiles there). The prologue copies chunks 0-2
+//     whole; the step barrier of k waits for all of this thread's groups but the newest (chunk
+//     k + 1; k = 0: the newest two). Two chunks in flight, as in the serial schedule.
 //   - fp8: 3 raw stages and 2 tiles. The copies of chunk k + 2 go to raw stage (k - 1) % 3,
 //     whose exchange (chunk k - 1) every thread finished before the barrier. The dequant of
 //     chunk k writes tile k % 2, which P V(k - 2) read: every thread waits for its own
@@ -75,10 +83,11 @@
 //   - the exchange of chunk k (bf16: its own area; fp8: raw stage k % 3, dead once chunk k is
 //     dequantized) is written after the barrier of k, which every thread passes only once it
 //     has read the exchange of chunk k - 1.
-//   - slots: 4 stages; the slots of chunk k + 2 + (1 bf16, 2 fp8) are staged at the end of the
-//     step of k (prologue: k = -1), over those of chunk k - 1 (bf16) or k (fp8), which every
-//     thread's softmax, copies and dequant are done with (they passed the exchange barrier of
-//     k + 1); the staging precedes the step barrier that issues the chunk's copies.
+//   - slots: 4 stages; the slots of chunk k + 3 are staged at the end of the step of k (the one
+//     that waits for P V(k - 1); the prologue stages chunk 3), over those of chunk k - 1, which
+//     every thread's softmax, copies and dequant are done with (they passed the exchange
+//     barrier of k); the staging precedes at least one CTA barrier before the chunk's copies
+//     are issued (bf16: at the end of the next step; fp8: at the step barrier of k + 1).
 // Why S is split over dims and not computed twice: the redundant S would cost 36 instead of 18
 // wgmma per warpgroup (+53% tensor work, +55 KiB of operand reads per chunk); the exchange is 32
 // KiB of f32 traffic and one barrier. Why not one warpgroup for S and P through shared memory:
@@ -119,9 +128,10 @@
 //     softmax ~250 + their barrier) + the rescale: ~1.6k clk, the exchange and softmax off the
 //     critical path (~15% of the serial step on paper). Measured, the serial step is ~3 us, not
 //     ~1: what the overlap hides there is the latency of the wait, barrier and shuffle chain
-//     between S and P V, which the paper figures leave out. Its cost: bf16 has one chunk of
-//     copies in flight instead of two (~1 step, ~1 us or more, to cover a gather of 36 KiB);
-//     fp8 one barrier more per chunk.
+//     between S and P V, which the paper figures leave out. Its cost: one barrier more per
+//     chunk (bf16: over a warpgroup, before its copies; fp8: over the CTA, before the
+//     dequant), and bf16 copies issued at the end of a step instead of its start (a little
+//     less than two steps to land).
 // Check path: DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma runs step 6 on mma.sync with V^T fragments from
 // ldmatrix.trans (accumulate_pv_mma) instead of the register-A, MN-major wgmma: the same
 // tolerances, other bits; it tells a fault of that wgmma form from one elsewhere.
@@ -236,6 +246,35 @@ __device__ __forceinline__ void partial_scores(float (&s)[kSRegs], uint64_t desc
    ...);
 }
 
+// The overlapped schedule's bf16 copies: warpgroup wg's share of a chunk, the dims that only its
+// own P V reads (64-dim tiles 4 wg .. 4 wg + 3) and half of the rope tile (which only S reads),
+// into the chunk tile `rows` from its staged slots: 36 16-byte pieces per token, 9 per thread
+// (thread t of the warpgroup), zeros for unused tokens. The caller commits the group.
+__device__ __forceinline__ void fetch_own_dims(const SparseMlaParams& p, const int64_t* slots,
+                                               SwizzledRows<kChunk> rows, int wg, int t) {
+  constexpr int kOwnPieces = kKvLoraRank / 2 / 8 + kRopePieces / 2;  // 32 + 4
+  static_assert(kChunk * kOwnPieces % 128 == 0);
+#pragma unroll
+  for (int i = 0; i < kChunk * kOwnPieces / 128; ++i) {
+    const int idx = t + i * 128;
+    const int token = idx / kOwnPieces, piece = idx % kOwnPieces;
+    const int dim = piece < 32 ? wg * (kKvLoraRank / 2) + piece * 8
+                               : kKvLoraRank + wg * (kRopePieces / 2) * 8 + (piece - 32) * 8;
+    const int64_t slot = slots[token];
+    __nv_bfloat16* dst = rows(token, dim);
+    if (slot >= 0) {
+      cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + dim * 2);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Barrier 1 + wg over the 128 threads of warpgroup wg (barrier 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
 // The two schedules of the token loop (the header's "One chunk" and "Overlapped schedule"):
 // the same instructions on the same values, so the same bits.
 enum class Schedule { kSerial, kOverlap };
@@ -250,11 +289,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr bool kFp8 = D == KvDtype::kFp8;
   constexpr bool kOverlap = kSchedule == Schedule::kOverlap;
   static_assert(kPvWgmma || !kOverlap, "the overlapped schedule needs P V on wgmma");
-  // Chunks whose copies are issued ahead of the one a step's barrier publishes (the step
-  // barrier of chunk k issues chunk k + kAhead). Serial: 2. Overlapped, bf16: 1, since the
-  // ring's 3 tiles then hold chunk k - 1 (P V in flight), k (S) and k + 1; fp8: 2 (the copies
-  // land in the 3 raw stages, only the dequantized rows use the 2 tiles).
-  constexpr int kAhead = kOverlap && !kFp8 ? 1 : kStages - 1;
+  // Serial, and fp8 overlapped: the step barrier of chunk k issues the copies of chunk k + 2
+  // (fp8 overlapped: into the 3 raw stages; only the dequantized rows use the 2 tiles).
+  // bf16 overlapped: the 3 tiles hold chunk k - 1 (P V in flight), k (S) and one more after
+  // that barrier, so each warpgroup copies its own dims of chunk k + 3 once its P V of chunk k
+  // has completed, at the end of the step (fetch_own_dims); two chunks in flight either way.
+  constexpr bool kOwnCopies = kOverlap && !kFp8;
+  constexpr int kAhead = kStages - 1;
+  constexpr int kPrologueChunks = kOwnCopies ? kStages : kAhead;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The swizzle atoms need 1024-byte alignment. The pad is the same in every CTA of the cluster
   // (the same kernel), so mapped addresses agree.
@@ -286,11 +328,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   // Prologue (as the mma.sync kernel's): the slots of the first kStages chunks with this CTA's
   // share of q, stored swizzled in every CTA of the cluster and fenced for the async proxy; then
-  // the first kAhead chunks.
+  // the first kPrologueChunks chunks, one cp.async group each.
   start_split<V::kHeads, V::kThreads, kStages, true>(
       p, cluster, plan, work, SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q}, slots_s);
 #pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
+  for (int i = 0; i < kPrologueChunks; ++i) {
     if (i < n_chunks) fetch(i);
     cp_async_commit();
   }
@@ -317,14 +359,18 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
 
   // 1-2. The step barrier of chunk k: its copies have landed (fp8: dequantized into its tile),
-  // both proxies see them, and the copies of chunk k + kAhead are issued. Groups committed so
-  // far: one per chunk up to k + kAhead - 1; all but the newest kAhead - 1 have landed, so
-  // chunk k has (this thread's copies). After the barrier every thread is done with the S
-  // exchange of chunk k - 1, with the P V of chunk k - 1 (serial) or k - 2 (overlapped), hence
-  // with the tile and raw stage the copies of chunk k + kAhead overwrite (see the header's ring
-  // invariants).
+  // both proxies see them, and (unless kOwnCopies) the copies of chunk k + 2 are issued. Groups
+  // committed so far: one per chunk up to k + 1 (k = 0, kOwnCopies: up to 2), so all but the
+  // newest one (two) have landed, chunk k among them (this thread's copies). After the barrier
+  // every thread is done with the S exchange of chunk k - 1, with the P V of chunk k - 1
+  // (serial) or k - 2 (overlapped), hence with the tile and raw stage the copies of chunk k + 2
+  // overwrite (see the header's ring invariants).
   auto step_barrier = [&](int k) {
-    cp_async_wait<kAhead - 1>();
+    if (kOwnCopies && k == 0) {
+      cp_async_wait<kStages - 1>();
+    } else {
+      cp_async_wait<kAhead - 1>();
+    }
     if constexpr (kFp8) {
       // Overlapped: tile k % 2 was read by the P V of chunk k - 2, which the other warpgroup
       // may still be waiting for; this barrier orders its wait before the rows' rewrite.
@@ -333,15 +379,17 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     }
     fence_proxy_async();  // this thread's copies, zero fills, dequantized rows -> wgmma
     __syncthreads();
-    if (k + kAhead < n_chunks) fetch(k + kAhead);
-    cp_async_commit();
+    if constexpr (!kOwnCopies) {
+      if (k + kAhead < n_chunks) fetch(k + kAhead);
+      cp_async_commit();
+    }
   };
   // The slots of chunk r = restage_chunk(k) are staged at the end of the step that issues the
-  // P V of chunk k (serial r = k + kStages = k + kAhead + 1; overlapped one more, k + kAhead +
-  // 2, the prologue's k = -1 included), before the step barrier that issues its copies. Its
-  // slot stage is that of chunk r - kRing (k - 1 serial; k - 1 bf16 and k fp8 overlapped),
-  // whose softmax, copies and dequant every thread finished before this step's barriers.
-  auto restage_chunk = [&](int k) { return k + kAhead + (kOverlap ? 2 : 1); };
+  // P V of chunk k (serial r = k + kStages; overlapped r = k + kRing, the prologue's k = -1
+  // included), before any barrier-ordered read of them (the copies issued at a later step). Its
+  // slot stage is that of chunk r - kRing (k - 1 serial, k overlapped), whose softmax, copies
+  // and dequant every thread finished before this step's barriers.
+  auto restage_chunk = [&](int k) { return k + (kOverlap ? kRing : kStages); };
   auto restages = [&](int k) {
     const int r = restage_chunk(k);
     return threadIdx.x < kChunk && r >= kStages && r < n_chunks;
@@ -352,7 +400,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   auto store_slot = [&](int k, int64_t raw) {
     if (restages(k)) slots_of(restage_chunk(k))[threadIdx.x] = checked_slot(p, raw);
   };
-  static_assert(kOverlap || kAhead + 1 == kStages);
 
   // 3. This warpgroup's partial S of chunk k over the k16 steps ks = 2 i + wg, i = 0..17 (the
   // odd or the even ones: step 2 i + wg is k16 block kk = 2 (i % 2) + wg of 64-dim tile i / 2),
@@ -480,6 +527,16 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         }
       }
       fence_o();
+      if constexpr (kOwnCopies) {
+        // This warpgroup's P V of chunk ch has completed in all its warps, and every S of chunk
+        // ch before the exchange barrier of ch: its dims of tile ch % 3 are free for chunk
+        // ch + 3.
+        warpgroup_barrier(wg);
+        if (ch + kStages < n_chunks) {
+          fetch_own_dims(p, slots_of(ch + kStages), rows_of(ch + kStages), wg, t);
+        }
+        cp_async_commit();
+      }
       store_slot(ch, next_slot);
     }
     issue_pv(n_chunks - 1, a);
