@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -382,16 +383,18 @@ class ParityAttention : public ParityTest {
   }
   // The wgmma sparse MLA kernel's compact cases (SparseMlaWgmmaCompact): P V on the register-A
   // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path);
-  // the token loop's schedule forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE) or the default (null).
+  // the token loop's schedule forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE) or left as the process
+  // has it (null: a schedule set for the whole run stays set).
   void wgmma_compact_cases(const char* pv, uint64_t seed, const char* schedule = nullptr) {
     ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
-    ScopedEnv schedule_env("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", schedule);
+    std::optional<ScopedEnv> schedule_env;
+    if (schedule != nullptr) schedule_env.emplace("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", schedule);
     for (int max_splits : {0, 16}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
             << "P V on " << (pv != nullptr ? pv : "wgmma") << ", schedule "
-            << (schedule != nullptr ? schedule : "default");
+            << (schedule != nullptr ? schedule : "as set");
       }
     }
   }
