@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The attention kernels' GPU check: sparse MLA, top-k and indexer logits. Runs ON the device, from
 # the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,
-# bench,dsa}), in under 10 minutes (the step timeouts add up to 590 s; a usual run takes ~5):
+# bench,dsa}), in about 6 minutes (the step timeouts add up to 680 s):
 #   the wgmma sparse MLA kernel first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma): its parity, batch
-#   invariance (1 / 7 / 64 / 256 rows, and a padded graph bucket against eager decode),
-#   memcheck + racecheck over its compact case;
+#   invariance (1 / 7 / 64 / 256 rows, and a padded graph bucket against eager decode), its two
+#   token-loop schedules bit for bit, memcheck + racecheck over its compact case with the default
+#   schedule and with the overlapped one forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap);
 #   dsa_gpu_bench's attention rows (no store or GEMM rows; both sparse MLA kernels) and the torch
 #   baselines, joined by report.py (before the longer checks, so a run cut short keeps them);
 #   the other ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
@@ -33,6 +34,10 @@ sanitize sanitizer-memcheck-wgmma memcheck 40 "$B/tests/dsa_parity_tests" \
   --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
 sanitize sanitizer-racecheck-wgmma racecheck 90 "$B/tests/dsa_parity_tests" \
   --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
+sanitize sanitizer-memcheck-wgmma-overlap memcheck 30 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
+sanitize sanitizer-racecheck-wgmma-overlap racecheck 60 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
 step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --json "$OUT/bench.json"
 step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
 step parity 120 "$B/tests/dsa_parity_tests" \

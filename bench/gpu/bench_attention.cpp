@@ -14,8 +14,10 @@
 //       .../mma (the mma.sync kernel, DSA_CUDA_SPARSE_MLA_VARIANT=mma) with .../heads=H (its heads
 //       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
 //       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
-//       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma) and at B = 1
-//       .../graph, .../mma/graph and .../wgmma/graph (graph-launched)
+//       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma), .../wgmma/serial and
+//       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE) and at
+//       B = 1 .../graph, .../mma/graph, .../wgmma/graph and .../wgmma/overlap/graph
+//       (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -252,11 +254,15 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false, "mma"},
       {nullptr, "", "/wgmma", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
-      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"}};
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "serial", "/wgmma/serial", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap", false, "wgmma"}};
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({nullptr, "", "/mma/graph", true, "mma"});
     variants.push_back({nullptr, "", "/wgmma/graph", true, "wgmma"});
+    variants.push_back(
+        {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap/graph", true, "wgmma"});
   }
   for (const Variant& v : variants) {
     int64_t call = 0;

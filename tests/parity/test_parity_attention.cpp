@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -381,14 +382,19 @@ class ParityAttention : public ParityTest {
     return check_parity(c, cpu(), cuda(), seed);
   }
   // The wgmma sparse MLA kernel's compact cases (SparseMlaWgmmaCompact): P V on the register-A
-  // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path).
-  void wgmma_compact_cases(const char* pv, uint64_t seed) {
+  // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path);
+  // the token loop's schedule forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE) or left as the process
+  // has it (null: a schedule set for the whole run stays set).
+  void wgmma_compact_cases(const char* pv, uint64_t seed, const char* schedule = nullptr) {
     ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
+    std::optional<ScopedEnv> schedule_env;
+    if (schedule != nullptr) schedule_env.emplace("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", schedule);
     for (int max_splits : {0, 16}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
-            << "P V on " << (pv != nullptr ? pv : "wgmma");
+            << "P V on " << (pv != nullptr ? pv : "wgmma") << ", schedule "
+            << (schedule != nullptr ? schedule : "as set");
       }
     }
   }
@@ -772,6 +778,53 @@ TEST_F(ParityAttention, SparseMlaWgmmaCompact) { wgmma_compact_cases(nullptr, 11
 // The check path (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma): passing here but not above points at the
 // register-A / MN-major wgmma of P V; failing both, at the rest of the kernel.
 TEST_F(ParityAttention, SparseMlaWgmmaPvMmaCompact) { wgmma_compact_cases("mma", 1190); }
+// The overlapped token loop (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap), whatever the default:
+// the sanitizers' case for its rings and barriers (scripts/gpu-attn.sh).
+TEST_F(ParityAttention, SparseMlaWgmmaOverlapCompact) {
+  wgmma_compact_cases(nullptr, 1195, "overlap");
+}
+
+// The CUDA outputs of a wgmma case under one schedule of the token loop, its guards checked.
+Outputs schedule_outputs(OpCase& c, Workspace& ws, const char* schedule) {
+  ScopedEnv var("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", schedule);
+  auto rb = run_side(c, ws, Side::kCuda);
+  EXPECT_EQ(rb.guard_report, "") << schedule;
+  return std::move(rb.outputs);
+}
+
+// The two schedules of the token loop (serial, overlapped) run the same arithmetic: the same
+// outputs and lse bit for bit on every shape of the families above: 4, 16, 32 and 128 heads,
+// topk 37 to 2048 (empty splits, 1 to 8 chunks per split, the rings wrapping), 8 and 16 splits,
+// padded, short, sentinel and out-of-pool slots, odd strides, a spare row that stays poison.
+TEST_F(ParityAttention, SparseMlaWgmmaSchedulesAgreeBitwise) {
+  struct Shape {
+    int rows, heads, topk;
+    bool padded_stride;
+    int max_splits;
+  };
+  std::vector<Shape> shapes;
+  for (int heads : {128, 16, 4}) {
+    for (int topk : {100, 37, 150}) shapes.push_back({5, heads, topk, topk == 37, 0});
+  }
+  shapes.push_back({4, 128, 2048, false, 0});
+  shapes.push_back({4, 32, 700, true, 0});
+  shapes.push_back({3, 128, 2048, true, 16});
+  shapes.push_back({4, 16, 1300, true, 0});
+  shapes.push_back({4, 16, 1300, true, 16});
+  uint64_t seed = 1200;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (const Shape& sh : shapes) {
+      SparseMlaCase c(
+          {dtype, sh.rows, sh.heads, sh.topk, sh.padded_stride, 0, true, sh.max_splits, kWgmma});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(seed++);
+      c.init(ws, rng);
+      const Outputs serial = schedule_outputs(c, ws, "serial");
+      EXPECT_TRUE(same_outputs(schedule_outputs(c, ws, "overlap"), serial))
+          << c.vars() << ": overlapped against serial";
+    }
+  }
+}
 
 // A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
 // with 8 and with 16 splits per row.

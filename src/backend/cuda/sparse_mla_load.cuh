@@ -433,11 +433,13 @@ inline int max_splits() {
 // quad, turns s into p = 2^(s - m) in place, updates m (log2 units, -inf until a valid token)
 // and l, and rescales o (any accumulator in the same layout: element k is of row (k % 4) / 2)
 // unless no row max of the warp moved (o * 1 is o: the same bits either way). Both kernels run
-// exactly this sequence.
-template <int kO>
-__device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slots, int c,
-                                             float scale_log2, float (&m)[2], float (&l)[2],
-                                             float (&o)[kO]) {
+// exactly this sequence: softmax_scores() (all but the rescale; it returns whether o must be
+// rescaled, the same in every lane of the warp, and the factors alpha), then rescale_rows().
+// The wgmma kernel's overlapped schedule runs the two apart (o is still being accumulated by
+// the previous chunk's P V in between), on the same values.
+__device__ __forceinline__ bool softmax_scores(float (&s)[16], const int64_t* slots, int c,
+                                               float scale_log2, float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2]) {
   float cmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -450,7 +452,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slot
       cmax[1] = fmaxf(cmax[1], s[4 * n + 2 + j]);
     }
   }
-  float alpha[2], m_use[2];
+  float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
@@ -466,10 +468,19 @@ __device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slot
     s[i] = exp2f(s[i] - m_use[(i % 4) / 2]);
     l[(i % 4) / 2] += s[i];
   }
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+  return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+}
+template <int kO>
+__device__ __forceinline__ void rescale_rows(float (&o)[kO], const float (&alpha)[2]) {
 #pragma unroll
-    for (int k = 0; k < kO; ++k) o[k] *= alpha[(k % 4) / 2];
-  }
+  for (int k = 0; k < kO; ++k) o[k] *= alpha[(k % 4) / 2];
+}
+template <int kO>
+__device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slots, int c,
+                                             float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&o)[kO]) {
+  float alpha[2];
+  if (softmax_scores(s, slots, c, scale_log2, m, l, alpha)) rescale_rows(o, alpha);
 }
 
 // The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48

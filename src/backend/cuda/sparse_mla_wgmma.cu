@@ -22,7 +22,8 @@
 //        chunk being computed, dead once dequantized), slots [4][32] int64, m, l, coef.
 //   bf16 207,360 bytes, fp8 218,624 (1 KiB of alignment slack included): one CTA per SM.
 //
-// One chunk (all 256 threads are producers; warpgroup wg in {0, 1} is a consumer):
+// One chunk, serial schedule (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=serial; all 256 threads are
+// producers, warpgroup wg in {0, 1} is a consumer):
 //   1. wait for the chunk's copies (cp.async.wait_group), fp8: dequantize the units this thread
 //      copied into the bf16 tile; fence.proxy.async; __syncthreads (both warpgroups are past the
 //      previous chunk's P V, whose tile the next copies overwrite).
@@ -43,6 +44,50 @@
 //      same chunk tile read MN-major (imm-trans-b = 1: a tile row is a token, i.e. a k row of V,
 //      64 contiguous dims n). 2 k16 steps x 4 wgmma.m64n64k16 (one per 64-dim tile of the
 //      warpgroup's 256 output dims; N <= 64, so LBO is never used); committed and waited.
+// Overlapped schedule (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap; kDefaultSchedule is the
+// default): the same steps on the same values, in another order, so the same bits. Step k (k =
+// 1 .. n - 1; chunk 0's steps 1-5 are the prologue, chunk n - 1's step 6 the epilogue):
+//   1-2. the step barrier of chunk k (fp8: one barrier more before its dequant, see below),
+//        issuing the copies of chunk k + 2 (fp8 only; bf16 issues its copies at the end of a
+//        step, see below);
+//   3. S(k) issued, one wgmma group; then 6. P V(k - 1) issued from the P of the previous step,
+//      a second group;
+//   wgmma.wait_group 1: S(k) has completed (groups complete in order), P V(k - 1) may still run;
+//   4-5. the exchange (its barrier) and the softmax statistics of chunk k (m, l, P(k) packed into
+//      registers other than those P V(k - 1) reads) while the tensor cores run P V(k - 1);
+//   wgmma.wait_group 0, then o *= alpha(k) where the serial step rescales: after P V(k - 1) has
+//   accumulated, before P V(k) (the same o, the same factor, the same bits); bf16: a barrier
+//   over the warpgroup, and the copies of its own dims of chunk k + 2 (fetch_own_dims).
+// So the exchange, the softmax and the next step's barrier and copy issue overlap P V; S and
+// P V of neighbouring chunks run back to back on the tensor cores. Every group is waited inside
+// its step: none is pending across the loop's back edge (ptxas serializes every wgmma then,
+// C7515), and the registers of P V(k - 1)'s A operand stay live to its wait (a fence_operand
+// after wait_group 0), else the compiler packs P(k) into them while the wgmma still reads them
+// (C7513, serialized).
+// Ring invariants, overlapped (k = the chunk whose step barrier it is):
+//   - bf16, 3 tiles: after the barrier of k, tile (k - 1) % 3 is read by P V(k - 1), tile k % 3
+//     by S(k) and P V(k), and tile (k + 1) % 3 is still landing: no tile is free there. But
+//     the 64-dim tiles 4 wg .. 4 wg + 3 of a chunk are read by S (done in both warpgroups
+//     before the exchange barrier of its chunk) and by warpgroup wg's P V alone, and the rope
+//     tile by S alone. So at the end of the step of k (P V(k - 1) waited, then a barrier over
+//     the warpgroup: all its warps are past the wait) warpgroup wg copies its 4 tiles and half
+//     of the rope tile of chunk k + 2 into tile (k - 1) % 3 (fetch_own_dims; the other
+//     warpgroup may still be reading its own 4 tiles there). The prologue copies chunks 0-2
+//     whole; the step barrier of k waits for all of this thread's groups but the newest (chunk
+//     k + 1; k = 0: the newest two). Two chunks in flight, as in the serial schedule.
+//   - fp8: 3 raw stages and 2 tiles. The copies of chunk k + 2 go to raw stage (k - 1) % 3,
+//     whose exchange (chunk k - 1) every thread finished before the barrier. The dequant of
+//     chunk k writes tile k % 2, which P V(k - 2) read: every thread waits for its own
+//     warpgroup's P V(k - 2) at the end of the previous step, and an extra barrier before the
+//     dequant orders both warpgroups' waits before the rewrite.
+//   - the exchange of chunk k (bf16: its own area; fp8: raw stage k % 3, dead once chunk k is
+//     dequantized) is written after the barrier of k, which every thread passes only once it
+//     has read the exchange of chunk k - 1.
+//   - slots: 4 stages; the slots of chunk k + 3 are staged at the end of the step of k (the one
+//     that waits for P V(k - 1); the prologue stages chunk 3), over those of chunk k - 1, which
+//     every thread's softmax, copies and dequant are done with (they passed the exchange
+//     barrier of k); the staging precedes at least one CTA barrier before the chunk's copies
+//     are issued (bf16: at the end of the next step; fp8: at the step barrier of k + 1).
 // Why S is split over dims and not computed twice: the redundant S would cost 36 instead of 18
 // wgmma per warpgroup (+53% tensor work, +55 KiB of operand reads per chunk); the exchange is 32
 // KiB of f32 traffic and one barrier. Why not one warpgroup for S and P through shared memory:
@@ -79,12 +124,20 @@
 //   B = 1: 16 CTAs, each 8 chunks in a row: ~8 us + ~2 us prologue + ~1 us combine ~ 11 us
 //     (latency-bound: one CTA per SM, tensor cores mostly idle); target <= 12 us. With
 //     DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (process-wide), 4 chunks per CTA: ~7 us.
+//   Overlapped: a step is barrier + copy issue + S (~900 clk) + max(P V ~550, exchange +
+//     softmax ~250 + their barrier) + the rescale: ~1.6k clk, the exchange and softmax off the
+//     critical path (~15% of the serial step on paper). Measured, the serial step is ~3 us, not
+//     ~1: what the overlap hides there is the latency of the wait, barrier and shuffle chain
+//     between S and P V, which the paper figures leave out. Its cost: one barrier more per
+//     chunk (bf16: over a warpgroup, before its copies; fp8: over the CTA, before the
+//     dequant), and bf16 copies issued at the end of a step instead of its start (a little
+//     less than two steps to land).
 // Check path: DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma runs step 6 on mma.sync with V^T fragments from
 // ldmatrix.trans (accumulate_pv_mma) instead of the register-A, MN-major wgmma: the same
 // tolerances, other bits; it tells a fault of that wgmma form from one elsewhere.
-// ptxas (sm_90a, nvcc 13, -Xptxas -v): 245 / 225 registers per thread (bf16 / fp8; the check
-// path 255 / 254), no spills, no wgmma serialization warning (C7515); 256 threads, so one CTA
-// per SM by registers as by shared memory.
+// ptxas (sm_90a, nvcc 13, -Xptxas -v): serial 239 / 220 registers per thread (bf16 / fp8),
+// overlapped 242 / 238, the check path 255 / 254; no spills, no wgmma serialization warning
+// (C7513, C7515); 256 threads, so one CTA per SM by registers as by shared memory.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -193,12 +246,57 @@ __device__ __forceinline__ void partial_scores(float (&s)[kSRegs], uint64_t desc
    ...);
 }
 
-template <KvDtype D, bool kPvWgmma>
+// The overlapped schedule's bf16 copies: warpgroup wg's share of a chunk, the dims that only its
+// own P V reads (64-dim tiles 4 wg .. 4 wg + 3) and half of the rope tile (which only S reads),
+// into the chunk tile `rows` from its staged slots: 36 16-byte pieces per token, 9 per thread
+// (thread t of the warpgroup), zeros for unused tokens. The caller commits the group.
+__device__ __forceinline__ void fetch_own_dims(const SparseMlaParams& p, const int64_t* slots,
+                                               SwizzledRows<kChunk> rows, int wg, int t) {
+  constexpr int kOwnPieces = kKvLoraRank / 2 / 8 + kRopePieces / 2;  // 32 + 4
+  static_assert(kChunk * kOwnPieces % 128 == 0);
+#pragma unroll
+  for (int i = 0; i < kChunk * kOwnPieces / 128; ++i) {
+    const int idx = t + i * 128;
+    const int token = idx / kOwnPieces, piece = idx % kOwnPieces;
+    const int dim = piece < 32 ? wg * (kKvLoraRank / 2) + piece * 8
+                               : kKvLoraRank + wg * (kRopePieces / 2) * 8 + (piece - 32) * 8;
+    const int64_t slot = slots[token];
+    __nv_bfloat16* dst = rows(token, dim);
+    if (slot >= 0) {
+      cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + dim * 2);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Barrier 1 + wg over the 128 threads of warpgroup wg (barrier 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+// The two schedules of the token loop (the header's "One chunk" and "Overlapped schedule"):
+// the same instructions on the same values, so the same bits.
+enum class Schedule { kSerial, kOverlap };
+// The schedule when DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE is unset.
+constexpr Schedule kDefaultSchedule = Schedule::kSerial;
+
+template <KvDtype D, bool kPvWgmma, Schedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_wgmma_kernel(SparseMlaParams p, SplitPlan plan) {
   using V = WgVariant<D>;
   constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   constexpr bool kFp8 = D == KvDtype::kFp8;
+  constexpr bool kOverlap = kSchedule == Schedule::kOverlap;
+  static_assert(kPvWgmma || !kOverlap, "the overlapped schedule needs P V on wgmma");
+  // Serial, and fp8 overlapped: the step barrier of chunk k issues the copies of chunk k + 2
+  // (fp8 overlapped: into the 3 raw stages; only the dequantized rows use the 2 tiles).
+  // bf16 overlapped: the 3 tiles hold chunk k - 1 (P V in flight), k (S) and one more after
+  // that barrier, so each warpgroup copies its own dims of chunk k + 3 once its P V of chunk k
+  // has completed, at the end of the step (fetch_own_dims); two chunks in flight either way.
+  constexpr bool kOwnCopies = kOverlap && !kFp8;
+  constexpr int kAhead = kStages - 1;
+  constexpr int kPrologueChunks = kOwnCopies ? kStages : kAhead;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The swizzle atoms need 1024-byte alignment. The pad is the same in every CTA of the cluster
   // (the same kernel), so mapped addresses agree.
@@ -230,11 +328,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   // Prologue (as the mma.sync kernel's): the slots of the first kStages chunks with this CTA's
   // share of q, stored swizzled in every CTA of the cluster and fenced for the async proxy; then
-  // the first kStages - 1 chunks.
+  // the first kPrologueChunks chunks, one cp.async group each.
   start_split<V::kHeads, V::kThreads, kStages, true>(
       p, cluster, plan, work, SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q}, slots_s);
 #pragma unroll
-  for (int i = 0; i + 1 < kStages; ++i) {
+  for (int i = 0; i < kPrologueChunks; ++i) {
     if (i < n_chunks) fetch(i);
     cp_async_commit();
   }
@@ -255,30 +353,60 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       for (int i = 0; i < 32; ++i) fence_operand(o[nb][i]);
     }
   };
+  auto o_flat = [&]() -> float(&)[kOutTiles * 32] {
+    return reinterpret_cast<float(&)[kOutTiles * 32]>(o);
+  };
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
-  for (int ch = 0; ch < n_chunks; ++ch) {
-    const int64_t* slots = slots_of(ch);
-    // Groups committed so far: one per chunk up to ch + kStages - 2; all but the newest
-    // kStages - 2 have landed, so chunk ch has (this thread's copies).
-    cp_async_wait<kStages - 2>();
-    if constexpr (kFp8) dequantize_chunk<V::kThreads>(slots, stage_of(ch), rows_of(ch));
-    fence_proxy_async();  // this thread's copies, zero fills, dequantized rows -> wgmma
-    // Chunk ch is visible to all (both proxies), and every warpgroup is done with chunk ch - 1:
-    // its tile (refilled below with chunk ch + kStages - 1 for bf16; fp8 dequantizes into tile
-    // ch % 2 next step), its slot stage ((ch + kStages) % kRing, restaged at the end of this
-    // step) and the exchange area may be overwritten from here on.
-    __syncthreads();
-    const int ahead = ch + kStages - 1;
-    if (ahead < n_chunks) fetch(ahead);
-    cp_async_commit();
-    const bool restage = threadIdx.x < kChunk && ch + kStages < n_chunks;
-    const int64_t next_slot =
-        restage ? raw_slot(p, indices, chunk0 + ch + kStages, threadIdx.x) : -1;
 
-    // 3. This warpgroup's partial S over the k16 steps ks = 2 i + wg, i = 0..17 (the odd or the
-    // even ones: step 2 i + wg is k16 block kk = 2 (i % 2) + wg of 64-dim tile i / 2).
-    const uint32_t tile = base + tile_offset(ch);
-    float s[kSRegs];
+  // 1-2. The step barrier of chunk k: its copies have landed (fp8: dequantized into its tile),
+  // both proxies see them, and (unless kOwnCopies) the copies of chunk k + 2 are issued. Groups
+  // committed so far: one per chunk up to k + 1 (k = 0, kOwnCopies: up to 2), so all but the
+  // newest one (two) have landed, chunk k among them (this thread's copies). After the barrier
+  // every thread is done with the S exchange of chunk k - 1, with the P V of chunk k - 1
+  // (serial) or k - 2 (overlapped), hence with the tile and raw stage the copies of chunk k + 2
+  // overwrite (see the header's ring invariants).
+  auto step_barrier = [&](int k) {
+    if (kOwnCopies && k == 0) {
+      cp_async_wait<kStages - 1>();
+    } else {
+      cp_async_wait<kAhead - 1>();
+    }
+    if constexpr (kFp8) {
+      // Overlapped: tile k % 2 was read by the P V of chunk k - 2, which the other warpgroup
+      // may still be waiting for; this barrier orders its wait before the rows' rewrite.
+      if constexpr (kOverlap) __syncthreads();
+      dequantize_chunk<V::kThreads>(slots_of(k), stage_of(k), rows_of(k));
+    }
+    fence_proxy_async();  // this thread's copies, zero fills, dequantized rows -> wgmma
+    __syncthreads();
+    if constexpr (!kOwnCopies) {
+      if (k + kAhead < n_chunks) fetch(k + kAhead);
+      cp_async_commit();
+    }
+  };
+  // The slots of chunk r = restage_chunk(k) are staged at the end of the step that issues the
+  // P V of chunk k (serial r = k + kStages; overlapped r = k + kRing, the prologue's k = -1
+  // included), before any barrier-ordered read of them (the copies issued at a later step). Its
+  // slot stage is that of chunk r - kRing (k - 1 serial, k overlapped), whose softmax, copies
+  // and dequant every thread finished before this step's barriers.
+  auto restage_chunk = [&](int k) { return k + (kOverlap ? kRing : kStages); };
+  auto restages = [&](int k) {
+    const int r = restage_chunk(k);
+    return threadIdx.x < kChunk && r >= kStages && r < n_chunks;
+  };
+  auto load_slot = [&](int k) {
+    return restages(k) ? raw_slot(p, indices, chunk0 + restage_chunk(k), threadIdx.x) : -1;
+  };
+  auto store_slot = [&](int k, int64_t raw) {
+    if (restages(k)) slots_of(restage_chunk(k))[threadIdx.x] = checked_slot(p, raw);
+  };
+
+  // 3. This warpgroup's partial S of chunk k over the k16 steps ks = 2 i + wg, i = 0..17 (the
+  // odd or the even ones: step 2 i + wg is k16 block kk = 2 (i % 2) + wg of 64-dim tile i / 2),
+  // issued and committed as one group.
+  float s[kSRegs];
+  auto issue_scores = [&](int k) {
+    const uint32_t tile = base + tile_offset(k);
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) {
       s[i] = 0.0f;
@@ -289,25 +417,23 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                    wgmma_desc_sw128(tile + uint32_t(wg * 32)),
                    std::make_integer_sequence<int, kHalfSteps>{});
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  // 4-5. Once the S group of chunk k has completed: S = S_0 + S_1 in both warpgroups (fp8: the
+  // exchange is the raw stage of chunk k, which every thread dequantized before the step
+  // barrier), the online softmax statistics and P packed to bf16 into a (the A fragment of k16
+  // step kk is the D fragment's blocks 2 kk and 2 kk + 1). Returns whether o must be rescaled by
+  // alpha (the rescale itself is the caller's: after the P V that accumulates into o).
+  auto scores_to_p = [&](int k, uint32_t(&a)[2][4], float(&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) fence_operand(s[i]);
-
-    // 4. S = S_0 + S_1 in both warpgroups. fp8: the exchange is the raw stage of chunk ch, which
-    // every thread has dequantized before the barrier above.
-    float* exchange = kFp8 ? reinterpret_cast<float*>(stage_of(ch).raw)
+    float* exchange = kFp8 ? reinterpret_cast<float*>(stage_of(k).raw)
                            : reinterpret_cast<float*>(smem + V::kSmem.exchange);
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) exchange[(wg * kSRegs + i) * 128 + t] = s[i];
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) s[i] += exchange[((wg ^ 1) * kSRegs + i) * 128 + t];
-
-    // 5. Online softmax over the chunk.
-    softmax_step(s, slots, qd, scale_log2, m, l, reinterpret_cast<float(&)[kOutTiles * 32]>(o));
-
-    // 6. O += P V: the A fragment of k16 step kk is the D fragment's blocks 2 kk and 2 kk + 1.
-    uint32_t a[2][4];
+    const bool rescale = softmax_scores(s, slots_of(k), qd, scale_log2, m, l, alpha);
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
@@ -316,29 +442,106 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         fence_operand(a[kk][r]);
       }
     }
-    if constexpr (kPvWgmma) {
+    return rescale;
+  };
+  // 6. O_wg += P V of chunk k, issued and committed as one group. The caller has fenced o and a
+  // (fence_o, fence_operand) where it last wrote them: inside the overlapped step that point
+  // lies before the S group's issue, so nothing between the two groups defines their registers
+  // (which would make ptxas serialize the wgmma, C7513).
+  auto issue_pv = [&](int k, const uint32_t(&a)[2][4]) {
+    const uint32_t tile = base + tile_offset(k);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+      for (int nb = 0; nb < kOutTiles; ++nb) {
+        // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile wg * 4 + nb.
+        const uint32_t v =
+            tile + uint32_t((wg * kOutTiles + nb) * kKvTileBytes + kk * 2 * kSwizzleAtomBytes);
+        wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kKvTileBytes));
+      }
+    }
+    wgmma_commit();
+  };
+
+  if constexpr (!kOverlap) {
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      step_barrier(ch);
+      const int64_t next_slot = load_slot(ch);
+      issue_scores(ch);
+      wgmma_wait<0>();
+      uint32_t a[2][4];
+      float alpha[2];
+      if (scores_to_p(ch, a, alpha)) rescale_rows(o_flat(), alpha);
+      if constexpr (kPvWgmma) {
+        fence_o();
+        issue_pv(ch, a);
+        // Waited here, not at the next chunk's barrier: a group left pending across the loop's
+        // back edge makes ptxas serialize every wgmma of the kernel (C7515).
+        wgmma_wait<0>();
+        fence_o();
+      } else {
+        accumulate_pv_mma(smem + tile_offset(ch), wg, a, reinterpret_cast<float(&)[32][4]>(o));
+      }
+      store_slot(ch, next_slot);
+    }
+  } else if (n_chunks > 0) {
+    // Overlapped: the step of chunk ch + 1 issues its S, then the P V of chunk ch, waits for
+    // the S group only (wgmma groups complete in order), exchanges and runs the softmax of
+    // chunk ch + 1 while the P V runs, then waits for it and rescales o. Every group is waited
+    // inside the step (none pending across the back edge, see above). Chunk 0's S and softmax
+    // are the prologue, chunk n - 1's P V the epilogue.
+    uint32_t a[2][4];
+    float alpha[2];
+    step_barrier(0);
+    int64_t next_slot = load_slot(-1);
+    issue_scores(0);
+    wgmma_wait<0>();
+    if (scores_to_p(0, a, alpha)) rescale_rows(o_flat(), alpha);  // o = 0: the serial bits
+    fence_o();
+    store_slot(-1, next_slot);
+    for (int ch = 0; ch + 1 < n_chunks; ++ch) {
+      step_barrier(ch + 1);
+      next_slot = load_slot(ch);
+      issue_scores(ch + 1);
+      issue_pv(ch, a);
+      wgmma_wait<1>();  // S of chunk ch + 1 (the P V of chunk ch may still run)
+      uint32_t a_next[2][4];
+      const bool rescale = scores_to_p(ch + 1, a_next, alpha);
+      wgmma_wait<0>();  // the P V of chunk ch: o and a are free again
       fence_o();
-      wgmma_fence();
+      // a stays live up to here, so the compiler cannot build a_next in its registers while
+      // the P V still reads them (ptxas would serialize every wgmma, C7513).
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
-        for (int nb = 0; nb < kOutTiles; ++nb) {
-          // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile wg * 4 + nb.
-          const uint32_t v =
-              tile + uint32_t((wg * kOutTiles + nb) * kKvTileBytes + kk * 2 * kSwizzleAtomBytes);
-          wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kKvTileBytes));
+        for (int r = 0; r < 4; ++r) fence_operand(a[kk][r]);
+      }
+      if (rescale) rescale_rows(o_flat(), alpha);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          a[kk][r] = a_next[kk][r];
+          fence_operand(a[kk][r]);
         }
       }
-      wgmma_commit();
-      // Waited here, not at the next chunk's barrier: a group left pending across the loop's
-      // back edge makes ptxas serialize every wgmma of the kernel (C7515), which costs far more
-      // than the overlap with the next chunk's cp.async wait would give.
-      wgmma_wait<0>();
       fence_o();
-    } else {
-      accumulate_pv_mma(smem + tile_offset(ch), wg, a, reinterpret_cast<float(&)[32][4]>(o));
+      if constexpr (kOwnCopies) {
+        // This warpgroup's P V of chunk ch has completed in all its warps, and every S of chunk
+        // ch before the exchange barrier of ch: its dims of tile ch % 3 are free for chunk
+        // ch + 3.
+        warpgroup_barrier(wg);
+        if (ch + kStages < n_chunks) {
+          fetch_own_dims(p, slots_of(ch + kStages), rows_of(ch + kStages), wg, t);
+        }
+        cp_async_commit();
+      }
+      store_slot(ch, next_slot);
     }
-    if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
+    issue_pv(n_chunks - 1, a);
+    wgmma_wait<0>();
+    fence_o();
   }
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
 
@@ -346,11 +549,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                   16 * warp + g, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
 }
 
-template <KvDtype D, bool kPvWgmma>
+template <KvDtype D, bool kPvWgmma, Schedule kSchedule>
 cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   using V = WgVariant<D>;
   static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma>, p,
+  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma, kSchedule>, p,
                                split_plan(p.topk, max_splits()), V::kHeads, V::kThreads,
                                V::kSmem.bytes, stream, once);
 }
@@ -362,9 +565,20 @@ bool pv_on_wgmma() {
   return v == nullptr || std::strcmp(v, "mma") != 0;
 }
 
+// DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=serial | overlap (read at every call; anything else:
+// kDefaultSchedule). Both give the same bits; the check path (P V on mma.sync) is serial only.
+Schedule schedule() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE");
+  if (v != nullptr && std::strcmp(v, "serial") == 0) return Schedule::kSerial;
+  if (v != nullptr && std::strcmp(v, "overlap") == 0) return Schedule::kOverlap;
+  return kDefaultSchedule;
+}
+
 template <KvDtype D>
 cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
-  return pv_on_wgmma() ? launch<D, true>(p, stream) : launch<D, false>(p, stream);
+  if (!pv_on_wgmma()) return launch<D, false, Schedule::kSerial>(p, stream);
+  return schedule() == Schedule::kOverlap ? launch<D, true, Schedule::kOverlap>(p, stream)
+                                          : launch<D, true, Schedule::kSerial>(p, stream);
 }
 
 }  // namespace
