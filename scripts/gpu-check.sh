@@ -12,8 +12,8 @@
 #     two-layer stress at concurrency 60; files bench-*.json, decode-*.json, stress-v32.json,
 #     check.log, summary.md.
 # Environment: OUT (default ./gpu-out), PART, SMALL_FILTER (gtest filter of the small ops' cases
-# for the sanitizers), EXTRA_VARIANTS (more indexer variants for the bench rows, comma-separated),
-# MLA_EXTRA (more parity filters for the sparse MLA, e.g. a schedule's bitwise test).
+# for the sanitizers), EXTRA_VARIANTS (more indexer variants for the bench rows and the indexer's
+# sanitizer steps, comma-separated).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +37,16 @@ if [[ $PART == parity ]]; then
     --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
   sanitize racecheck-indexer racecheck 40 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
     --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
+  sanitize memcheck-mla-overlap memcheck 40 "$P" \
+    --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
+  sanitize racecheck-mla-overlap racecheck 50 "$P" \
+    --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
+  for v in ${EXTRA_VARIANTS//,/ }; do
+    sanitize "memcheck-indexer-$v" memcheck 30 env DSA_CUDA_INDEXER_VARIANT="$v" "$P" \
+      --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
+    sanitize "racecheck-indexer-$v" racecheck 40 env DSA_CUDA_INDEXER_VARIANT="$v" "$P" \
+      --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
+  done
   sanitize memcheck-small memcheck 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
   sanitize racecheck-small racecheck 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
   sanitize memcheck-replay memcheck 40 "$B/dsa" --log error check-replay --backend cuda --latent fp8 \
