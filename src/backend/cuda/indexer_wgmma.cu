@@ -98,7 +98,7 @@
 //   IndexerLogitsWgmmaPipeAgreesBitwise checks, bit for bit against "wgmma".
 //   Shared memory: query 16 KiB + 6 raw stages of 8.25 KiB (5 pages, 40 KiB, in flight while one
 //   is widened) + weights and page ids + 1 KiB of alignment = 67.25 KiB: three blocks per SM,
-//   120 KiB of copies in flight per SM. 156 registers (<= 170 for three), no spills.
+//   120 KiB of copies in flight per SM. 163 registers (<= 170 for three), no spills.
 //   Napkin per fp8 token per SM: HBM 7.7 clk; shared memory 128 B (cp.async) + the widening's
 //   loads (2 wavefronts per 8 rows' half chunks: 2 clk) + 256 B (the query as B: 2 KiB per
 //   instruction over 64 tokens) = ~5 clk (was 7); cvt 4 clk; wgmma 4 clk (8 m64n64k16 per 64
