@@ -259,6 +259,16 @@ __device__ __forceinline__ BlockSpan block_span(const IndexerLogitsParams& p, in
   return span;
 }
 
+// The first 1024-aligned byte of dynamic shared memory (the swizzle atoms need that alignment;
+// dynamic shared memory promises 16), and its shared address in `addr`.
+__device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& addr) {
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad =
+      (kSwizzleAtomBytes - (raw_addr & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
+  addr = raw_addr + pad;
+  return smem_raw + pad;
+}
+
 // The loaded query into the two 128-byte-swizzled K blocks at `query` (rows = heads, K-major; bf16,
 // or f16 holding the e4m3 values for fp8) and the weights: lane holds dims [4 lane, 4 lane + 4)
 // of head warp + 4 i, i.e. K block lane / 16, f16 chunk (lane % 16) / 2, bytes (lane % 2) * 8 of
@@ -307,12 +317,8 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
   const int tiles = int((block_end - block_t0 + kN - 1) / kN);
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  // The swizzle atoms need 1024-byte alignment; dynamic shared memory promises 16.
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad =
-      (kSwizzleAtomBytes - (raw_addr & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
-  uint8_t* smem = smem_raw + pad;
-  const uint32_t base = raw_addr + pad;
+  uint32_t base;  // the shared address of smem
+  uint8_t* smem = atom_aligned(smem_raw, base);
   float* sums = reinterpret_cast<float*>(smem + T::kSumsOff);  // [warp][column]
   float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
   int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
@@ -481,12 +487,8 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
   const int tiles = int((block_end - block_t0 + kN - 1) / kN);
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  // The swizzle atoms need 1024-byte alignment; dynamic shared memory promises 16.
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad =
-      (kSwizzleAtomBytes - (raw_addr & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
-  uint8_t* smem = smem_raw + pad;
-  const uint32_t base = raw_addr + pad;
+  uint32_t base;  // the shared address of smem
+  uint8_t* smem = atom_aligned(smem_raw, base);
   float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
   int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
   auto stage_of = [&](int i) { return smem + T::kRingOff + (i % kStages) * T::kStageBytes; };
