@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The indexer-logits kernel's GPU check, every variant ("legacy", the default; "resident";
-# "wgmma", warpgroup MMA). Runs ON the device, from the repository root, with the build of
-# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}), in under 4 minutes (the step
-# timeouts add up to 240 s):
+# The indexer-logits kernel's GPU check, every variant ("legacy"; "resident"; "wgmma", warpgroup
+# MMA, and its "wgmma-n64" and "wgmma-pipe" fp8 schedules). Runs ON the device, from the
+# repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,
+# dsa}), in under 5 minutes (the step timeouts add up to 280 s):
 #   the indexer parity tests (every variant x block size against the CPU, the mma.sync variants
-#   bitwise equal, each variant bitwise equal across block sizes, bad page ids, batch
-#   invariance);
+#   bitwise equal, the wgmma schedules bitwise equal, each variant bitwise equal across block
+#   sizes, bad page ids, batch invariance);
 #   compute-sanitizer memcheck and racecheck over one small case family (bad page ids, padded
 #   rows, bf16 and both fp8 roundings) with one variant forced (INDEXER_SAN_VARIANT, default
-#   wgmma);
+#   wgmma-pipe, the newest);
 #   dsa_gpu_bench's indexer rows, fp8 and bf16 at B = 1 L = 128K, B = 64 L = 32K and B = 256
-#   L = 32K: the default, then legacy, wgmma and wgmma-n64 forced (rows
+#   L = 32K: the default, then legacy, wgmma, wgmma-n64 and wgmma-pipe forced (rows
 #   indexer_logits_<variant>/...), eager and in a CUDA graph, tabled in table.md.
-# INDEXER_SWEEP=1 then adds (past the 4 minutes) synccheck and initcheck over the default
+# INDEXER_SWEEP=1 then adds (past the 5 minutes) synccheck and initcheck over the default
 # dispatch, memcheck over a graph-replayed decode, the forced block-size and cluster-size sweeps
 # (sweep.md) and the torch baselines joined by report.py (report.md).
 # Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md,
@@ -21,21 +21,21 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SAN_VARIANT="${INDEXER_SAN_VARIANT:-wgmma}"
+SAN_VARIANT="${INDEXER_SAN_VARIANT:-wgmma-pipe}"
 SAN_FILTER=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike
 
 source scripts/gpu-steps.sh
 steps_setup indexer.log
 
 step nvidia-smi 5 nvidia-smi
-step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
+step parity 100 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
   --gtest_output="json:$OUT/parity.json"
 sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
 sanitize sanitizer-racecheck racecheck 45 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
-step dsa_gpu_bench 70 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
-  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64 \
+step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
+  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe \
   --indexer-rows 1,64,256 --json "$OUT/bench.json"
 step table 5 python3 - "$OUT" <<'EOF'
 import json, os, sys
@@ -48,7 +48,7 @@ for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
     variant = variant[len("indexer_logits_"):] or "default"
     e = r.get("extra", {})
     rows.setdefault(shape, {})[variant] = (r["us"], e.get("pct_of_copy", 0), e.get("graph_us", 0))
-variants = ["default", "legacy", "wgmma", "wgmma-n64"]
+variants = ["default", "legacy", "wgmma", "wgmma-n64", "wgmma-pipe"]
 lines = ["| row | " + " | ".join(f"{v} us (% copy) | {v} graph us" for v in variants) + " |",
          "|---|" + "---|---|" * len(variants)]
 for shape, by in rows.items():
@@ -79,7 +79,7 @@ sanitize sanitizer-memcheck-replay memcheck 40 \
 for tokens in 512 2048 8192; do
   step "bench-tokens-$tokens" 25 env DSA_CUDA_INDEXER_BLOCK_TOKENS="$tokens" \
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
-    --indexer-variants legacy,wgmma,wgmma-n64 --json "$OUT/bench-tokens-$tokens.json"
+    --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe --json "$OUT/bench-tokens-$tokens.json"
 done
 for ranks in 1 4; do
   step "bench-cluster-$ranks" 25 env DSA_CUDA_INDEXER_CLUSTER="$ranks" \

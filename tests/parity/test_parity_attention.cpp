@@ -441,8 +441,10 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
 // "legacy" share their arithmetic (mma.sync, the same head-sum order); "wgmma" sums the heads in
 // another fixed order (its warps' partial sums last), so its bits differ from theirs: it is held
 // to the CPU's bound and to its own invariance, not compared bitwise with them. "wgmma-n64" is
-// "wgmma" with fp8 tiles of 64 tokens instead of 128 (bf16: the same kernel).
-const char* const kIndexerVariants[] = {"resident", "legacy", "wgmma", "wgmma-n64"};
+// "wgmma" with fp8 tiles of 64 tokens instead of 128 (bf16: the same kernel); "wgmma-pipe" another
+// fp8 schedule of the same arithmetic (the keys as wgmma's register A, S transposed), bitwise equal
+// to "wgmma" (bf16: the same kernel).
+const char* const kIndexerVariants[] = {"resident", "legacy", "wgmma", "wgmma-n64", "wgmma-pipe"};
 
 // Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
 // one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
@@ -575,6 +577,29 @@ TEST_F(ParityAttention, IndexerLogitsWgmmaTileWidthsAgreeBitwise) {
       EXPECT_TRUE(
           same_outputs(variant_outputs(c, ws, "wgmma-n64"), variant_outputs(c, ws, "wgmma")))
           << c.vars() << ", tokens '" << tokens << "': tiles of 64 tokens against 128";
+    }
+  }
+}
+
+// "wgmma-pipe" reschedules the fp8 tile of "wgmma" (the keys widened into registers while the
+// previous tile's wgmma run, S^T = K . Q^T, the head sum in registers) without changing a logit's
+// arithmetic: the same bits and error count, at the default and forced block sizes (a partial
+// last tile, one tile per block, many), with 64 heads and a partial head group, bad page ids and
+// padded rows included.
+TEST_F(ParityAttention, IndexerLogitsWgmmaPipeAgreesBitwise) {
+  int cases = 0;
+  for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+    for (int heads : {64, 20}) {
+      for (const char* tokens : {"", "512", "8192"}) {
+        IndexerCase c({d.dtype, d.rounding, 7, heads, 9000, true, /*bad_pages=*/true});
+        Workspace ws(cpu(), cuda());
+        testing::Rng rng(790 + cases++);
+        c.init(ws, rng);
+        ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+        EXPECT_TRUE(
+            same_outputs(variant_outputs(c, ws, "wgmma-pipe"), variant_outputs(c, ws, "wgmma")))
+            << c.vars() << ", tokens '" << tokens << "': the pipelined schedule against wgmma";
+      }
     }
   }
 }

@@ -50,7 +50,11 @@
 // equal to the two mma.sync variants (another head-sum order), each batch-invariant on its own;
 // the two tile widths give the same bits (the arithmetic of a token does not depend on N).
 //
-// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64) forces a variant;
+// "wgmma-pipe" computes the fp8 tile the other way round, S^T = K . Q^T, with the keys widened
+// from the raw stage straight into wgmma's A registers while the previous tile's wgmma run and the
+// head sum in registers; the same bits as "wgmma" (bf16: the same kernel as "wgmma").
+//
+// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64 | wgmma-pipe) forces a variant;
 // DSA_CUDA_INDEXER_BLOCK_TOKENS (a power of two in [512, 8192]) the tokens per block, else the
 // largest that still gives two blocks per SM over the batch: few long blocks amortize the per-block
 // query setup at large batches, many short ones spread a single long row over the GPU;
@@ -234,7 +238,7 @@ __global__ void __launch_bounds__(kLegacyThreads)
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64 };
+enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64, kWgmmaPipe };
 
 // The variant used when none is forced, per cache dtype: one line each to flip.
 constexpr Variant kDefaultBf16 = Variant::kWgmma;
@@ -247,6 +251,7 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "resident") == 0) return Variant::kResident;
     if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
     if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
+    if (std::strcmp(v, "wgmma-pipe") == 0) return Variant::kWgmmaPipe;
   }
   // H200, 2026-12-03 (bench/results/2026-12-03-h200-variants.md), us, legacy / wgmma:
   //   bf16: B = 1, L = 128K 16.6 / 13.1; B = 64, L = 32K 146.5 / 139.6; B = 256 550.1 / 534.2.
@@ -279,8 +284,14 @@ template <KvDtype D>
 cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t stream) {
   const int block_tokens = block_tokens_for(p);
   if (variant == Variant::kResident) return launch_resident(p, block_tokens, stream);
-  if (variant == Variant::kWgmma || variant == Variant::kWgmmaN64) {
-    return launch_wgmma(p, block_tokens, variant == Variant::kWgmmaN64, stream);
+  if (variant == Variant::kWgmma) {
+    return launch_wgmma(p, block_tokens, WgmmaSchedule::kWide, stream);
+  }
+  if (variant == Variant::kWgmmaN64) {
+    return launch_wgmma(p, block_tokens, WgmmaSchedule::kNarrow, stream);
+  }
+  if (variant == Variant::kWgmmaPipe) {
+    return launch_wgmma(p, block_tokens, WgmmaSchedule::kPipe, stream);
   }
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if constexpr (D == KvDtype::kFp8) {
