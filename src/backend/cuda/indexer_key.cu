@@ -89,6 +89,8 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
   if (row >= p.batch.rows) return;  // the whole warp
   const int lane = threadIdx.x & 31, c0 = 4 * lane;
 
+  const int32_t position = p.positions[row];  // loaded early: its latency overlaps the norm's
+
   // LayerNorm.
   const float4 in = norm_load4(p.x + row * p.ld_x, c0, kDim, vec);
   const float mean = __fdiv_rn(
@@ -105,8 +107,7 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
                            c0 + j);
   }
 
-  rope_hadamard_head(e, lane, p.style, p.positions[row], p.max_position, p.cos_sin,
-                     p.hadamard_scale);
+  rope_hadamard_head(e, lane, p.style, position, p.max_position, p.cos_sin, p.hadamard_scale);
   store_head(p.k + row * p.ld_k + c0, vec, e);
 
   // The store: lane s < 16 takes keys 8s .. 8s + 7 from lanes 2s and 2s + 1.

@@ -85,8 +85,9 @@ __device__ __forceinline__ Best warp_best(Best b) {
   return b;
 }
 
-// The row's best over its chunk partials, in chunk order, computed by warp 0 into *out (the caller
-// syncs). The partials come from other CTAs: read through L2.
+// The row's best over its chunk partials (the maximum with its tie rule: any order gives it),
+// computed by warp 0 into *out (the caller syncs). The partials come from other CTAs: read
+// through L2.
 __device__ void row_best(const Workspace& ws, int row, Best* out) {
   if (threadIdx.x >= 32) return;
   Best b{0.0f, -1};

@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(kMaxBlock)
   const int lane = threadIdx.x & 31;
   if (row >= p.batch.rows) return;  // the whole warp
   float* kv = p.kv + row * p.ld_kv;
+  const int32_t position = p.positions[row];  // loaded early: its latency overlaps the norm's
   const float sum =
       norm_thread_sum(kv, kKvLoraRank, vec, lane, 32, [](float v) { return __fmul_rn(v, v); });
   const float inv_rms = rms_inverse(warp_sum(sum), kKvLoraRank, p.eps);
@@ -159,7 +160,6 @@ __global__ void __launch_bounds__(kMaxBlock)
     }
   }
   static_assert(kRopeDim == 2 * 32);
-  const int32_t position = p.positions[row];
   if (position >= 0 && position < p.max_position) {
     const float* angle = p.cos_sin + int64_t(position) * kRopeDim + 2 * lane;
     float* pair = kv + kKvLoraRank + 2 * lane;
