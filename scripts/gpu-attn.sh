@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The attention kernels' GPU check: sparse MLA, top-k and indexer logits. Runs ON the device, from
 # the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,
-# bench,dsa}), in under 7.5 minutes (the step timeouts add up to 425 s):
-#   the ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
+# bench,dsa}), in under 10 minutes (the step timeouts add up to 590 s; a usual run takes ~5):
+#   the wgmma sparse MLA kernel first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma): its parity, batch
+#   invariance (1 / 7 / 64 / 256 rows, and a padded graph bucket against eager decode),
+#   memcheck + racecheck over its compact case;
+#   dsa_gpu_bench's attention rows (no store or GEMM rows; both sparse MLA kernels) and the torch
+#   baselines, joined by report.py (before the longer checks, so a run cut short keeps them);
+#   the other ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
 #   compute-sanitizer memcheck and racecheck over a short attention filter, and memcheck over a
-#   graph-replayed decode (check-replay: captured decode steps, sparse MLA included);
-#   dsa_gpu_bench's attention rows (no store or GEMM rows) and the torch baselines, joined by
-#   report.py.
+#   graph-replayed decode (check-replay: captured decode steps, sparse MLA included).
 # Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md
-# (step table + bench report), attn.log, parity.json, bench.json, torch_attention.json.
+# (step table + bench report), attn.log, parity-wgmma.json, parity.json, bench.json,
+# torch_attention.json.
 # Environment: OUT (default ./gpu-out), SANITIZER_FILTER (gtest filter of the sanitizer runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +26,17 @@ source scripts/gpu-steps.sh
 steps_setup attn.log
 
 step nvidia-smi 10 nvidia-smi
-step parity 120 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.*' \
+step parity-wgmma 45 "$B/tests/dsa_parity_tests" \
+  --gtest_filter='ParityAttention.SparseMlaWgmma*:*WgmmaSparseMla*' \
+  --gtest_output="json:$OUT/parity-wgmma.json"
+sanitize sanitizer-memcheck-wgmma memcheck 40 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
+sanitize sanitizer-racecheck-wgmma racecheck 90 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
+step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --json "$OUT/bench.json"
+step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
+step parity 120 "$B/tests/dsa_parity_tests" \
+  --gtest_filter='ParityAttention.*:-ParityAttention.SparseMlaWgmma*' \
   --gtest_output="json:$OUT/parity.json"
 sanitize sanitizer-memcheck memcheck 50 "$B/tests/dsa_parity_tests" \
   --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
@@ -31,6 +45,4 @@ sanitize sanitizer-racecheck racecheck 60 "$B/tests/dsa_parity_tests" \
 sanitize sanitizer-memcheck-replay memcheck 40 \
   "$B/dsa" --log error check-replay --backend cuda --latent fp8 --index-k fp8 --steps 20 \
   --buckets 1 4 --no-parity
-step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --json "$OUT/bench.json"
-step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
 attention_summary "GPU attention check"

@@ -1,38 +1,74 @@
 #!/usr/bin/env bash
-# The indexer-logits kernel's GPU check, both variants ("resident", the default, and "legacy",
-# the former kernel). Runs ON the device, from the repository root, with the build of
-# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}), in about 3 minutes (the step
-# timeouts add up to 590 s, under the 10-minute limit of one device command):
-#   the indexer parity tests (every variant x block size against the CPU, the variants bitwise
-#   equal, bad page ids, batch invariance);
-#   compute-sanitizer memcheck, racecheck, synccheck and initcheck over the indexer parity cases,
-#   and memcheck over a graph-replayed decode with the fp8 index-K cache;
-#   dsa_gpu_bench's indexer rows beside the former kernel's (rows indexer_logits_legacy/...),
-#   eager and in a CUDA graph, then the same rows at forced block sizes and at forced
-#   cluster sizes 1 and 4 of the resident variant (sweep.md);
-#   the torch baselines of the same rows, joined by report.py.
+# The indexer-logits kernel's GPU check, every variant ("legacy", the default; "resident";
+# "wgmma", warpgroup MMA). Runs ON the device, from the repository root, with the build of
+# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}), in under 4 minutes (the step
+# timeouts add up to 240 s):
+#   the indexer parity tests (every variant x block size against the CPU, the mma.sync variants
+#   bitwise equal, each variant bitwise equal across block sizes, bad page ids, batch
+#   invariance);
+#   compute-sanitizer memcheck and racecheck over one small case family (bad page ids, padded
+#   rows, bf16 and both fp8 roundings) with one variant forced (INDEXER_SAN_VARIANT, default
+#   wgmma);
+#   dsa_gpu_bench's indexer rows, fp8 and bf16 at B = 1 L = 128K, B = 64 L = 32K and B = 256
+#   L = 32K: the default, then legacy, wgmma and wgmma-n64 forced (rows
+#   indexer_logits_<variant>/...), eager and in a CUDA graph, tabled in table.md.
+# INDEXER_SWEEP=1 then adds (past the 4 minutes) synccheck and initcheck over the default
+# dispatch, memcheck over a graph-replayed decode, the forced block-size and cluster-size sweeps
+# (sweep.md) and the torch baselines joined by report.py (report.md).
 # Every step has a timeout and the script goes on after a failure. Files in $OUT: summary.md,
-# indexer.log, parity.json, bench.json, bench-{tokens,cluster}-*.json, sweep.md,
-# torch_attention.json, report.md.
+# indexer.log, parity.json, bench.json, table.md; with the sweep also bench-{tokens,cluster}-*.json,
+# sweep.md, torch_attention.json, report.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# The sanitizers' cases: the default dispatch (clusters of 4 and of 1 among them), bad page ids;
-# memcheck also every cluster size and the variants' bitwise comparison.
-FILTER=ParityAttention.IndexerLogitsMatchCpu:ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike
-MEMCHECK_FILTER=$FILTER:ParityAttention.IndexerLogitsEveryClusterSizeMatchesCpu
-MEMCHECK_FILTER+=:ParityAttention.IndexerLogitsVariantsAgreeBitwise
+SAN_VARIANT="${INDEXER_SAN_VARIANT:-wgmma}"
+SAN_FILTER=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike
 
 source scripts/gpu-steps.sh
 steps_setup indexer.log
 
-step nvidia-smi 10 nvidia-smi
-step parity 90 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
+step nvidia-smi 5 nvidia-smi
+step parity 80 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
   --gtest_output="json:$OUT/parity.json"
-sanitize sanitizer-memcheck memcheck 100 "$B/tests/dsa_parity_tests" \
-  --gtest_filter="$MEMCHECK_FILTER" --gtest_brief=1
-sanitize sanitizer-racecheck racecheck 80 "$B/tests/dsa_parity_tests" --gtest_filter="$FILTER" \
-  --gtest_brief=1
+sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
+  "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+sanitize sanitizer-racecheck racecheck 45 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
+  "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+step dsa_gpu_bench 70 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
+  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64 \
+  --indexer-rows 1,64,256 --json "$OUT/bench.json"
+step table 5 python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+rows = {}
+for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
+    if not r["name"].startswith("indexer_logits") or "/" not in r["name"]:
+        continue
+    variant, shape = r["name"].split("/", 1)
+    variant = variant[len("indexer_logits_"):] or "default"
+    e = r.get("extra", {})
+    rows.setdefault(shape, {})[variant] = (r["us"], e.get("pct_of_copy", 0), e.get("graph_us", 0))
+variants = ["default", "legacy", "wgmma", "wgmma-n64"]
+lines = ["| row | " + " | ".join(f"{v} us (% copy) | {v} graph us" for v in variants) + " |",
+         "|---|" + "---|---|" * len(variants)]
+for shape, by in rows.items():
+    cells = [f"{by[v][0]:.2f} ({by[v][1]:.0f}%) | {by[v][2]:.2f}" if v in by else "- | -"
+             for v in variants]
+    lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+
+if [[ ${INDEXER_SWEEP:-0} != 1 ]]; then
+  {
+    steps_summary "GPU indexer-logits check"
+    [[ -f $OUT/table.md ]] && cat "$OUT/table.md"
+  } > "$OUT/summary.md"
+  cat "$OUT/summary.md"
+  exit 0
+fi
+
+FILTER=ParityAttention.IndexerLogitsMatchCpu:ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike
 sanitize sanitizer-synccheck synccheck 25 "$B/tests/dsa_parity_tests" --gtest_filter="$FILTER" \
   --gtest_brief=1
 sanitize sanitizer-initcheck initcheck 25 "$B/tests/dsa_parity_tests" --gtest_filter="$FILTER" \
@@ -40,17 +76,15 @@ sanitize sanitizer-initcheck initcheck 25 "$B/tests/dsa_parity_tests" --gtest_fi
 sanitize sanitizer-memcheck-replay memcheck 40 \
   "$B/dsa" --log error check-replay --backend cuda --latent fp8 --index-k fp8 --steps 20 \
   --buckets 1 4 --no-parity
-step dsa_gpu_bench 45 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
-  --attention-only indexer_logits --legacy --json "$OUT/bench.json"
 for tokens in 512 2048 8192; do
   step "bench-tokens-$tokens" 25 env DSA_CUDA_INDEXER_BLOCK_TOKENS="$tokens" \
-    "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits --legacy \
-    --json "$OUT/bench-tokens-$tokens.json"
+    "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
+    --indexer-variants legacy,wgmma,wgmma-n64 --json "$OUT/bench-tokens-$tokens.json"
 done
 for ranks in 1 4; do
   step "bench-cluster-$ranks" 25 env DSA_CUDA_INDEXER_CLUSTER="$ranks" \
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
-    --json "$OUT/bench-cluster-$ranks.json"
+    --indexer-variants resident --json "$OUT/bench-cluster-$ranks.json"
 done
 step sweep-table 10 python3 - "$OUT" <<'EOF'
 import glob, json, os, re, sys
@@ -74,5 +108,6 @@ EOF
 step torch_attention 30 python3 bench/gpu/torch_attention.py --only indexer_logits \
   --json "$OUT/torch_attention.json"
 attention_summary "GPU indexer-logits check"
-[[ -f $OUT/sweep.md ]] && { echo; echo "## block-size sweep"; echo; cat "$OUT/sweep.md"; } \
-  | tee -a "$OUT/summary.md"
+for f in table.md sweep.md; do
+  [[ -f $OUT/$f ]] && { echo; echo "## $f"; echo; cat "$OUT/$f"; } | tee -a "$OUT/summary.md"
+done

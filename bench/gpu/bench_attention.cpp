@@ -4,13 +4,18 @@
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
-// indexer_logits_legacy/... (DSA_CUDA_INDEXER_VARIANT=legacy), timed in the same process. Indexer
+// indexer_logits_legacy/... (DSA_CUDA_INDEXER_VARIANT=legacy), timed in the same process; with
+// --indexer-variants V,..., indexer_logits_V/... per forced variant, and --indexer-rows the batch
+// sizes of the indexer rows (1 at L = 131072, others at L = 32768; default 64 and 1). Indexer
 // rows are timed as eager launches (us) and as launches captured into one CUDA graph (graph_us:
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more; also .../heads=H, each CUDA
-//       variant forced (DSA_CUDA_SPARSE_MLA_HEADS), .../splits=16 (DSA_CUDA_SPARSE_MLA_MAX_SPLITS)
-//       and at B = 1 .../graph (graph-launched)
+//       per row, or the measured launch latency when that is more (the default kernel); also
+//       .../mma (the mma.sync kernel, DSA_CUDA_SPARSE_MLA_VARIANT=mma) with .../heads=H (its heads
+//       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
+//       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
+//       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma) and at B = 1
+//       .../graph, .../mma/graph and .../wgmma/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -86,9 +91,10 @@ void with_env(const char* name, const char* value, const std::function<void()>& 
   if (name != nullptr) unsetenv(name);
 }
 
-// legacy: the former kernel (DSA_CUDA_INDEXER_VARIANT=legacy), as row indexer_logits_legacy/...
+// variant: a forced kernel variant (DSA_CUDA_INDEXER_VARIANT), as row
+// indexer_logits_<variant>/...; null: the default, as row indexer_logits/...
 void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
-                   bool legacy) {
+                   const char* variant) {
   constexpr int kHeads = 64;
   Backend& be = ctx.backend;
   const int64_t page_bytes = index_k_page_bytes(dtype);
@@ -121,7 +127,7 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   p.ld_logits = kLen;
   int64_t call = 0;
   double us = 0, graph_us = 0;
-  with_env(legacy ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, "legacy", [&] {
+  with_env(variant ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, variant, [&] {
     auto one = [&] {
       p.page_table = table.data() + (call++ % sets) * set_pages;
       be.indexer_logits(p);
@@ -131,8 +137,9 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   });
 
   BenchResult r;
-  r.name = std::string(legacy ? "indexer_logits_legacy/" : "indexer_logits/") +
-           kv_dtype_name(dtype) + "/B=" + std::to_string(kRows) + "/L=" + std::to_string(kLen);
+  r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
+           std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
+           "/L=" + std::to_string(kLen);
   r.us = us;
   r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
   r.floor_us = ctx.hbm_floor_us(r.bytes);
@@ -225,21 +232,32 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   p.ld_q = kHeads * kLatentDim, p.ld_indices = kTopk, p.ld_out = kHeads * kKvLoraRank;
   p.scale = 1.0f / std::sqrt(192.0f);
   // One row per variant: the batch's own choice, then each heads-per-CTA forced (.../heads=H),
-  // and 16 splits per row (.../splits=16), so the dispatch is checked against the alternatives
-  // in the same run. At B = 1 also .../graph: 50 launches captured in one CUDA graph (no host
-  // launch cost, as in the decode graphs), the batch's own choice.
+  // 16 splits per row (.../splits=16) and the wgmma kernel (.../wgmma), so the dispatch is
+  // checked against the alternatives in the same run. At B = 1 also .../graph: 50 launches
+  // captured in one CUDA graph (no host launch cost, as in the decode graphs), the batch's own
+  // choice, and .../wgmma/graph.
   struct Variant {
     const char* env;  // null: none
     const char* value;
     const char* suffix;
     bool graph;
+    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma); null: the default
   };
-  std::vector<Variant> variants = {{nullptr, "", "", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false},
-                                   {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false},
-                                   {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false}};
-  if (kRows == 1) variants.push_back({nullptr, "", "/graph", true});
+  std::vector<Variant> variants = {
+      {nullptr, "", "", false},
+      {nullptr, "", "/mma", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/heads=16", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false, "mma"},
+      {nullptr, "", "/wgmma", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"}};
+  if (kRows == 1) {
+    variants.push_back({nullptr, "", "/graph", true});
+    variants.push_back({nullptr, "", "/mma/graph", true, "mma"});
+    variants.push_back({nullptr, "", "/wgmma/graph", true, "wgmma"});
+  }
   for (const Variant& v : variants) {
     int64_t call = 0;
     double us = 0;
@@ -254,11 +272,14 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     // A variant that cannot launch here (16 splits: a cluster of 16 the GPU cannot place) is
     // reported and skipped; the other rows go on.
     try {
-      with_env(v.env, v.value, [&] {
-        us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+      with_env(v.kernel ? "DSA_CUDA_SPARSE_MLA_VARIANT" : nullptr, v.kernel, [&] {
+        with_env(v.env, v.value, [&] {
+          us = v.graph ? ctx.time_graph_us(launch, 50) : ctx.time_us(launch, kRows == 1 ? 200 : 10);
+        });
       });
     } catch (const std::exception& e) {
       unsetenv(v.env == nullptr ? "DSA_CUDA_SPARSE_MLA_HEADS" : v.env);
+      unsetenv("DSA_CUDA_SPARSE_MLA_VARIANT");
       std::printf("  sparse_mla/%s/B=%d%s FAILED: %s\n", kv_dtype_name(dtype), kRows, v.suffix,
                   e.what());
       continue;
@@ -276,7 +297,9 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     r.extra = {{"tflops", tflops},
                {"pct_of_bf16", 100.0 * tflops / ctx.bf16_tflops},
                {"rotation_sets", sets},
-               {"variant", v.env == nullptr ? "" : std::string(v.env) + "=" + v.value}};
+               {"variant", (v.kernel ? "DSA_CUDA_SPARSE_MLA_VARIANT=" + std::string(v.kernel) + " "
+                                     : std::string()) +
+                               (v.env == nullptr ? "" : std::string(v.env) + "=" + v.value)}};
     std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
                 100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
     ctx.add(std::move(r));
@@ -294,11 +317,18 @@ void run_attention_benches(BenchContext& ctx) {
                ctx.attention_only.end();
   };
   if (wanted("indexer_logits")) {
+    std::vector<std::string> variants = ctx.indexer_variants;
+    if (ctx.legacy_rows &&
+        std::find(variants.begin(), variants.end(), "legacy") == variants.end()) {
+      variants.push_back("legacy");
+    }
+    const std::vector<int> batches =
+        ctx.indexer_rows.empty() ? std::vector<int>{64, 1} : ctx.indexer_rows;
     for (KvDtype dtype : {KvDtype::kFp8, KvDtype::kBf16}) {
-      for (int rows : {64, 1}) {
+      for (int rows : batches) {
         const int len = rows == 1 ? 131072 : 32768;
-        bench_indexer(ctx, dtype, rows, len, gen, false);
-        if (ctx.legacy_rows) bench_indexer(ctx, dtype, rows, len, gen, true);
+        bench_indexer(ctx, dtype, rows, len, gen, nullptr);
+        for (const std::string& v : variants) bench_indexer(ctx, dtype, rows, len, gen, v.c_str());
       }
     }
   }

@@ -48,6 +48,11 @@ class BenchContext {
   // Also time the former top-k and indexer kernels: rows topk_legacy/... and
   // indexer_logits_legacy/... (see run_attention_benches).
   bool legacy_rows = false;
+  // Indexer kernel variants to time beside the default, each forced (DSA_CUDA_INDEXER_VARIANT):
+  // rows indexer_logits_<variant>/...
+  std::vector<std::string> indexer_variants;
+  // Batch sizes of the indexer rows (1: L = 131072, others L = 32768); empty: 64 and 1.
+  std::vector<int> indexer_rows;
   // Batch sizes of the sparse MLA rows (1, 64, 256); empty: all of them (e.g. one B under ncu).
   std::vector<int> sparse_mla_rows;
 

@@ -204,6 +204,17 @@ int main(int argc, char** argv) {
                "also time the former top-k kernel (DSA_CUDA_TOPK=legacy) and indexer kernel "
                "(DSA_CUDA_INDEXER_VARIANT=legacy): rows topk_legacy/... and "
                "indexer_logits_legacy/...");
+  std::vector<std::string> indexer_variants;
+  app.add_option("--indexer-variants", indexer_variants,
+                 "also time these indexer kernel variants, each forced "
+                 "(DSA_CUDA_INDEXER_VARIANT): rows indexer_logits_<variant>/...")
+      ->check(CLI::IsMember({"legacy", "resident", "wgmma", "wgmma-n64"}))
+      ->delimiter(',');
+  std::vector<int> indexer_rows;
+  app.add_option("--indexer-rows", indexer_rows,
+                 "batch sizes of the indexer rows (1: L = 131072, others L = 32768; default 64,1)")
+      ->check(CLI::IsMember({1, 64, 256}))
+      ->delimiter(',');
   std::vector<int> sparse_mla_rows;
   app.add_option("--sparse-mla-rows", sparse_mla_rows,
                  "run only these batch sizes of the sparse MLA rows (1, 64, 256)")
@@ -233,6 +244,8 @@ int main(int argc, char** argv) {
     ctx.attention_only = attention_only;
     ctx.legacy_rows = legacy_rows;
     ctx.sparse_mla_rows = sparse_mla_rows;
+    ctx.indexer_variants = indexer_variants;
+    ctx.indexer_rows = indexer_rows;
     ctx.gemm_kernels = gemm_kernels;
     std::printf("device: %s\n", backend->describe().c_str());
     ctx.copy_gbs = dsa::bench::measure_copy_gbs(ctx);

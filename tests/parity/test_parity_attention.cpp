@@ -9,7 +9,8 @@
 // Tolerances (nmse = sum (cpu - cuda)^2 / sum cpu^2):
 //   indexer logits, bf16 cache: 1e-8. Identical bf16 inputs, only the f32 summation order differs.
 //   indexer logits, fp8 cache: 1e-8. Identical e4m3 operands, widened exactly to f16 for the
-//       f16 mma, so the products are exact and only the f32 summation order differs, as for bf16.
+//       f16 mma (mma.sync or wgmma; never the e4m3 wgmma, whose accumulation is narrower than
+//       f32), so the products are exact and only the f32 summation order differs, as for bf16.
 //   sparse MLA, bf16 cache: out 2e-5, lse 1e-8. CUDA rounds P to bf16 for the tensor cores (a
 //       relative error near 2^-9 per weight); the scores are exact products summed in f32.
 //   sparse MLA, fp8 cache: out 2e-4, lse 5e-6. CUDA also rounds the dequantized c (e4m3 * tile
@@ -261,6 +262,10 @@ struct MlaSpec {
   // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
   // the default (8). It moves the split boundaries, so only runs with the same bound compare.
   int max_splits = 0;
+  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma" or "mma"; null is
+  // "mma", whose heads per CTA the families above force. The families give different bits: only
+  // runs of one family compare, whichever of them is the process default.
+  const char* variant = nullptr;
 };
 
 // Sets an environment variable for a scope (unset again at its end); null value: leaves it unset.
@@ -287,7 +292,8 @@ class SparseMlaCase final : public OpCase {
            (s_.padded_stride ? ",padded_stride" : "") +
            (s_.heads_per_cta ? ",heads_per_cta=" + std::to_string(s_.heads_per_cta) : "") +
            (s_.max_splits ? ",max_splits=" + std::to_string(s_.max_splits) : "") +
-           (s_.spare_row ? ",spare_row" : "");
+           (s_.spare_row ? ",spare_row" : "") +
+           (s_.variant != nullptr ? std::string(",variant=") + s_.variant : "");
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
@@ -352,6 +358,8 @@ class SparseMlaCase final : public OpCase {
     ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
     ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
                          s_.max_splits ? splits.c_str() : nullptr);
+    ScopedEnv variant_env("DSA_CUDA_SPARSE_MLA_VARIANT",
+                          s_.variant != nullptr ? s_.variant : "mma");
     ws.backend(side).sparse_mla(p);
   }
 
@@ -371,6 +379,18 @@ class ParityAttention : public ParityTest {
   ::testing::AssertionResult topk_matches(const TopkSpec& spec, uint64_t seed) {
     TopkCase c(spec);
     return check_parity(c, cpu(), cuda(), seed);
+  }
+  // The wgmma sparse MLA kernel's compact cases (SparseMlaWgmmaCompact): P V on the register-A
+  // wgmma (pv null) or on mma.sync (pv "mma", DSA_CUDA_SPARSE_MLA_WGMMA_PV, the check path).
+  void wgmma_compact_cases(const char* pv, uint64_t seed) {
+    ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
+    for (int max_splits : {0, 16}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
+            << "P V on " << (pv != nullptr ? pv : "wgmma");
+      }
+    }
   }
 };
 
@@ -411,8 +431,12 @@ TEST_F(ParityAttention, IndexerLogitsBadPageIdsRaiseTheFlagAlike) {
   }
 }
 
-// The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one).
-const char* const kIndexerVariants[] = {"resident", "legacy"};
+// The CUDA indexer kernel's variants (DSA_CUDA_INDEXER_VARIANT forces one). "resident" and
+// "legacy" share their arithmetic (mma.sync, the same head-sum order); "wgmma" sums the heads in
+// another fixed order (its warps' partial sums last), so its bits differ from theirs: it is held
+// to the CPU's bound and to its own invariance, not compared bitwise with them. "wgmma-n64" is
+// "wgmma" with fp8 tiles of 64 tokens instead of 128 (bf16: the same kernel).
+const char* const kIndexerVariants[] = {"resident", "legacy", "wgmma", "wgmma-n64"};
 
 // Every variant and tokens per block (chosen from the batch; DSA_CUDA_INDEXER_BLOCK_TOKENS forces
 // one) gives the CPU's logits, in rows shorter and longer than a block, with every count of
@@ -465,9 +489,29 @@ TEST_F(ParityAttention, IndexerLogitsEveryClusterSizeMatchesCpu) {
   }
 }
 
-// The variants share their arithmetic: the same logits bit for bit (and the same error count),
-// at the default and at forced block sizes, in every cluster size, bad page ids and padded rows
-// included.
+using Outputs = std::vector<std::vector<uint8_t>>;
+
+// The CUDA outputs of a case with the indexer variant forced, its guards checked.
+Outputs variant_outputs(OpCase& c, Workspace& ws, const char* variant) {
+  ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", variant);
+  auto rb = run_side(c, ws, Side::kCuda);
+  EXPECT_EQ(rb.guard_report, "") << variant;
+  return std::move(rb.outputs);
+}
+
+// Every output of `got` equals the one of `want` byte for byte.
+::testing::AssertionResult same_outputs(const Outputs& got, const Outputs& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "output counts differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) return ::testing::AssertionFailure() << "output " << i << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The mma.sync variants share their arithmetic: the same logits bit for bit (and the same error
+// count), at the default and at forced block sizes, in every cluster size, bad page ids and padded
+// rows included. (The wgmma variants are not among them: another head-sum order, see
+// kIndexerVariants.)
 TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
   int cases = 0;
   for (const auto& d : kIndexDtypes) {
@@ -478,26 +522,53 @@ TEST_F(ParityAttention, IndexerLogitsVariantsAgreeBitwise) {
         testing::Rng rng(700 + cases++);
         c.init(ws, rng);
         ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
-        std::vector<std::vector<uint8_t>> legacy;
-        {
-          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "legacy");
-          auto rb = run_side(c, ws, Side::kCuda);
-          EXPECT_EQ(rb.guard_report, "") << "legacy";
-          legacy = std::move(rb.outputs);
-        }
+        const Outputs legacy = variant_outputs(c, ws, "legacy");
         for (const char* ranks : {"1", "2", "4"}) {
-          ScopedEnv var("DSA_CUDA_INDEXER_VARIANT", "resident");
           ScopedEnv cluster("DSA_CUDA_INDEXER_CLUSTER", ranks);
-          auto rb = run_side(c, ws, Side::kCuda);
-          EXPECT_EQ(rb.guard_report, "") << "resident, cluster " << ranks;
-          ASSERT_EQ(rb.outputs.size(), legacy.size());
-          for (size_t i = 0; i < legacy.size(); ++i) {
-            EXPECT_TRUE(rb.outputs[i] == legacy[i])
-                << c.vars() << ", tokens '" << tokens << "', cluster " << ranks << ": output " << i
-                << " differs from the legacy variant's";
-          }
+          EXPECT_TRUE(same_outputs(variant_outputs(c, ws, "resident"), legacy))
+              << c.vars() << ", tokens '" << tokens << "', cluster " << ranks
+              << ": resident against legacy";
         }
       }
+    }
+  }
+}
+
+// Each variant splits a row into blocks by a rule from the host sizes (the batch, the row length,
+// the SM count); the split never enters a logit's arithmetic: every forced block size gives the
+// default's bits (and error count), bad page ids, padded rows and partial tiles included.
+TEST_F(ParityAttention, IndexerLogitsEveryVariantIsBitwiseEqualAcrossBlockSizes) {
+  int cases = 0;
+  for (const char* variant : kIndexerVariants) {
+    for (const auto& d : kIndexDtypes) {
+      IndexerCase c({d.dtype, d.rounding, 5, 64, 9000, true, /*bad_pages=*/true});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(750 + cases++);
+      c.init(ws, rng);
+      const Outputs reference = variant_outputs(c, ws, variant);
+      for (const char* tokens : {"512", "1024", "8192"}) {
+        ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", tokens);
+        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), reference))
+            << variant << ", " << c.vars() << ", tokens " << tokens << " against the default";
+      }
+    }
+  }
+}
+
+// The wgmma variant's token arithmetic does not depend on the instruction's N (the tile width):
+// fp8 tiles of 128 and of 64 tokens give the same bits, at the default and a forced block size.
+TEST_F(ParityAttention, IndexerLogitsWgmmaTileWidthsAgreeBitwise) {
+  int cases = 0;
+  for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+    for (const char* tokens : {"", "512"}) {
+      IndexerCase c({d.dtype, d.rounding, 6, 64, 5000, true, /*bad_pages=*/true});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(780 + cases++);
+      c.init(ws, rng);
+      ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+      EXPECT_TRUE(
+          same_outputs(variant_outputs(c, ws, "wgmma-n64"), variant_outputs(c, ws, "wgmma")))
+          << c.vars() << ", tokens '" << tokens << "': tiles of 64 tokens against 128";
     }
   }
 }
@@ -663,6 +734,60 @@ TEST_F(ParityAttention, SparseMlaBatchInvariant) {
           MlaSpec{dtype, rows, 128, 2048, false, mappings[1].at(at), false, 16});
     };
     EXPECT_TRUE(check_batch_invariance(make16, kInvarianceRows, cpu(), cuda())) << "16 splits";
+  }
+}
+
+// ---- the wgmma kernel (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma) ---------------------------------------
+// Its own families: its bits differ from the mma.sync kernel's (another f32 summation order
+// inside the tensor cores), within the same tolerances against the CPU.
+
+constexpr const char* kWgmma = "wgmma";
+
+// The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
+// groups: 128), 2 / 4 / 4 splits of 1-2 chunks (one empty split at 150), the real topk (8 splits
+// of 8 chunks: the 3-stage ring wraps), 3 chunks per split, and 16 splits (a non-portable
+// cluster); padded, short, sentinel and out-of-pool slots; strides that are not a multiple of 4
+// floats; a spare output row that must stay poison.
+TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
+  int cases = 0;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int heads : {128, 16, 4}) {
+      for (int topk : {100, 37, 150}) {
+        SparseMlaCase c({dtype, 5, heads, topk, topk == 37, 0, true, 0, kWgmma});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1100 + cases++));
+      }
+    }
+    SparseMlaCase full({dtype, 4, 128, 2048, false, 0, true, 0, kWgmma});
+    EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1150 + cases++));
+    SparseMlaCase shallow({dtype, 4, 32, 700, true, 0, true, 0, kWgmma});
+    EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1150 + cases++));
+    SparseMlaCase wide({dtype, 3, 128, 2048, true, 0, true, 16, kWgmma});
+    EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1150 + cases++));
+  }
+}
+
+// One small case per dtype for the sanitizers (scripts/gpu-attn.sh): 6 chunks per split (the
+// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits.
+TEST_F(ParityAttention, SparseMlaWgmmaCompact) { wgmma_compact_cases(nullptr, 1180); }
+// The check path (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma): passing here but not above points at the
+// register-A / MN-major wgmma of P V; failing both, at the rest of the kernel.
+TEST_F(ParityAttention, SparseMlaWgmmaPvMmaCompact) { wgmma_compact_cases("mma", 1190); }
+
+// A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
+// with 8 and with 16 splits per row.
+TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (int topk : {512, 2048}) {
+      for (int max_splits : {0, 16}) {
+        if (topk == 512 && max_splits == 16) continue;
+        auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+          return std::make_unique<SparseMlaCase>(
+              MlaSpec{dtype, rows, 128, topk, false, 0, false, max_splits, kWgmma});
+        };
+        EXPECT_TRUE(check_batch_invariance(make, kInvarianceRows, cpu(), cuda()))
+            << "wgmma, topk " << topk << ", max_splits " << max_splits;
+      }
+    }
   }
 }
 

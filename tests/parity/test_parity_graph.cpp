@@ -2,6 +2,7 @@
 // launch) on the CUDA backend. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -24,9 +25,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 class ParityGraph : public ::testing::TestWithParam<KvDtype> {};
 
-TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
-  REQUIRE_GPU();
-  GraphFixture f(micro_config(), GetParam(), {4, 16}, {}, BackendKind::kCuda);
+// 16 rows through the bucket-16 graph and eagerly, then 5 of them (bucket 16 again, padded):
+// the same bits as eager each time, and only the 5 new tokens' slots written.
+void five_rows_after_sixteen(KvDtype index_k) {
+  GraphFixture f(micro_config(), index_k, {4, 16}, {}, BackendKind::kCuda);
   f.start_requests(16, 7);
   const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const auto full = f.decode_rows(all);
@@ -52,6 +54,22 @@ TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
   EXPECT_EQ(
       testing::changed_slots(*f.graph_cache, before, testing::snapshot(*f.backend, *f.graph_cache)),
       expected);
+}
+
+TEST_P(ParityGraph, FiveRowsAfterSixteenMatchEagerAndWriteOnlyTheirSlots) {
+  REQUIRE_GPU();
+  five_rows_after_sixteen(GetParam());
+}
+
+// The same with the wgmma sparse MLA kernel (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma for the whole
+// test, graphs captured with it): a row's bits in a padded graph bucket equal its eager bits.
+TEST_P(ParityGraph, WgmmaSparseMlaFiveRowsAfterSixteenMatchEager) {
+  REQUIRE_GPU();
+  struct Variant {
+    Variant() { setenv("DSA_CUDA_SPARSE_MLA_VARIANT", "wgmma", 1); }
+    ~Variant() { unsetenv("DSA_CUDA_SPARSE_MLA_VARIANT"); }
+  } variant;
+  five_rows_after_sixteen(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),

@@ -69,7 +69,7 @@ constexpr int kSliceGranule = 128;          // slice_k is a multiple of it; ever
 constexpr int kSplitRefCols = 32;           // the column width split_plan counts CTAs with
 constexpr int kSplitTargetCtas = 512;       // about four CTAs per SM of an H200 (132 SMs)
 constexpr int kMinSliceK = 512;             // a slice is never shorter (split_plan's own choice)
-constexpr int64_t kMaxPartialCols = 32768;  // splits * batch * n whenever splits > 1 (see below)
+constexpr int64_t kMaxPartialCols = 73728;  // splits * batch * n whenever splits > 1 (see below)
 // The arrival counters of the fused split reduction sit at the start of the scratch buffer, one
 // per output tile; a launch with more output tiles reduces with reduce_splits_kernel instead.
 constexpr int kSplitCounters = 16384;
@@ -307,21 +307,25 @@ constexpr int kClassTile[3] = {
     2, 6, 6};  // 16 x 64 k128, 64 x 128 k64 (the sweep: it beat 128 x 128 at B = 256)
 constexpr ShapeChoice kShapeTable[] = {
     // The V3.2 projections (bench/gpu/bench_gemm.cpp names them): the sweep of 2026-12-03 on the
-    // H200 (bench/results/2026-12-03-h200-gemm-sweep.md), one split count per shape with the
-    // smallest worst ratio to cuBLASLt over B = 1, 8, 64, 256. wk and weights_proj ran out of the
-    // sweep's budget: the formula's split count, the tile that won their B <= 64 runs, and for
-    // m > 64 the tile that won kv_a (the closest shape).
-    {1536, 7168, 1, 4, {2, 1, 6}},        // q_a
+    // H200 (bench/results/2026-12-03-h200-gemm-sweep.md, every run in -gemm-sweep.json). q_a,
+    // kv_a, o, gate / up and down take the split count with the least time summed over the decode
+    // sizes B = 1, 8 and 64, where the worst ratio over B = 1 .. 256 chose before (B = 256 is
+    // compute-bound and far from cuBLASLt with any count): per step, about -25 us at B = 1, -200
+    // us at B = 64 and +90 us at B = 256 (bench/results/2026-12-03-h200-variants.md). The
+    // others keep the worst-ratio count. wk and weights_proj ran out of the sweep's budget: the
+    // formula's split count, the tile that won their B <= 64 runs, and for m > 64 the tile that
+    // won kv_a (the closest shape).
+    {1536, 7168, 1, 10, {4, 6, 6}},       // q_a
     {128 * 192, 1536, 1, 1, {1, 6, 6}},   // q_b
-    {576, 7168, 1, 8, {2, 1, 5}},         // kv_a
+    {576, 7168, 1, 14, {2, 0, 6}},        // kv_a
     {512, 128, 128, 1, {13, 9, 6}},       // kv_b absorb (kKN)
     {128, 512, 128, 1, {4, 6, 12}},       // kv_b up
-    {7168, 128 * 128, 1, 2, {2, 6, 11}},  // o
+    {7168, 128 * 128, 1, 4, {13, 6, 6}},  // o
     {64 * 128, 1536, 1, 1, {2, 5, 6}},    // indexer wq_b
     {128, 7168, 1, 0, {2, 2, 5}},         // indexer wk
     {64, 7168, 1, 0, {2, 2, 5}},          // indexer weights_proj
-    {18432, 7168, 1, 1, {1, 6, 6}},       // mlp gate / up (2 splits won; over the scratch bound)
-    {7168, 18432, 1, 2, {2, 6, 11}},      // mlp down
+    {18432, 7168, 1, 4, {1, 6, 6}},       // mlp gate / up
+    {7168, 18432, 1, 4, {13, 6, 6}},      // mlp down
     {32768, 7168, 1, 1, {13, 6, 11}},     // lm_head
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
@@ -353,7 +357,7 @@ struct SplitPlan {
 // output tiles (small n, one weight matrix) leave SMs idle at decode sizes, so the formula cuts
 // K until about kSplitTargetCtas CTAs of kSplitRefCols columns exist, but never into slices
 // shorter than kMinSliceK. When splits > 1: batch * ceil(n / 32) = c < 512 and
-// splits <= ceil(512 / c), so splits * batch * n <= (512 / c + 1) * 32 c < 32768 =
+// splits <= ceil(512 / c), so splits * batch * n <= (512 / c + 1) * 32 c < 32768 <=
 // kMaxPartialCols, which bounds the partial buffer at kMaxPartialCols floats per row of x
 // (table_within_partial_bound checks the table's counts against the same bound).
 SplitPlan split_plan(int n, int k, int batch, const GemmInvariantTuning& tuning) {

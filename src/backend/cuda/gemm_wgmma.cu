@@ -98,12 +98,8 @@ __device__ __forceinline__ void load_swizzled(uint8_t* dst, const uint16_t* src,
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1) gemm_wgmma_kernel(TcParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  // The swizzle atoms need 1024-byte alignment; dynamic shared memory promises 16.
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t pad =
-      (kSwizzleAtomBytes - (raw & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
-  uint8_t* smem = smem_raw + pad;
-  const uint32_t smem_base = raw + pad;
+  uint8_t* smem = align_to_atom(smem_raw);  // the swizzle atoms need 1024-byte alignment
+  const uint32_t smem_base = smem_addr(smem);
 
   const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
   // Row tiles are the fastest grid index: the CTAs that share a weight tile run side by side.

@@ -1,6 +1,7 @@
 // The pieces both variants of the indexer logits kernel share (indexer_logits.cu's header explains
 // the design): the key and query shapes, the fragment loads and the e4m3 conversions, the head
-// sum, the page and length guards, and the resident variant's entry (indexer_resident.cu).
+// sum, the page and length guards, and the entries of the resident (indexer_resident.cu) and wgmma
+// (indexer_wgmma.cu) variants.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -296,5 +297,9 @@ __device__ __forceinline__ int64_t clamped_seq_len(const IndexerLogitsParams& p,
 
 // The resident variant (indexer_resident.cu) for p.heads heads in blocks of block_tokens tokens.
 cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
+// The wgmma variant (indexer_wgmma.cu): 64 heads x a tile of tokens on warpgroup MMA; narrow:
+// fp8 tiles of 64 tokens (three blocks per SM) instead of 128 (two).
+cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, bool narrow,
+                         cudaStream_t stream);
 
 }  // namespace dsa::cuda::indexer_detail

@@ -14,7 +14,7 @@
 // makes every copy cover contiguous 64-byte runs. word_byte() is that permutation. Tokens come in
 // groups of 32 (4 n-tiles of 8), always inside one page.
 //
-// Variant "resident" (the default): blocks of 4 warps, two blocks per SM (237-255 registers, 84
+// Variant "resident": blocks of 4 warps, two blocks per SM (237-255 registers, 84
 // KiB fp8 / 96 KiB bf16 of shared memory). Each warp keeps the whole query as mma A fragments in
 // registers (64 heads x 128 dims as f16 or bf16: 128 registers per lane) and streams its groups
 // through a private cp.async ring in shared memory, kStages deep (fp8 5: four groups, 16.5 KiB,
@@ -43,11 +43,18 @@
 // and reread each group; fp8 keys through a 2-stage per-warp cp.async ring, bf16 keys loaded
 // straight into registers.
 //
-// DSA_CUDA_INDEXER_VARIANT (legacy | resident) forces a variant; DSA_CUDA_INDEXER_BLOCK_TOKENS (a
-// power of two in [512, 8192]) the tokens per block, else the largest that still gives two
-// blocks per SM over the batch: few long blocks amortize the per-block query setup at large
-// batches, many short ones spread a single long row over the GPU; DSA_CUDA_INDEXER_CLUSTER (1, 2
-// or 4) the resident variant's blocks per cluster.
+// Variant "wgmma" (indexer_wgmma.cu, its header has the design and the napkin math): all 64 heads
+// against a tile of 64 (bf16) or 128 (fp8, widened to f16 in shared memory) tokens per Hopper
+// warpgroup MMA, one warpgroup per block, two blocks per SM; "wgmma-n64" the same with fp8
+// tiles of 64 tokens and three blocks per SM (bf16: the same kernel as "wgmma"). Not bitwise
+// equal to the two mma.sync variants (another head-sum order), each batch-invariant on its own;
+// the two tile widths give the same bits (the arithmetic of a token does not depend on N).
+//
+// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64) forces a variant;
+// DSA_CUDA_INDEXER_BLOCK_TOKENS (a power of two in [512, 8192]) the tokens per block, else the
+// largest that still gives two blocks per SM over the batch: few long blocks amortize the per-block
+// query setup at large batches, many short ones spread a single long row over the GPU;
+// DSA_CUDA_INDEXER_CLUSTER (1, 2 or 4) the resident variant's blocks per cluster.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -227,23 +234,31 @@ __global__ void __launch_bounds__(kLegacyThreads)
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-enum class Variant { kLegacy, kResident };
+enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64 };
 
-// The forced variant, or the default of the dtype (the H200 measurements in the header).
+// The variant used when none is forced, per cache dtype: one line each to flip.
+constexpr Variant kDefaultBf16 = Variant::kWgmma;
+constexpr Variant kDefaultFp8 = Variant::kLegacy;
+
+// The forced variant, or the default of the dtype (the H200 measurements below).
 Variant variant_for(KvDtype dtype) {
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_VARIANT")) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "resident") == 0) return Variant::kResident;
+    if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
+    if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
   }
-  // The former kernel stays the default: on the H200 the resident variant took 128.4 us at fp8
-  // B = 64, L = 32K (legacy 124.2) and 26.0 us at B = 1, L = 128K (legacy 18.2), bf16 150.1 and
-  // 25.9 us (legacy 145.6 and 17.0): bench/results/2026-12-03-h200-attn-mla.md.
-  (void)dtype;
-  return Variant::kLegacy;
+  // H200, 2026-12-03 (bench/results/2026-12-03-h200-variants.md), us, legacy / wgmma:
+  //   bf16: B = 1, L = 128K 16.6 / 13.1; B = 64, L = 32K 146.5 / 139.6; B = 256 550.1 / 534.2.
+  //   fp8:  B = 1, L = 128K 18.3 / 16.3; B = 64, L = 32K 122.8 / 143.5; B = 256 436.0 / 534.8.
+  // So wgmma for bf16 caches and the former kernel for fp8 ones (the resident variant was slower
+  // than both: bench/results/2026-12-03-h200-attn-mla.md). The dtype is the cache's, fixed for
+  // the process, so a row's bits never depend on the batch.
+  return dtype == KvDtype::kBf16 ? kDefaultBf16 : kDefaultFp8;
 }
 
-// Tokens per block: the override, or the largest size that keeps two blocks per SM (both
-// variants hold two blocks per SM).
+// Tokens per block: the override, or the largest size that keeps two blocks per SM (every
+// variant holds two blocks per SM).
 int block_tokens_for(const IndexerLogitsParams& p) {
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS")) {
     const int forced = std::atoi(v);
@@ -264,6 +279,9 @@ template <KvDtype D>
 cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t stream) {
   const int block_tokens = block_tokens_for(p);
   if (variant == Variant::kResident) return launch_resident(p, block_tokens, stream);
+  if (variant == Variant::kWgmma || variant == Variant::kWgmmaN64) {
+    return launch_wgmma(p, block_tokens, variant == Variant::kWgmmaN64, stream);
+  }
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if constexpr (D == KvDtype::kFp8) {
     static std::atomic<uint64_t> opted{0};

@@ -98,6 +98,8 @@ cudaError_t latent_kv(const LatentKvParams& p, cudaStream_t stream);            
 cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  // indexer_logits.cu
 cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     // topk.cu
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
+// The wgmma kernel alone (sparse_mla() dispatches to it; p already checked there).
+cudaError_t sparse_mla_wgmma(const SparseMlaParams& p, cudaStream_t stream);  // sparse_mla_wgmma.cu
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);    // audit.cu
 cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);    // audit.cu

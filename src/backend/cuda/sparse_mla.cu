@@ -71,6 +71,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
@@ -82,20 +83,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 using namespace sparse_mla_detail;
-
-// The fixed split of a row's selected tokens: a function of topk and the process's split bound
-// alone, never of the batch (batch invariance).
-struct SplitPlan {
-  int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
-  int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
-};
-SplitPlan split_plan(int topk, int max_splits) {
-  const int chunks = (topk + kChunk - 1) / kChunk;
-  SplitPlan plan;
-  while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
-  plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
-  return plan;
-}
 
 // The two warps (mt, 0) and (mt, 1) of a pair meet at named barrier 1 + mt (0 is __syncthreads).
 __device__ __forceinline__ void pair_barrier(int mt) {
@@ -165,67 +152,6 @@ __device__ __forceinline__ void accumulate_pv(const __nv_bfloat16* kv, int half,
   }
 }
 
-// The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
-// [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
-// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
-// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
-// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
-// variant.
-template <class V>
-__device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                               int split, int row, int head0, uint8_t* smem) {
-  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
-  if (threadIdx.x < V::kHeads) {
-    const int h = threadIdx.x;
-    float ms[kMaxSplits], ls[kMaxSplits];
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
-      m_max = fmaxf(m_max, ms[s]);
-    }
-    float l_sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
-      l_sum += ls[s] * ms[s];
-    }
-    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      coef[h * kMaxSplits + s] = ms[s] * inv;
-    }
-    if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
-      p.lse[int64_t(row) * p.heads + head0 + h] =
-          l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
-    }
-  }
-  __syncthreads();  // coef is complete
-
-  const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
-  const int d0 = split * (kKvLoraRank / splits);
-  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
-    const int h = it / vecs, d = d0 + (it % vecs) * 4;
-    if (head0 + h >= p.heads) continue;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
-      const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
-      const float w = coef[h * kMaxSplits + s];
-      acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
-      acc.z = fmaf(v.z, w, acc.z), acc.w = fmaf(v.w, w, acc.w);
-    }
-    float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
-    out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
-  }
-}
-
 template <KvDtype D, int kTiles>
 __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     sparse_mla_kernel(SparseMlaParams p, SplitPlan plan) {
@@ -244,41 +170,25 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
   auto slots_of = [&](int chunk) { return slots_s + (chunk % kRing) * kChunk; };
 
   cg::cluster_group cluster = cg::this_cluster();
-  // blockIdx.x = (row * groups + group) * splits + split: the head groups of a row run side by
-  // side, so the second reads the row's latent rows from L2.
-  const int split = int(cluster.block_rank());  // blockIdx.x % plan.splits
-  const int groups = (p.heads + V::kHeads - 1) / V::kHeads;
-  const int row = int(blockIdx.x / plan.splits) / groups;
-  const int head0 = int(blockIdx.x / plan.splits) % groups * V::kHeads;
+  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()));
+  const int64_t* indices = work.indices;
+  const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int mt = warp % kTiles, half = warp / kTiles;
   const int g = lane / 4, c = lane % 4;
-  const int64_t* indices = p.indices + int64_t(row) * p.ld_indices;
-  const int chunk0 = split * plan.chunks_per_split;
-  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
-  const int n_chunks = max(0, min(plan.chunks_per_split, total_chunks - chunk0));
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
   // Prologue, two memory round trips: the slots of the first kStages chunks with this CTA's
   // share of q (stored in every CTA of the cluster); then the first kStages - 1 chunks (one
   // cp.async group each, empty past the split's end), while the cluster's q stores settle.
-  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
-  int64_t first_slots[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) {
-    const bool load = threadIdx.x < kChunk && i < n_chunks;
-    first_slots[i] = load ? raw_slot(p, indices, chunk0 + i, threadIdx.x) : int64_t(-1);
-  }
-  share_queries<V::kHeads, V::kThreads>(p, cluster, plan.splits, split, row, head0, q_s);
-  cluster_arrive_release();  // this CTA's q stores are done
-  if (threadIdx.x < kChunk) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) slots_of(i)[threadIdx.x] = checked_slot(p, first_slots[i]);
-  }
-  __syncthreads();  // the staged slots are visible
+  start_split<V::kHeads, V::kThreads, kStages, false>(p, cluster, plan, work, PaddedRows{q_s},
+                                                      slots_s);
 #pragma unroll
   for (int i = 0; i + 1 < kStages; ++i) {
-    if (i < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(i), stage_of(i));
+    if (i < n_chunks) {
+      const Stage st = stage_of(i);
+      fetch_chunk<D, V::kThreads>(p, slots_of(i), st, PaddedRows{st.kv});
+    }
     cp_async_commit();
   }
   cluster_wait_acquire();  // q is complete in every CTA of the cluster
@@ -291,14 +201,17 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     // Groups committed so far: one per chunk up to ch + kStages - 2; all but the newest
     // kStages - 2 have landed, so chunk ch has (this thread's copies).
     cp_async_wait<kStages - 2>();
-    if constexpr (D == KvDtype::kFp8) dequantize_chunk<V::kThreads>(slots, st);
+    if constexpr (D == KvDtype::kFp8) dequantize_chunk<V::kThreads>(slots, st, PaddedRows{st.kv});
     // Chunk ch is visible to all, and every warp is done with step ch - 1: its stage
     // ((ch - 1) % kStages, refilled below with chunk ch + kStages - 1), its slot stage
     // ((ch + kStages) % kRing, restaged at the end of this step) and the exchange area (fp8: the
     // raw values of chunk ch, dead from here on) may be overwritten from here on.
     __syncthreads();
     const int ahead = ch + kStages - 1;
-    if (ahead < n_chunks) fetch_chunk<D, V::kThreads>(p, slots_of(ahead), stage_of(ahead));
+    if (ahead < n_chunks) {
+      const Stage next = stage_of(ahead);
+      fetch_chunk<D, V::kThreads>(p, slots_of(ahead), next, PaddedRows{next.kv});
+    }
     cp_async_commit();
     const bool restage = threadIdx.x < kChunk && ch + kStages < n_chunks;
     const int64_t next_slot =
@@ -317,138 +230,24 @@ __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];  // S_0 + S_1 in both
 
-    // Online softmax over the chunk: columns n*8 + c*2 + j, rows g (regs 0,1) and g+8 (2,3).
-    float cmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const bool ok = slots[n * 8 + c * 2 + j] >= 0;
-        s[n][j] = ok ? s[n][j] * scale_log2 : -INFINITY;
-        s[n][2 + j] = ok ? s[n][2 + j] * scale_log2 : -INFINITY;
-        cmax[0] = fmaxf(cmax[0], s[n][j]);
-        cmax[1] = fmaxf(cmax[1], s[n][2 + j]);
-      }
-    }
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
-      cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
-      const float m_new = fmaxf(m[r], cmax[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - m_use[e / 2]);
-        l[e / 2] += s[n][e];
-      }
-    }
-    // Rescale o, unless no lane's row max moved (o * 1 is o: the same bits either way).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-      }
-    }
+    // Online softmax over the chunk (the same step as the wgmma kernel's).
+    softmax_step(reinterpret_cast<float(&)[16]>(s), slots, c, scale_log2, m, l,
+                 reinterpret_cast<float(&)[128]>(o));
     accumulate_pv(st.kv, half, s, o);
     if (restage) slots_of(ch + kStages)[threadIdx.x] = checked_slot(p, next_slot);
   }
 
-  // The partial of this split: row sums over the quad, then o, m, l into shared memory (o over
-  // q and the latent ring, which every warp is done with after the barrier; every copy into the
-  // ring has landed, the last real one at the wait of the last step).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  __syncthreads();
-  auto* part = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = mt * 16 + g + r * 8;
-    float* dst = part + h * kPartPitch + half * kHalfOut + c * 2;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
-    }
-    if (half == 0 && c == 0) {
-      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
-      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
-    }
-  }
-  cluster.sync();  // every split's partial is complete and visible to the cluster
-  combine_splits<V>(p, cluster, plan.splits, split, row, head0, smem);
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
-}
-
-// Shared memory above 48 KiB and clusters past the portable 8 need an opt-in per kernel, asked
-// once per device.
-template <KvDtype D, int kTiles>
-cudaError_t opt_in() {
-  static std::atomic<uint64_t> opted_in{0};
-  return once_per_device(opted_in, false, [] {
-    const cudaError_t err = cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(Variant<D, kTiles>::kSmem.bytes));
-    if (err != cudaSuccess) return err;
-    return cudaFuncSetAttribute(sparse_mla_kernel<D, kTiles>,
-                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
-}
-
-// Whether the GPU can place one cluster of config's size (asked once per device), else
-// cudaErrorInvalidClusterSize, with nothing launched (a launch that fails would be sticky in the
-// worst case; this never is).
-template <KvDtype D, int kTiles>
-cudaError_t cluster_fits(const cudaLaunchConfig_t& config) {
-  static std::atomic<uint64_t> asked{0}, fits{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(asked.load(std::memory_order_relaxed) & bit)) {
-    int clusters = 0;
-    err = cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_kernel<D, kTiles>, &config);
-    if (err != cudaSuccess) return err;
-    if (clusters > 0) fits.fetch_or(bit, std::memory_order_relaxed);
-    asked.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return (fits.load(std::memory_order_relaxed) & bit) ? cudaSuccess : cudaErrorInvalidClusterSize;
+  // Every copy into the ring has landed, the last real one at the wait of the last step.
+  finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
+                  mt * 16 + g, half * kHalfOut + c * 2, half == 0 && c == 0);
 }
 
 template <KvDtype D, int kTiles>
 cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t stream) {
   using V = Variant<D, kTiles>;
-  const cudaError_t e = opt_in<D, kTiles>();
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  const unsigned groups = unsigned((p.heads + V::kHeads - 1) / V::kHeads);
-  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
-  config.blockDim = dim3(V::kThreads);
-  config.dynamicSmemBytes = V::kSmem.bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(plan.splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  if (plan.splits > kDefaultSplits) {  // a non-portable cluster: refuse (no launch) if unplaceable
-    const cudaError_t placed = cluster_fits<D, kTiles>(config);
-    if (placed != cudaSuccess) return placed;
-  }
-  const cudaError_t launched = cudaLaunchKernelEx(&config, sparse_mla_kernel<D, kTiles>, p, plan);
-  if (launched != cudaSuccess) return launched;
-  return cudaGetLastError();
+  static LaunchOnce once;
+  return launch_split_clusters(sparse_mla_kernel<D, kTiles>, p, plan, V::kHeads, V::kThreads,
+                               V::kSmem.bytes, stream, once);
 }
 
 // m-tiles (16 heads each) per CTA: 4, 2 or 1. DSA_CUDA_SPARSE_MLA_HEADS=64|32|16 forces one (read
@@ -476,14 +275,6 @@ int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
   return best;
 }
 
-// The bound on splits per row: 8 (the portable cluster size), or 16 with
-// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
-// changes the bits: set it for a whole process or not at all.
-int max_splits() {
-  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
-  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
-}
-
 template <KvDtype D>
 cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
   const SplitPlan plan = split_plan(p.topk, max_splits());
@@ -497,11 +288,28 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
   }
 }
 
+// The kernel family, the one place the default is chosen: the mma.sync kernel of this file or
+// the wgmma kernel (sparse_mla_wgmma.cu). DSA_CUDA_SPARSE_MLA_VARIANT=wgmma|mma forces one (read
+// at every call; anything else: the default). The two give different bits (their f32 sums run
+// in different orders), each batch-invariant on its own: pick one for a whole process.
+// The wgmma kernel is the default: on the H200 it took 297.8 / 1143.6 us at B = 64 / 256 (bf16;
+// mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us at B = 1
+// (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md.
+enum class MlaKernel { kMma, kWgmma };
+constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma;
+MlaKernel mla_kernel() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
+  if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
+  if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
+  return kDefaultMlaKernel;
+}
+
 }  // namespace
 
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
+  if (mla_kernel() == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
   return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
                                         : launch_dtype<KvDtype::kFp8>(p, stream);
 }

@@ -1,17 +1,23 @@
-// The data movement of the sparse MLA kernel (sparse_mla.cu, whose header comment has the
-// design): the shared-memory layout of each variant (m-tiles per CTA, ring depth), the selected
-// slots, the latent chunks' copies into the ring (bf16 rows; fp8 raw bytes and their dequant to
-// bf16), and q's distribution over the cluster through distributed shared memory.
+// The data movement of the sparse MLA kernels (sparse_mla.cu, mma.sync, and sparse_mla_wgmma.cu,
+// wgmma; their header comments have the designs): the shared-memory layout of each mma.sync
+// variant (m-tiles per CTA, ring depth), the split plan, the selected slots, the latent chunks'
+// copies into shared memory (bf16 rows; fp8 raw bytes and their dequant to bf16) in either
+// kernel's row layout (padded rows, or the 128-byte-swizzled tiles of wgmma), q's distribution
+// over the cluster through distributed shared memory, and the cluster's fixed-order combine.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/wgmma.cuh"
 #include "dsa/ops.h"
 #include "dsa/token_codec.h"
 
@@ -33,6 +39,20 @@ constexpr int kRopePieces = (kLatentDim - kKvLoraRank) / 8;  // 16-byte rope pie
 constexpr size_t kSmemLimit = 227 * 1024;                    // sm_90 dynamic shared memory per CTA
 static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
 static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
+
+// The fixed split of a row's selected tokens: a function of topk and the process's split bound
+// alone, never of the batch (batch invariance). Both kernels use it.
+struct SplitPlan {
+  int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
+  int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
+};
+inline SplitPlan split_plan(int topk, int max_splits) {
+  const int chunks = (topk + kChunk - 1) / kChunk;
+  SplitPlan plan;
+  while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
+  plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
+  return plan;
+}
 
 // The shared memory of one variant: kTiles m-tiles of 16 heads (2 kTiles warps), chunks landing
 // in a ring of `stages` (bf16: the bf16 rows themselves; fp8: the raw bytes, dequantized into a
@@ -101,6 +121,50 @@ __device__ __forceinline__ int64_t checked_slot(const SparseMlaParams& p, int64_
   return (slot < 0 || slot >= p.pool.capacity()) ? int64_t(-1) : slot;
 }
 
+// Where a token's (or head's) bf16 row lives in shared memory: row_at(r, d) is the address of
+// dim d (a multiple of 4) of row r.
+//   PaddedRows: rows of kPitch bf16 (the mma.sync kernel).
+//   SwizzledRows<kRows>: kLatentDim / 64 tiles of [kRows][64 dims], each 128-byte swizzled and
+//       K-major (wgmma.cuh), tile b (dims [64 b, 64 b + 64)) at b * kRows * 128 bytes; the base
+//       1024-aligned (the wgmma kernel).
+struct PaddedRows {
+  __nv_bfloat16* base;
+  __device__ __forceinline__ __nv_bfloat16* operator()(int r, int d) const {
+    return base + r * kPitch + d;
+  }
+};
+template <int kRows>
+struct SwizzledRows {
+  uint8_t* base;
+  __device__ __forceinline__ __nv_bfloat16* operator()(int r, int d) const {
+    return reinterpret_cast<__nv_bfloat16*>(base + (d / 64) * (kRows * kSwizzleRowBytes) +
+                                            swizzle128_offset(r, (d % 64) / 8)) +
+           d % 8;
+  }
+};
+
+// What one CTA works on: split `split` of head group head0 / heads_per_cta of row `row`, the
+// chunks [chunk0, chunk0 + n_chunks) of the row's selected tokens (n_chunks may be 0). CTA x is
+// x = (row * groups + group) * splits + split: the head groups of a row run side by side, so
+// the second reads the row's latent rows from L2.
+struct CtaWork {
+  int split, row, head0, chunk0, n_chunks;
+  const int64_t* indices;  // the row's selected slots
+};
+__device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const SplitPlan& plan,
+                                            int heads_per_cta, int split) {
+  CtaWork w;
+  const int groups = (p.heads + heads_per_cta - 1) / heads_per_cta;
+  w.split = split;  // blockIdx.x % plan.splits: the CTA's rank in its cluster
+  w.row = int(blockIdx.x / plan.splits) / groups;
+  w.head0 = int(blockIdx.x / plan.splits) % groups * heads_per_cta;
+  w.indices = p.indices + int64_t(w.row) * p.ld_indices;
+  w.chunk0 = split * plan.chunks_per_split;
+  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
+  w.n_chunks = max(0, min(plan.chunks_per_split, total_chunks - w.chunk0));
+  return w;
+}
+
 // One chunk's place in the rings: its bf16 rows and, for fp8, its raw stage: the e4m3 values, the
 // rope (bf16 as stored) and the scale of each 64-value unit.
 struct Stage {
@@ -111,19 +175,20 @@ struct Stage {
 };
 
 // Starts the copies of one chunk from its staged slots [32] (the caller commits the group).
-// bf16: cp.async for every 16-byte piece into kv, zeros for unused tokens. fp8: into the raw stage,
-// the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4 bytes) beside them, and
-// the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros for unused tokens).
-template <KvDtype D, int kThreads>
+// bf16: cp.async for every 16-byte piece into rows (st.kv is unused), zeros for unused tokens. fp8:
+// into the raw stage, the e4m3 values by units of 64 (4 pieces) with the unit's tile scale (4
+// bytes) beside them, and the rope by 16-byte pieces; dequantize_chunk() makes the bf16 rows (zeros
+// for unused tokens).
+template <KvDtype D, int kThreads, class Rows>
 __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int64_t* slots,
-                                            const Stage& st) {
+                                            const Stage& st, Rows rows) {
   if constexpr (D == KvDtype::kBf16) {
 #pragma unroll
     for (int i = 0; i < kChunk * kPieces / kThreads; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       const int token = idx / kPieces, piece = idx % kPieces;
       const int64_t slot = slots[token];
-      __nv_bfloat16* dst = st.kv + token * kPitch + piece * 8;
+      __nv_bfloat16* dst = rows(token, piece * 8);
       if (slot >= 0) {
         cp_async16(dst, p.pool.data + slot * (kLatentDim * 2) + piece * 16);
       } else {
@@ -168,13 +233,12 @@ __device__ __forceinline__ uint32_t dequant_pair(uint16_t two, float s) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x * s, f.y * s);
 }
-template <int kThreads>
-__device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Stage& st) {
+template <int kThreads, class Rows>
+__device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Stage& st, Rows rows) {
 #pragma unroll
   for (int i = 0; i < kChunk * kUnits / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int token = idx / kUnits, unit = idx % kUnits;
-    __nv_bfloat16* dst = st.kv + token * kPitch + unit * kUnitValues;
     const bool used = slots[token] >= 0;
     const float s = used ? st.scale[token * kUnits + unit] : 0.0f;
 #pragma unroll
@@ -190,8 +254,13 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
         hi.x = dequant_pair(uint16_t(v.z), s), hi.y = dequant_pair(uint16_t(v.z >> 16), s);
         hi.z = dequant_pair(uint16_t(v.w), s), hi.w = dequant_pair(uint16_t(v.w >> 16), s);
       }
-      *reinterpret_cast<uint4*>(dst + j * 16) = lo;
-      *reinterpret_cast<uint4*>(dst + j * 16 + 8) = hi;
+      // Odd units store their upper half first: the 8 units' stores of one instruction land in 8
+      // distinct 16-byte bank groups (chunk 2 j + unit % 2 of a 128-byte row, in either layout).
+      const bool odd = unit % 2 != 0;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + (odd ? 8 : 0))) =
+          odd ? hi : lo;
+      *reinterpret_cast<uint4*>(rows(token, unit * kUnitValues + j * 16 + (odd ? 0 : 8))) =
+          odd ? lo : hi;
     }
   }
 #pragma unroll
@@ -202,7 +271,7 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
         slots[token] >= 0
             ? *reinterpret_cast<const uint4*>(st.rope + token * kRawRopeBytes + piece * 16)
             : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(st.kv + token * kPitch + kKvLoraRank + piece * 8) = v;
+    *reinterpret_cast<uint4*>(rows(token, kKvLoraRank + piece * 8)) = v;
   }
 }
 
@@ -217,15 +286,15 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// q of the cluster's kHeads heads, rounded to bf16, into the q_s of every CTA of the cluster
-// (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte loads
-// when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them in
-// all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA.
-// The caller has arrived at the cluster barrier once; this waits for that phase (every CTA has
-// started, so its shared memory may be written) before the first remote store.
-template <int kHeads, int kThreads>
+// q of the cluster's kHeads heads, rounded to bf16, into q_at (head, dim) of every CTA of the
+// cluster (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte
+// loads when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them
+// in all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA. The
+// caller has arrived at the cluster barrier once; this waits for that phase (every CTA has started,
+// so its shared memory may be written) before the first remote store.
+template <int kHeads, int kThreads, class Rows>
 __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                              int split, int row, int head0, __nv_bfloat16* q_s) {
+                              int split, int row, int head0, Rows q_at) {
   constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
   constexpr int kBatch = 6;                   // loads in flight per thread
   const int share = kHeads * kRowPieces / splits, begin = split * share;
@@ -251,10 +320,246 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
       const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
       const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
       for (int r = 0; r < splits; ++r) {
-        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_s + h * kPitch + d, r)) = bf;
+        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_at(h, d), r)) = bf;
       }
     }
   }
+}
+
+// The first half of both kernels' prologue, one memory round trip: arrives at the cluster
+// barrier (this CTA has started), loads the slots of the first kStages chunks and this CTA's
+// share of q, stores q into every CTA of the cluster (q_at: the kernel's layout; kAsyncProxy:
+// fenced for the async proxy, which reads it with wgmma), arrives again (release: this CTA's q
+// stores are done), stages the checked slots into slots_s [kStages][kChunk] and syncs the CTA.
+// The caller waits on the cluster barrier (acquire) before it reads q.
+template <int kHeads, int kThreads, int kStages, bool kAsyncProxy, class Rows>
+__device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluster_group& cluster,
+                                            const SplitPlan& plan, const CtaWork& w, Rows q_at,
+                                            int64_t* slots_s) {
+  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
+  int64_t first_slots[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    const bool load = threadIdx.x < kChunk && i < w.n_chunks;
+    first_slots[i] = load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x) : int64_t(-1);
+  }
+  share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, q_at);
+  if constexpr (kAsyncProxy) fence_proxy_async_all();  // q's stores, in any CTA
+  cluster_arrive_release();                            // this CTA's q stores are done
+  if (threadIdx.x < kChunk) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      slots_s[i * kChunk + threadIdx.x] = checked_slot(p, first_slots[i]);
+    }
+  }
+  __syncthreads();  // the staged slots are visible
+}
+
+// The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
+// [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
+// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
+// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
+// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
+// variant.
+// V: the kernel's variant (kHeads, kThreads, kSmem's m, l and coef offsets); smem: the CTA's
+// shared memory base, at the same offset in every CTA of the cluster, where part starts.
+template <class V>
+__device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
+                               int split, int row, int head0, uint8_t* smem) {
+  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
+  if (threadIdx.x < V::kHeads) {
+    const int h = threadIdx.x;
+    float ms[kMaxSplits], ls[kMaxSplits];
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+      m_max = fmaxf(m_max, ms[s]);
+    }
+    float l_sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
+      l_sum += ls[s] * ms[s];
+    }
+    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      coef[h * kMaxSplits + s] = ms[s] * inv;
+    }
+    if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
+      p.lse[int64_t(row) * p.heads + head0 + h] =
+          l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+  __syncthreads();  // coef is complete
+
+  const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
+  const int d0 = split * (kKvLoraRank / splits);
+  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
+    const int h = it / vecs, d = d0 + (it % vecs) * 4;
+    if (head0 + h >= p.heads) continue;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
+      const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      const float w = coef[h * kMaxSplits + s];
+      acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
+      acc.z = fmaf(v.z, w, acc.z), acc.w = fmaf(v.w, w, acc.w);
+    }
+    float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
+    out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+  }
+}
+
+// The bound on splits per row: 8 (the portable cluster size), or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
+// changes the bits: set it for a whole process or not at all.
+inline int max_splits() {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
+  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
+}
+
+// One chunk's online-softmax step of a thread that holds rows g and g + 8 (g = lane / 4) of its
+// warp's 16 rows of S over the chunk's 32 tokens in the m16n8 C / wgmma D layout: s[4 n + e] is
+// row g + 8 (e / 2), token 8 n + 2 c + e % 2 (c = lane % 4). Scales s to log2 units (scale_log2 =
+// scale * log2 e), masks the tokens whose staged slot is -1 to -inf, takes the row max over the
+// quad, turns s into p = 2^(s - m) in place, updates m (log2 units, -inf until a valid token)
+// and l, and rescales o (any accumulator in the same layout: element k is of row (k % 4) / 2)
+// unless no row max of the warp moved (o * 1 is o: the same bits either way). Both kernels run
+// exactly this sequence.
+template <int kO>
+__device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slots, int c,
+                                             float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&o)[kO]) {
+  float cmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const bool ok = slots[n * 8 + c * 2 + j] >= 0;
+      s[4 * n + j] = ok ? s[4 * n + j] * scale_log2 : -INFINITY;
+      s[4 * n + 2 + j] = ok ? s[4 * n + 2 + j] * scale_log2 : -INFINITY;
+      cmax[0] = fmaxf(cmax[0], s[4 * n + j]);
+      cmax[1] = fmaxf(cmax[1], s[4 * n + 2 + j]);
+    }
+  }
+  float alpha[2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
+    cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
+    const float m_new = fmaxf(m[r], cmax[r]);
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
+    alpha[r] = exp2f(m[r] - m_use[r]);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    s[i] = exp2f(s[i] - m_use[(i % 4) / 2]);
+    l[(i % 4) / 2] += s[i];
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int k = 0; k < kO; ++k) o[k] *= alpha[(k % 4) / 2];
+  }
+}
+
+// The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
+// KiB, clusters past the portable 8) and whether one cluster of 16 fits on the GPU.
+struct LaunchOnce {
+  std::atomic<uint64_t> opted_in{0}, asked{0}, fits{0};
+};
+using SplitKernel = void (*)(SparseMlaParams, SplitPlan);
+
+// Launches `kernel` over rows * ceil(heads / heads_per_cta) * plan.splits CTAs of `threads`, in
+// clusters of plan.splits (a row's head groups side by side, the splits of one (row, group) in
+// one cluster). A cluster past the portable size that the GPU cannot place is refused with
+// cudaErrorInvalidClusterSize and nothing launched (a launch that fails would be sticky in the
+// worst case; this never is).
+inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaParams& p,
+                                         const SplitPlan& plan, int heads_per_cta, int threads,
+                                         size_t smem_bytes, cudaStream_t stream, LaunchOnce& once) {
+  cudaError_t err = once_per_device(once.opted_in, false, [&] {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  const unsigned groups = unsigned((p.heads + heads_per_cta - 1) / heads_per_cta);
+  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(plan.splits);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (plan.splits > kDefaultSplits) {  // asked once per device
+    int device = 0;
+    err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = uint64_t(1) << (device % 64);
+    if (!(once.asked.load(std::memory_order_relaxed) & bit)) {
+      int clusters = 0;
+      err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+      if (err != cudaSuccess) return err;
+      if (clusters > 0) once.fits.fetch_or(bit, std::memory_order_relaxed);
+      once.asked.fetch_or(bit, std::memory_order_relaxed);
+    }
+    if (!(once.fits.load(std::memory_order_relaxed) & bit)) return cudaErrorInvalidClusterSize;
+  }
+  err = cudaLaunchKernelEx(&config, kernel, p, plan);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+// The end of both kernels, once the token loop is done (no copy or wgmma in flight): the row
+// sums over the quad, the split's partial into shared memory (o over q and the rings, which
+// every warp is done with after the barrier) and the cluster's combine. The thread holds rows
+// `row0` and row0 + 8 of the CTA's heads and, of each, 256 consecutive output dims starting at
+// dim0 in the m16n8 C layout repeated: o[4 j + e] is row row0 + 8 (e / 2), dim dim0 + 8 j + e % 2
+// (dim0 includes 2 (lane % 4)); writes_ml: this thread stores m and l of its rows.
+template <class V>
+__device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::cluster_group& cluster,
+                                             const SplitPlan& plan, const CtaWork& w, uint8_t* smem,
+                                             const float (&o)[128], const float (&m)[2],
+                                             float (&l)[2], int row0, int dim0, bool writes_ml) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  __syncthreads();
+  auto* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = row0 + r * 8;
+    float* dst = part + h * kPartPitch + dim0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+    }
+    if (writes_ml) {
+      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
+      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
+    }
+  }
+  cluster.sync();  // every split's partial is complete and visible to the cluster
+  combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The whole-change check in two parts of at most 10 minutes each (one device command each). Runs
+# ON the device, from the repository root, with the build of scripts/gpu-build.sh carried
+# (build-gpu/{lib,tests,bench,dsa}). Every step has a timeout; the script goes on after a failure.
+#   PART=parity (default): every CUDA parity family against the CPU reference (GEMM, attention,
+#     the rest), then compute-sanitizer memcheck and racecheck over the default kernels' compact
+#     cases (sparse MLA wgmma, indexer wgmma, the small ops: $SMALL_FILTER), memcheck over a
+#     graph-replayed decode; files parity-*.json, check.log, summary.md.
+#   PART=bench: dsa_gpu_bench's attention rows (sparse MLA and indexer variants side by side) and
+#     GEMM rows (invariant vs cuBLASLt per V3.2 projection), then bench-decode of one V3.2 layer
+#     (--gemm invariant with --profile, and --gemm fast) and of the tiny preset, then the V3.2
+#     two-layer stress at concurrency 60; files bench-*.json, decode-*.json, stress-v32.json,
+#     check.log, summary.md.
+# Environment: OUT (default ./gpu-out), PART, SMALL_FILTER (gtest filter of the small ops' cases
+# for the sanitizers), EXTRA_VARIANTS (more indexer variants for the bench rows, comma-separated),
+# MLA_EXTRA (more parity filters for the sparse MLA, e.g. a schedule's bitwise test).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PART=${PART:-parity}
+SMALL_FILTER=${SMALL_FILTER:-ParityOps.Rmsnorm*}
+source scripts/gpu-steps.sh
+steps_setup "check-$PART.log"
+P="$B/tests/dsa_parity_tests"
+
+if [[ $PART == parity ]]; then
+  step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  step parity-gemm 200 "$P" --gtest_filter='ParityGemm.*' --gtest_output="json:$OUT/parity-gemm.json"
+  step parity-attention 150 "$P" --gtest_filter='ParityAttention.*' \
+    --gtest_output="json:$OUT/parity-attention.json"
+  step parity-rest 120 "$P" --gtest_filter='-ParityGemm.*:ParityAttention.*' \
+    --gtest_output="json:$OUT/parity-rest.json"
+  sanitize memcheck-mla 40 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
+  sanitize racecheck-mla 50 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact \
+    --gtest_brief=1
+  sanitize memcheck-indexer 30 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
+    --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
+  sanitize racecheck-indexer 40 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
+    --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
+  sanitize memcheck-small 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
+  sanitize racecheck-small 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
+  sanitize memcheck-replay 40 "$B/dsa" --log error check-replay --backend cuda --latent fp8 \
+    --index-k fp8 --steps 20 --buckets 1 4 --no-parity
+else
+  G="$B/bench/dsa_gpu_bench"
+  step bench-attention 90 "$G" --skip-store --skip-gemm --attention-only sparse_mla indexer_logits \
+    --indexer-variants "legacy,wgmma${EXTRA_VARIANTS:+,$EXTRA_VARIANTS}" --indexer-rows 1 64 256 \
+    --json "$OUT/bench-attention.json"
+  step bench-gemm 90 "$G" --skip-store --skip-attention --json "$OUT/bench-gemm.json"
+  step decode-v32-invariant 90 "$B/dsa" bench-decode --backend cuda --preset v32 --layers 1 \
+    --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant --profile \
+    --json "$OUT/decode-v32-invariant.json"
+  step decode-v32-fast 40 "$B/dsa" bench-decode --backend cuda --preset v32 --layers 1 \
+    --batches 1 8 64 256 --context 4096 --iters 10 --gemm fast --json "$OUT/decode-v32-fast.json"
+  step decode-tiny 40 "$B/dsa" bench-decode --backend cuda --preset tiny --layers 0 \
+    --batches 1 8 64 256 --context 1000 --iters 20 --json "$OUT/decode-tiny.json"
+  step stress-v32 120 "$B/dsa" stress --backend cuda --preset v32 --layers 2 --sessions 60 \
+    --concurrency 60 --index-k all --json "$OUT/stress-v32.json"
+fi
+steps_summary "GPU check ($PART)" > "$OUT/summary.md"
+cat "$OUT/summary.md"
