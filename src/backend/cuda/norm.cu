@@ -34,6 +34,12 @@ __device__ __forceinline__ float4 weight4(const Bf16* w, int c0, int dim, bool v
   return v;
 }
 
+// The weights of this thread's first group g0 (zeros when it has none), loaded before the row's
+// statistic so their latency overlaps the reduction's.
+__device__ __forceinline__ float4 first_weights(const Bf16* w, int g0, int end, int dim, bool vec) {
+  return g0 < end ? weight4(w, 4 * g0, dim, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 __device__ __forceinline__ void store4(float* row, int c0, int dim, bool vec, float4 v) {
   if (vec) {
     *reinterpret_cast<float4*>(row + c0) = v;
@@ -101,13 +107,15 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p,
   const float* x = p.x + s.row * p.ld_x;
   float* y = p.y + s.row * p.ld_y;
   Bf16* yb = p.y_bf16 ? p.y_bf16 + s.row * p.ld_y_bf16 : nullptr;
+  const int g0 = s.begin + s.t;
+  const float4 w0 = first_weights(p.weight, g0, s.end, p.dim, vec);
   const float sum =
       norm_thread_sum(x, p.dim, vec, s.t, s.threads, [](float v) { return __fmul_rn(v, v); });
   const float inv_rms = rms_inverse(group_total<kWarp>(sum, scratch), p.dim, p.eps);
-  for (int g = s.begin + s.t; g < s.end; g += s.threads) {
+  for (int g = g0; g < s.end; g += s.threads) {
     const int c0 = 4 * g;
     const float4 v = norm_load4(x, c0, p.dim, vec);
-    const float4 w = weight4(p.weight, c0, p.dim, vec);
+    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
     const float4 out = make_float4(rms_value(v.x, inv_rms, w.x), rms_value(v.y, inv_rms, w.y),
                                    rms_value(v.z, inv_rms, w.z), rms_value(v.w, inv_rms, w.w));
     store4(y, c0, p.dim, vec, out);
@@ -122,6 +130,8 @@ __global__ void __launch_bounds__(kBlockThreads) layernorm_kernel(LayerNormParam
   if (!row_spot<kWarp>(p.rows, p.dim, s)) return;
   const float* x = p.x + s.row * p.ld_x;
   float* y = p.y + s.row * p.ld_y;
+  const int g0 = s.begin + s.t;
+  const float4 w0 = first_weights(p.weight, g0, s.end, p.dim, vec);
   const float sum = norm_thread_sum(x, p.dim, vec, s.t, s.threads, [](float v) { return v; });
   const float mean = __fdiv_rn(group_total<kWarp>(sum, scratch), float(p.dim));
   const float sq = norm_thread_sum(x, p.dim, vec, s.t, s.threads, [mean](float v) {
@@ -129,10 +139,10 @@ __global__ void __launch_bounds__(kBlockThreads) layernorm_kernel(LayerNormParam
     return __fmul_rn(d, d);
   });
   const float inv_std = layernorm_inverse(group_total<kWarp>(sq, scratch), p.dim, p.eps);
-  for (int g = s.begin + s.t; g < s.end; g += s.threads) {
+  for (int g = g0; g < s.end; g += s.threads) {
     const int c0 = 4 * g;
     const float4 v = norm_load4(x, c0, p.dim, vec);
-    const float4 w = weight4(p.weight, c0, p.dim, vec);
+    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
     const float4 out = make_float4(layernorm_value(v.x, mean, inv_std, w.x, p.bias, c0),
                                    layernorm_value(v.y, mean, inv_std, w.y, p.bias, c0 + 1),
                                    layernorm_value(v.z, mean, inv_std, w.z, p.bias, c0 + 2),
