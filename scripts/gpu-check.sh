@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PART=${PART:-parity}
-SMALL_FILTER=${SMALL_FILTER:-ParityOps.Rmsnorm*}
+SMALL_FILTER=${SMALL_FILTER:-ParityOps.RmsNorm:ParityOps.LayerNorm:ParityOps.Rope:ParityOps.Hadamard:ParityOps.Embed}
 source scripts/gpu-steps.sh
 steps_setup "check-$PART.log"
 P="$B/tests/dsa_parity_tests"
@@ -30,16 +30,16 @@ if [[ $PART == parity ]]; then
     --gtest_output="json:$OUT/parity-attention.json"
   step parity-rest 120 "$P" --gtest_filter='-ParityGemm.*:ParityAttention.*' \
     --gtest_output="json:$OUT/parity-rest.json"
-  sanitize memcheck-mla 40 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
-  sanitize racecheck-mla 50 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact \
+  sanitize memcheck-mla memcheck 40 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
+  sanitize racecheck-mla racecheck 50 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact \
     --gtest_brief=1
-  sanitize memcheck-indexer 30 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
+  sanitize memcheck-indexer memcheck 30 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
     --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
-  sanitize racecheck-indexer 40 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
+  sanitize racecheck-indexer racecheck 40 env DSA_CUDA_INDEXER_VARIANT=wgmma "$P" \
     --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1
-  sanitize memcheck-small 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
-  sanitize racecheck-small 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
-  sanitize memcheck-replay 40 "$B/dsa" --log error check-replay --backend cuda --latent fp8 \
+  sanitize memcheck-small memcheck 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
+  sanitize racecheck-small racecheck 40 "$P" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
+  sanitize memcheck-replay memcheck 40 "$B/dsa" --log error check-replay --backend cuda --latent fp8 \
     --index-k fp8 --steps 20 --buckets 1 4 --no-parity
 else
   G="$B/bench/dsa_gpu_bench"
