@@ -156,10 +156,13 @@ void ProfilingBackend::layernorm(const LayerNormParams& p) {
         [&] { inner_.layernorm(p); });
 }
 
+// With p.out set, the fused rope + copy_rows: "rope_copy", one more write of the rotated dims.
 void ProfilingBackend::rope(const RopeParams& p) {
   const double n = double(p.rows) * p.heads * p.rope_dim;
-  timed({"rope", fmt::format("rows={} heads={} dims={}", p.rows, p.heads, p.rope_dim),
-         f32_bytes(2 * n + p.rows) + 4.0 * p.rows * p.rope_dim, 3 * n},
+  const bool copy = p.out != nullptr;
+  timed({copy ? "rope_copy" : "rope",
+         fmt::format("rows={} heads={} dims={}", p.rows, p.heads, p.rope_dim),
+         f32_bytes((copy ? 3 : 2) * n + p.rows) + 4.0 * p.rows * p.rope_dim, 3 * n},
         [&] { inner_.rope(p); });
 }
 
@@ -235,6 +238,39 @@ void ProfilingBackend::store_latent_kv(const StoreLatentKvParams& p) {
   timed({"store_latent_kv", fmt::format("rows={} {}", p.batch.rows, kv_dtype_name(p.pool.dtype)),
          rows * (f32_bytes(kLatentDim) + 8 + double(latent_token_bytes(p.pool.dtype))), 0},
         [&] { inner_.store_latent_kv(p); });
+}
+
+// The fused layernorm + rope + hadamard + index-K store: the keys read and written once (f32), the
+// row's angles, slot and stored token, the norm's weights.
+void ProfilingBackend::indexer_key(const IndexerKeyParams& p) {
+  const double rows = p.batch.rows;
+  timed({"indexer_key", fmt::format("rows={} {}", p.batch.rows, kv_dtype_name(p.pool.dtype)),
+         rows * (f32_bytes(2 * kIndexHeadDim + kRopeDim + 1) + 8 +
+                 index_k_token_bytes(p.pool.dtype)) +
+             4.0 * kIndexHeadDim,
+         rows * kIndexHeadDim * (8 + 3 + std::log2(double(kIndexHeadDim)))},
+        [&] { inner_.indexer_key(p); });
+}
+
+// The fused rope + hadamard of the indexer's query heads: each head read and written once.
+void ProfilingBackend::indexer_query(const IndexerQueryParams& p) {
+  const double n = double(p.rows) * p.heads * kIndexHeadDim;
+  timed({"indexer_query", fmt::format("rows={} heads={}", p.rows, p.heads),
+         f32_bytes(2 * n + p.rows) + 4.0 * p.rows * kRopeDim,
+         n * (3 + std::log2(double(kIndexHeadDim)))},
+        [&] { inner_.indexer_query(p); });
+}
+
+// The fused rmsnorm + rope + latent store: c and k_rope read and written once (f32), the row's
+// angles, slot and stored token, the norm's weights.
+void ProfilingBackend::latent_kv(const LatentKvParams& p) {
+  const double rows = p.batch.rows;
+  timed({"latent_kv", fmt::format("rows={} {}", p.batch.rows, kv_dtype_name(p.pool.dtype)),
+         rows * (f32_bytes(2 * kLatentDim + kRopeDim + 1) + 8 +
+                 double(latent_token_bytes(p.pool.dtype))) +
+             2.0 * kKvLoraRank,
+         rows * (4.0 * kKvLoraRank + 3.0 * kRopeDim)},
+        [&] { inner_.latent_kv(p); });
 }
 
 // Every row is charged ld_logits tokens: exact when each row attends to the whole context, as in

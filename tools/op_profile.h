@@ -94,6 +94,9 @@ class ProfilingBackend final : public Backend {
   void moe_route(const MoeRouteParams& p) override;
   void scale_rows(const ScaleRowsParams& p) override;
   void store_index_k(const StoreIndexKParams& p) override;
+  void indexer_key(const IndexerKeyParams& p) override;
+  void indexer_query(const IndexerQueryParams& p) override;
+  void latent_kv(const LatentKvParams& p) override;
   void store_latent_kv(const StoreLatentKvParams& p) override;
   void indexer_logits(const IndexerLogitsParams& p) override;
   void topk(const TopkParams& p) override;

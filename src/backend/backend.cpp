@@ -94,6 +94,30 @@ void Backend::copy_rows(const CopyRowsParams& p) {
 
 uint64_t Backend::memory_capacity_bytes() const { return host_memory_bytes(); }
 
+void Backend::indexer_key(const IndexerKeyParams& p) {
+  const IndexerKeyParts parts = indexer_key_parts(p);
+  layernorm(parts.norm);
+  rope(parts.rope);
+  hadamard(parts.hadamard);
+  store_index_k(parts.store);
+}
+
+void Backend::latent_kv(const LatentKvParams& p) {
+  const LatentKvParts parts = latent_kv_parts(p);
+  rmsnorm(parts.norm);
+  rope(parts.rope);
+  store_latent_kv(parts.store);
+}
+
+void Backend::indexer_query(const IndexerQueryParams& p) {
+  require(p.ld_q == int64_t(p.heads) * kIndexHeadDim, ErrorCode::kInvalidArgument,
+          "indexer_query: ld_q {} must be heads {} * {} (packed heads)", p.ld_q, p.heads,
+          kIndexHeadDim);
+  const IndexerQueryParts parts = indexer_query_parts(p);
+  rope(parts.rope);
+  hadamard(parts.hadamard);
+}
+
 void Backend::moe_route(const MoeRouteParams&) {
   fail(ErrorCode::kBackend, "moe_route is not implemented by backend {}", describe());
 }

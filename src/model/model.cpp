@@ -150,24 +150,31 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   rmsnorm(be, qa_.data(), qlr, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
   linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), int64_t(H) * qk, R, kOverwrite, 1,
          qa_bf16_.data());
-  be.rope({q_.data(), step.positions, cos_sin_.data(), R, H, int64_t(H) * qk, qk, nope, kRopeDim,
-           max_context_, RopeStyle::kInterleaved});
+  // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
+  // q_rope per head); the absorb below fills the q_lat parts.
+  RopeParams q_rope{
+      q_.data(), step.positions, cos_sin_.data(),        R, H, int64_t(H) * qk, qk, nope,
+      kRopeDim,  max_context_,   RopeStyle::kInterleaved};
+  q_rope.out = q_attn_.data() + kKvLoraRank;
+  q_rope.ld_out_row = int64_t(H) * kLatentDim;
+  q_rope.ld_out_head = kLatentDim;
+  be.rope(q_rope);
   linear(be, x_.data(), hidden, L.kv_a, kLatentDim, hidden, kv_.data(), kLatentDim, R, kOverwrite,
          1, x_bf16_.data());
-  rmsnorm(be, kv_.data(), kLatentDim, kv_.data(), kLatentDim, L.kv_a_norm, R, kKvLoraRank, eps,
-          nullptr);
-  be.rope({kv_.data(), step.positions, cos_sin_.data(), R, 1, kLatentDim, kLatentDim, kKvLoraRank,
-           kRopeDim, max_context_, RopeStyle::kInterleaved});
 
-  // 2. The guarded latent store.
-  StoreLatentKvParams store;
-  store.batch = {step.slots, step.n_real, R, step.error_count};
-  store.latent = kv_.data();
-  store.k_rope = kv_.data() + kKvLoraRank;
-  store.ld_latent = store.ld_rope = kLatentDim;
-  store.pool = cache.latent(l);
-  be.store_latent_kv(store);
-  record_store_inputs(l, PoolKind::kLatent, step, store.pool, kv_.data(), kLatentDim);
+  // 2. The latent normed and the key roped in place, then the guarded latent store: one op.
+  LatentKvParams latent;
+  latent.kv = kv_.data();
+  latent.ld_kv = kLatentDim;
+  latent.norm_weight = L.kv_a_norm;
+  latent.eps = float(eps);
+  latent.positions = step.positions;
+  latent.cos_sin = cos_sin_.data();
+  latent.max_position = max_context_;
+  latent.batch = {step.slots, step.n_real, R, step.error_count};
+  latent.pool = cache.latent(l);
+  be.latent_kv(latent);
+  record_store_inputs(l, PoolKind::kLatent, step, latent.pool, kv_.data(), kLatentDim);
 
   // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
   indexer(l, step, cache, options);
@@ -190,7 +197,6 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   absorb.batch_stride_y = kLatentDim;
   absorb.layout = WeightLayout::kKN;
   be.gemm(absorb);
-  be.copy_rows({q_.data() + nope, q_attn_.data() + kKvLoraRank, R * H, kRopeDim, qk, kLatentDim});
 
   SparseMlaParams attn;
   attn.q = q_attn_.data();
@@ -237,29 +243,31 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   // q_i = W_iq(norm(W_qa x)); k_i = LayerNorm(W_ik x); RoPE on the first 64 dims, then Hadamard.
   linear(be, qa_.data(), c.q_lora_rank, L.wq_b, IH * kIndexHeadDim, c.q_lora_rank, qi_.data(),
          int64_t(IH) * kIndexHeadDim, R, kOverwrite, 1, qa_bf16_.data());
-  be.rope({qi_.data(), step.positions, cos_sin_.data(), R, IH, int64_t(IH) * kIndexHeadDim,
-           kIndexHeadDim, 0, kRopeDim, max_context_, style});
-  be.hadamard({qi_.data(), R * IH, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
+  be.indexer_query({qi_.data(), int64_t(IH) * kIndexHeadDim, R, IH, step.positions, cos_sin_.data(),
+                    max_context_, style, hadamard_scale});
   linear(be, x_.data(), hidden, L.wk, kIndexHeadDim, hidden, ki_.data(), kIndexHeadDim, R,
          kOverwrite, 1, x_bf16_.data());
-  be.layernorm({ki_.data(), ki_.data(), L.k_norm_w, L.k_norm_b, R, kIndexHeadDim, kIndexHeadDim,
-                kIndexHeadDim, 1e-6f});
-  be.rope({ki_.data(), step.positions, cos_sin_.data(), R, 1, kIndexHeadDim, kIndexHeadDim, 0,
-           kRopeDim, max_context_, style});
-  be.hadamard({ki_.data(), R, kIndexHeadDim, kIndexHeadDim, hadamard_scale});
+  // k_i = Hadamard(RoPE(LayerNorm(W_ik x))), and its guarded store, in one op.
+  IndexerKeyParams key;
+  key.x = key.k = ki_.data();
+  key.ld_x = key.ld_k = kIndexHeadDim;
+  key.norm_weight = L.k_norm_w;
+  key.norm_bias = L.k_norm_b;
+  key.eps = 1e-6f;
+  key.positions = step.positions;
+  key.cos_sin = cos_sin_.data();
+  key.max_position = max_context_;
+  key.style = style;
+  key.hadamard_scale = hadamard_scale;
+  key.batch = {step.slots, step.n_real, R, step.error_count};
+  key.pool = cache.index_k(l);
+  key.guard = options.index_k_guard;
+  be.indexer_key(key);
+  record_store_inputs(l, PoolKind::kIndexK, step, key.pool, ki_.data(), kIndexHeadDim);
   // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2
   const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
   linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite, w_scale,
          x_bf16_.data());
-
-  StoreIndexKParams store;
-  store.batch = {step.slots, step.n_real, R, step.error_count};
-  store.k = ki_.data();
-  store.ld_k = kIndexHeadDim;
-  store.pool = cache.index_k(l);
-  store.guard = options.index_k_guard;
-  be.store_index_k(store);
-  record_store_inputs(l, PoolKind::kIndexK, step, store.pool, ki_.data(), kIndexHeadDim);
 
   IndexerLogitsParams lp;
   lp.q = qi_.data();

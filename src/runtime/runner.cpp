@@ -201,6 +201,7 @@ Runner::Runner(Model& model, KvCache& cache, RunnerOptions options)
   }
   logits_ = DeviceArray<float>(be, size_t(model_.max_rows()) * vocab);
   sample_workspace_ = DeviceArray<uint8_t>(be, be.sample_workspace_bytes(model_.max_rows(), vocab));
+  be.fill(sample_workspace_.data(), 0, sample_workspace_.bytes());  // sample() needs it zeroed once
   const int layers = model_.config().num_hidden_layers;
   auto static_step = [&](int rows) {
     return std::make_unique<StaticStep>(be, rows, max_pages_, logits_.data(),

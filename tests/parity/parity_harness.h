@@ -220,6 +220,20 @@ class Workspace {
   std::vector<Entry> buffers_;
 };
 
+// The RoPE angle table the cases share: [max_position, rope_dim / 2, 2] (cos, sin) of
+// position * 10000^(-2i / rope_dim).
+inline std::vector<float> rope_test_table(int max_position, int rope_dim) {
+  std::vector<float> table(size_t(max_position) * rope_dim);
+  for (int pos = 0; pos < max_position; ++pos) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      const double angle = pos * std::pow(10000.0, -2.0 * i / rope_dim);
+      table[size_t(pos) * rope_dim + 2 * i] = float(std::cos(angle));
+      table[size_t(pos) * rope_dim + 2 * i + 1] = float(std::sin(angle));
+    }
+  }
+  return table;
+}
+
 // One parameterised op run. See the case convention at the top of this file.
 class OpCase {
  public:

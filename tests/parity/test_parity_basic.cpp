@@ -1,6 +1,6 @@
-// Parity of the small ops (norms, RoPE, Hadamard, GEMM, SwiGLU, softmax, embed, add) between the
-// CPU reference and CUDA, and their batch invariance on CUDA: rows 1, 7, 64 and 256 of the same
-// inputs must give the same bits for the rows they share.
+// Parity of the small ops (norms, RoPE and RoPE + copy, Hadamard, GEMM, SwiGLU, softmax, embed,
+// add) between the CPU reference and CUDA, and their batch invariance on CUDA: rows 1, 7, 64 and
+// 256 of the same inputs must give the same bits for the rows they share.
 //
 // Expected agreement (see each .cu file for why):
 //   exact:  rope, hadamard, embed, add, gemm in kExact mode (the same f32 sequence)
@@ -28,27 +28,37 @@ std::string rows_vars(int rows, const std::string& rest) {
 
 // ---- norms ----
 
+// pad: x's row stride is dim + pad (a multiple of 4 when dim and pad are: the 16-byte path).
+// in_place: y is x (the statistics must be read before any column is written).
 class NormCase final : public OpCase {
  public:
-  NormCase(bool layer, int rows, int dim, bool bias)
-      : layer_(layer), rows_(rows), dim_(dim), bias_(bias) {}
+  NormCase(bool layer, int rows, int dim, bool bias, int pad = 5, bool in_place = false)
+      : layer_(layer), rows_(rows), dim_(dim), bias_(bias), pad_(pad), in_place_(in_place) {}
   std::string name() const override { return layer_ ? "layernorm" : "rmsnorm"; }
   std::string vars() const override {
-    return rows_vars(rows_, "dim=" + std::to_string(dim_) + (bias_ ? ",bias" : ""));
+    return rows_vars(rows_, "dim=" + std::to_string(dim_) + (bias_ ? ",bias" : "") +
+                                ",pad=" + std::to_string(pad_) + (in_place_ ? ",in_place" : ""));
   }
   void init(Workspace& ws, testing::Rng& rng) override {
     w_ = ws.input(rng.bf16s(dim_));
     b_ = ws.input(rng.bf16s(dim_, 0.5f));
-    ld_ = dim_ + 5;
+    ld_ = dim_ + pad_;
     std::vector<float> x(size_t(rows_) * ld_);
     for (int r = 0; r < rows_; ++r) {
       const float mean = rng.uniform(-3, 3);  // LayerNorm must not cancel a large mean badly
       for (int i = 0; i < ld_; ++i) x[r * ld_ + i] = mean + rng.normal(2.0f);
     }
-    x_ = ws.input(x);
-    y_ = ws.output<float>(size_t(rows_) * dim_, Check::nmse(kReductionNmse).per_row(dim_));
+    const Check check = Check::nmse(kReductionNmse).per_row(in_place_ ? ld_ : dim_);
+    if (in_place_) {
+      x_ = ws.inout(x, check, RowLayout::kRowMajor);
+      y_ = x_;
+    } else {
+      x_ = ws.input(x);
+      y_ = ws.output<float>(size_t(rows_) * dim_, check);
+    }
   }
   void run(Workspace& ws, Side side) override {
+    const int64_t ld_y = in_place_ ? ld_ : dim_;
     if (layer_) {
       LayerNormParams p{ws.ptr(x_, side),
                         ws.ptr(y_, side),
@@ -57,7 +67,7 @@ class NormCase final : public OpCase {
                         rows_,
                         dim_,
                         ld_,
-                        dim_,
+                        ld_y,
                         1e-5f};
       ws.backend(side).layernorm(p);
     } else {
@@ -67,7 +77,7 @@ class NormCase final : public OpCase {
                       rows_,
                       dim_,
                       ld_,
-                      dim_,
+                      ld_y,
                       1e-6f,
                       nullptr,
                       0};
@@ -79,6 +89,8 @@ class NormCase final : public OpCase {
   bool layer_;
   int rows_, dim_;
   bool bias_;
+  int pad_;
+  bool in_place_;
   int64_t ld_ = 0;
   Buf<Bf16> w_, b_;
   Buf<float> x_, y_;
@@ -88,24 +100,17 @@ class NormCase final : public OpCase {
 
 class RopeCase final : public OpCase {
  public:
-  RopeCase(RopeStyle style, int rows, int heads, int offset)
-      : style_(style), rows_(rows), heads_(heads), offset_(offset) {}
-  std::string name() const override { return "rope"; }
+  // copy: the fused rope + copy_rows (RopeParams::out), into rows of heads_ * kOutHead floats.
+  RopeCase(RopeStyle style, int rows, int heads, int offset, bool copy = false)
+      : style_(style), rows_(rows), heads_(heads), offset_(offset), copy_(copy) {}
+  std::string name() const override { return copy_ ? "rope_copy" : "rope"; }
   std::string vars() const override {
     return rows_vars(rows_,
                      std::string(style_ == RopeStyle::kInterleaved ? "interleaved" : "half_split") +
                          ",heads=" + std::to_string(heads_) + ",offset=" + std::to_string(offset_));
   }
   void init(Workspace& ws, testing::Rng& rng) override {
-    std::vector<float> table(size_t(kMaxPosition) * kRopeDim);
-    for (int pos = 0; pos < kMaxPosition; ++pos) {
-      for (int i = 0; i < kRopeDim / 2; ++i) {
-        const double angle = pos * std::pow(10000.0, -2.0 * i / kRopeDim);
-        table[pos * kRopeDim + 2 * i] = float(std::cos(angle));
-        table[pos * kRopeDim + 2 * i + 1] = float(std::sin(angle));
-      }
-    }
-    table_ = ws.input(table);
+    table_ = ws.input(rope_test_table(kMaxPosition, kRopeDim));
     ld_head_ = offset_ + kRopeDim + 3;
     std::vector<int32_t> positions(rows_);
     std::vector<float> x(size_t(rows_) * heads_ * ld_head_);
@@ -116,6 +121,8 @@ class RopeCase final : public OpCase {
     }
     positions_ = ws.input(positions);
     x_ = ws.inout(x, Check::exact(), RowLayout::kRowMajor);
+    // Poisoned; the gaps between heads' copies must stay poison on both sides.
+    if (copy_) out_ = ws.output<float>(size_t(rows_) * heads_ * kOutHead, Check::exact());
   }
   void run(Workspace& ws, Side side) override {
     RopeParams p{ws.ptr(x_, side),
@@ -129,13 +136,21 @@ class RopeCase final : public OpCase {
                  kRopeDim,
                  kMaxPosition,
                  style_};
+    if (copy_) {
+      p.out = ws.ptr(out_, side) + kOutOffset;
+      p.ld_out_row = int64_t(heads_) * kOutHead;
+      p.ld_out_head = kOutHead;
+    }
     ws.backend(side).rope(p);
   }
 
  private:
   static constexpr int kMaxPosition = 300;
+  static constexpr int kOutHead = kRopeDim + 13, kOutOffset = 5;  // copies land mid-row
   RopeStyle style_;
   int rows_, heads_, offset_;
+  bool copy_;
+  Buf<float> out_;
   int64_t ld_head_ = 0;
   Buf<float> table_, x_;
   Buf<int32_t> positions_;
@@ -145,19 +160,22 @@ class RopeCase final : public OpCase {
 
 class HadamardCase final : public OpCase {
  public:
-  HadamardCase(int rows, int dim) : rows_(rows), dim_(dim) {}
+  // pad: the row stride is dim + pad (pad 4 keeps rows 16-byte aligned, 3 does not).
+  HadamardCase(int rows, int dim, int pad = 4) : rows_(rows), dim_(dim), pad_(pad) {}
   std::string name() const override { return "hadamard"; }
-  std::string vars() const override { return rows_vars(rows_, "dim=" + std::to_string(dim_)); }
+  std::string vars() const override {
+    return rows_vars(rows_, "dim=" + std::to_string(dim_) + ",pad=" + std::to_string(pad_));
+  }
   void init(Workspace& ws, testing::Rng& rng) override {
-    x_ = ws.inout(rng.normals(size_t(rows_) * (dim_ + 4)), Check::exact(), RowLayout::kRowMajor);
+    x_ = ws.inout(rng.normals(size_t(rows_) * (dim_ + pad_)), Check::exact(), RowLayout::kRowMajor);
   }
   void run(Workspace& ws, Side side) override {
-    HadamardParams p{ws.ptr(x_, side), rows_, dim_, dim_ + 4, 1.0f / std::sqrt(float(dim_))};
+    HadamardParams p{ws.ptr(x_, side), rows_, dim_, dim_ + pad_, 1.0f / std::sqrt(float(dim_))};
     ws.backend(side).hadamard(p);
   }
 
  private:
-  int rows_, dim_;
+  int rows_, dim_, pad_;
   Buf<float> x_;
 };
 
@@ -337,16 +355,66 @@ class ParityOps : public ParityTest {
   }
 };
 
+// A warp per row up to 2048 columns, CTAs per row part above (several parts unless in place);
+// pad 5 takes the element-wise path, pad 4 the 16-byte one.
 TEST_F(ParityOps, RmsNorm) {
-  for (int dim : {64, 512, 1536, 7168}) {
-    expect_all([&](int rows) { return std::make_unique<NormCase>(false, rows, dim, false); });
+  for (int dim : {64, 512, 1536, 2048, 2052, 7168}) {
+    for (int pad : {5, 4}) {
+      for (bool in_place : {false, true}) {
+        expect_all([&](int rows) {
+          return std::make_unique<NormCase>(false, rows, dim, false, pad, in_place);
+        });
+      }
+    }
   }
 }
 
 TEST_F(ParityOps, LayerNorm) {
-  for (int dim : {128, 1000}) {
+  for (int dim : {128, 1000, 4096}) {
     for (bool bias : {false, true}) {
-      expect_all([&](int rows) { return std::make_unique<NormCase>(true, rows, dim, bias); });
+      for (int pad : {5, 4}) {
+        expect_all(
+            [&](int rows) { return std::make_unique<NormCase>(true, rows, dim, bias, pad); });
+      }
+    }
+  }
+  expect_all([&](int rows) { return std::make_unique<NormCase>(true, rows, 128, true, 4, true); });
+}
+
+// The bf16 copy is bf16 of the f32 output in every launch shape (warp, one CTA, several parts;
+// 16-byte and element-wise), in place or not, and the padding between its rows stays untouched.
+TEST_F(ParityOps, RmsNormBf16CopyInEveryShape) {
+  testing::Rng rng(77);
+  const Bf16 kUntouched{0x7FA5};
+  for (int dim : {512, 1536, 7168, 1001}) {
+    for (int rows : {1, 3, 300}) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) +
+                     (in_place ? " in place" : ""));
+        const int64_t ld = dim + 4, ld_b = dim + 8;
+        const std::vector<float> x = rng.normals(size_t(rows) * ld, 2.0f);
+        const std::vector<Bf16> weight = rng.bf16s(size_t(dim));
+        Backend& be = cuda();
+        DeviceArray<float> dx(be, x.size()), dy(be, x.size());
+        DeviceArray<Bf16> dw(be, weight.size()), dyb(be, size_t(rows) * ld_b);
+        be.copy_to_device(dx.data(), x.data(), dx.bytes());
+        be.copy_to_device(dw.data(), weight.data(), dw.bytes());
+        const std::vector<Bf16> untouched(dyb.size(), kUntouched);
+        be.copy_to_device(dyb.data(), untouched.data(), dyb.bytes());
+        float* y = in_place ? dx.data() : dy.data();
+        be.rmsnorm({dx.data(), y, dw.data(), rows, dim, ld, ld, 1e-6f, dyb.data(), ld_b});
+        std::vector<float> out(x.size());
+        std::vector<Bf16> outb(dyb.size());
+        be.copy_to_host(out.data(), y, out.size() * sizeof(float));
+        be.copy_to_host(outb.data(), dyb.data(), dyb.bytes());
+        for (int r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < ld_b; ++i) {
+            const Bf16 got = outb[size_t(r * ld_b + i)];
+            const Bf16 want = i < dim ? float_to_bf16(out[size_t(r * ld + i)]) : kUntouched;
+            ASSERT_EQ(got.bits, want.bits) << "row " << r << " column " << i;
+          }
+        }
+      }
     }
   }
 }
@@ -355,16 +423,22 @@ TEST_F(ParityOps, Rope) {
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
     for (int heads : {1, 16}) {
       for (int offset : {0, 128}) {
-        expect_all(
-            [&](int rows) { return std::make_unique<RopeCase>(style, rows, heads, offset); });
+        for (bool copy : {false, true}) {
+          expect_all([&](int rows) {
+            return std::make_unique<RopeCase>(style, rows, heads, offset, copy);
+          });
+        }
       }
     }
   }
 }
 
+// Below 32 a block per row; from 32 a warp per row (16-byte rows with pad 4, element-wise with 3).
 TEST_F(ParityOps, Hadamard) {
-  for (int dim : {1, 2, 64, 128, 1024}) {
-    expect_all([&](int rows) { return std::make_unique<HadamardCase>(rows, dim); });
+  for (int dim : {1, 2, 16, 32, 64, 128, 256, 512, 1024}) {
+    for (int pad : {4, 3}) {
+      expect_all([&](int rows) { return std::make_unique<HadamardCase>(rows, dim, pad); });
+    }
   }
 }
 
@@ -454,7 +528,7 @@ TEST_F(ParityOps, Softmax) {
 }
 
 TEST_F(ParityOps, Embed) {
-  for (int dim : {8, 1000}) {
+  for (int dim : {8, 12, 1000, 7168}) {  // 12: not a multiple of 8, the element-wise path
     expect_all([&](int rows) { return std::make_unique<EmbedCase>(rows, dim); });
   }
 }

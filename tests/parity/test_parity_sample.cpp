@@ -1,4 +1,4 @@
-// Parity of the sample op: the CUDA kernels draw exactly the CPU reference's tokens (greedy and
+// Parity of the sample op: the CUDA kernel draws exactly the CPU reference's tokens (greedy and
 // seeded top-p, over vocabularies of 256 to V3.2's 129,280), log-probs agree within the rounding
 // of one sum, and a row's draw is the same alone, among 7 and among 255 rows.
 #include <cmath>
@@ -23,8 +23,9 @@ RowKind kind_of(int r) {
 
 class SampleCase final : public OpCase {
  public:
-  SampleCase(int rows, int vocab, bool logprobs)
-      : rows_(rows), vocab_(vocab), logprobs_(logprobs) {}
+  // shared: a workspace kept across cases (sized for the most rows), else the case's own.
+  SampleCase(int rows, int vocab, bool logprobs, DeviceArray<uint8_t>* shared = nullptr)
+      : rows_(rows), vocab_(vocab), logprobs_(logprobs), shared_(shared) {}
   std::string name() const override { return "sample"; }
   std::string vars() const override {
     return "rows=" + std::to_string(rows_) + ",vocab=" + std::to_string(vocab_) +
@@ -87,7 +88,11 @@ class SampleCase final : public OpCase {
   void run(Workspace& ws, Side side) override {
     Backend& be = ws.backend(side);
     const size_t bytes = be.sample_workspace_bytes(rows_, vocab_);
-    if (side == Side::kCuda && scratch_.size() < bytes) scratch_ = DeviceArray<uint8_t>(be, bytes);
+    DeviceArray<uint8_t>& scratch = shared_ ? *shared_ : scratch_;
+    if (side == Side::kCuda && scratch.size() < bytes) {
+      scratch = DeviceArray<uint8_t>(be, bytes);
+      be.fill(scratch.data(), 0, bytes);  // zero when first allocated, as the op requires
+    }
     SampleParams p;
     p.logits = ws.ptr(logits_, side);
     p.temperature = ws.ptr(temperature_, side);
@@ -96,7 +101,7 @@ class SampleCase final : public OpCase {
     p.index = ws.ptr(index_, side);
     p.tokens = ws.ptr(tokens_, side);
     p.logprobs = logprobs_ ? ws.ptr(logprobs_out_, side) : nullptr;
-    p.workspace = side == Side::kCuda ? scratch_.data() : nullptr;
+    p.workspace = side == Side::kCuda ? scratch.data() : nullptr;
     p.rows = rows_;
     p.vocab = vocab_;
     p.ld_logits = ld_;
@@ -110,6 +115,7 @@ class SampleCase final : public OpCase {
   Buf<float> logits_, temperature_, top_p_, logprobs_out_;
   Buf<uint64_t> seed_, index_;
   Buf<int32_t> tokens_;
+  DeviceArray<uint8_t>* shared_;
   DeviceArray<uint8_t> scratch_;
 };
 
@@ -130,6 +136,16 @@ TEST_F(ParitySample, ManySeedsAgree) {
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     SampleCase c(30, 1000, /*logprobs=*/false);
     EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed));
+  }
+}
+
+// One workspace through launches of different row counts (the runner's graph buckets share one):
+// each launch must leave its per-row chunk counters at zero for the next, whatever its rows.
+TEST_F(ParitySample, OneWorkspaceAcrossRowCounts) {
+  DeviceArray<uint8_t> shared;
+  for (int rows : {48, 7, 48, 1, 30}) {
+    SampleCase c(rows, 32768, /*logprobs=*/rows % 2 == 0, &shared);
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 700 + rows));
   }
 }
 

@@ -247,6 +247,9 @@ class PoisoningBackend final : public Backend {
   void scale_rows(const ScaleRowsParams& p) override { cpu_->scale_rows(p); }
   void store_index_k(const StoreIndexKParams& p) override { cpu_->store_index_k(p); }
   void store_latent_kv(const StoreLatentKvParams& p) override { cpu_->store_latent_kv(p); }
+  void indexer_key(const IndexerKeyParams& p) override { cpu_->indexer_key(p); }
+  void indexer_query(const IndexerQueryParams& p) override { cpu_->indexer_query(p); }
+  void latent_kv(const LatentKvParams& p) override { cpu_->latent_kv(p); }
   void indexer_logits(const IndexerLogitsParams& p) override { cpu_->indexer_logits(p); }
   void topk(const TopkParams& p) override { cpu_->topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu_->sparse_mla(p); }

@@ -111,6 +111,13 @@ class Backend {
 
   virtual void store_index_k(const StoreIndexKParams& p) = 0;
   virtual void store_latent_kv(const StoreLatentKvParams& p) = 0;
+  // The indexer's key path (ops.h). Default: the four ops of indexer_key_parts, in order, on this
+  // backend (the CPU reference); CUDA runs them as one kernel.
+  virtual void indexer_key(const IndexerKeyParams& p);
+  // The latent path (rmsnorm -> rope -> store_latent_kv) and the indexer's query path (rope ->
+  // hadamard), ops.h. Default: their ops in order on this backend; CUDA runs each as one kernel.
+  virtual void latent_kv(const LatentKvParams& p);
+  virtual void indexer_query(const IndexerQueryParams& p);
 
   virtual void indexer_logits(const IndexerLogitsParams& p) = 0;
   virtual void topk(const TopkParams& p) = 0;
@@ -121,7 +128,9 @@ class Backend {
   virtual void audit_sample(const AuditSampleParams& p) = 0;
 
   virtual void sample(const SampleParams& p) = 0;
-  // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none).
+  // The workspace sample() needs for `rows` rows of `vocab` logits (0 where it needs none). It must
+  // be zero when first allocated (fill it once); sample() leaves it fit for the next call, with
+  // any rows <= `rows`.
   virtual size_t sample_workspace_bytes(int rows, int vocab) const { return 0; }
 
   // Sizes any gemm scratch for x of up to `x_elements` (batch * m * k) and m of up to

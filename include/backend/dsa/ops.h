@@ -57,6 +57,11 @@ struct RopeParams {
   int offset = 0, rope_dim = 0;
   int max_position = 0;  // a position >= max_position leaves the row unrotated
   RopeStyle style = RopeStyle::kInterleaved;
+  // Optional: rope then copy_rows in one op. After the rotation, dims [offset, offset + rope_dim)
+  // of head h of row r are also written to out + r * ld_out_row + h * ld_out_head (an unrotated
+  // row is copied as it is). out must not overlap x.
+  float* out = nullptr;
+  int64_t ld_out_row = 0, ld_out_head = 0;
 };
 
 // x[r, :] = scale * H_dim x[r, :] with the Sylvester-ordered Walsh-Hadamard matrix, in place.
@@ -215,6 +220,124 @@ struct DigestRowsParams {
   ScaleRounding rounding = ScaleRounding::kExact;
   uint64_t* digests = nullptr;  // [rows] out
 };
+
+// The indexer's key path in one op: k = hadamard(rope(layernorm(x))) * hadamard_scale, written to
+// k, then the guarded index-K store of k. It is by definition the composition of four ops,
+//   layernorm(x -> k), rope(dims [0, 64) of k's one head), hadamard(k), store_index_k(k),
+// with the params indexer_key_parts gives: the same bits as those ops run one after another (on
+// the same backend), in one launch where the backend can. Rows are batch.rows.
+struct IndexerKeyParams {
+  const float* x = nullptr;  // [rows, 128] the key projection, row stride ld_x
+  float* k = nullptr;        // [rows, 128] out: the keys the store encodes (may alias x)
+  int64_t ld_x = 0, ld_k = 0;
+  const Bf16* norm_weight = nullptr;  // [128]
+  const Bf16* norm_bias = nullptr;    // [128], or null for no bias
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [rows]
+  const float* cos_sin = nullptr;      // [max_position, 32, 2], as RopeParams::cos_sin
+  int max_position = 0;
+  RopeStyle style = RopeStyle::kHalfSplit;
+  float hadamard_scale = 1.0f;
+  SlotBatch batch;  // the slot map; batch.rows rows
+  PoolView pool;    // index-K layout, bf16 or fp8
+  StoreGuard guard = StoreGuard::kEnforced;
+};
+
+struct IndexerKeyParts {
+  LayerNormParams norm;
+  RopeParams rope;
+  HadamardParams hadamard;
+  StoreIndexKParams store;
+};
+
+// The four ops indexer_key stands for.
+inline IndexerKeyParts indexer_key_parts(const IndexerKeyParams& p) {
+  constexpr int kDim = kIndexHeadDim;
+  IndexerKeyParts parts;
+  const int rows = p.batch.rows;
+  parts.norm = {p.x, p.k, p.norm_weight, p.norm_bias, rows, kDim, p.ld_x, p.ld_k, p.eps};
+  parts.rope = {p.k,  p.positions, p.cos_sin, rows,           1,      p.ld_k,
+                kDim, 0,           kRopeDim,  p.max_position, p.style};
+  parts.hadamard = {p.k, rows, kDim, p.ld_k, p.hadamard_scale};
+  parts.store.batch = p.batch;
+  parts.store.k = p.k;
+  parts.store.ld_k = p.ld_k;
+  parts.store.pool = p.pool;
+  parts.store.guard = p.guard;
+  return parts;
+}
+
+// The MLA's latent path in one op: c = rmsnorm(kv[:, :512]) in place, k_rope = rope(kv[:, 512:]) in
+// place (interleaved pairs), then the guarded latent store of (c, k_rope). By definition the
+// composition rmsnorm -> rope -> store_latent_kv with the params latent_kv_parts gives.
+struct LatentKvParams {
+  float* kv = nullptr;  // [rows, 576] c ‖ k_rope, row stride ld_kv; normed and roped in place
+  int64_t ld_kv = 0;
+  const Bf16* norm_weight = nullptr;  // [512]
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [rows]
+  const float* cos_sin = nullptr;      // [max_position, 32, 2], as RopeParams::cos_sin
+  int max_position = 0;
+  SlotBatch batch;  // the slot map; batch.rows rows
+  PoolView pool;    // latent layout, bf16 or fp8
+};
+
+struct LatentKvParts {
+  RmsNormParams norm;
+  RopeParams rope;
+  StoreLatentKvParams store;
+};
+
+inline LatentKvParts latent_kv_parts(const LatentKvParams& p) {
+  LatentKvParts parts;
+  const int rows = p.batch.rows;
+  parts.norm = {p.kv, p.kv, p.norm_weight, rows, kKvLoraRank, p.ld_kv, p.ld_kv, p.eps};
+  parts.rope = {p.kv,
+                p.positions,
+                p.cos_sin,
+                rows,
+                1,
+                p.ld_kv,
+                kLatentDim,
+                kKvLoraRank,
+                kRopeDim,
+                p.max_position,
+                RopeStyle::kInterleaved};
+  parts.store.batch = p.batch;
+  parts.store.latent = p.kv;
+  parts.store.k_rope = p.kv + kKvLoraRank;
+  parts.store.ld_latent = parts.store.ld_rope = p.ld_kv;
+  parts.store.pool = p.pool;
+  return parts;
+}
+
+// The indexer's query path in one op: for each of `heads` 128-wide heads of each row, rope on dims
+// [0, 64) then hadamard * scale, in place. By definition rope -> hadamard with the params of
+// indexer_query_parts.
+struct IndexerQueryParams {
+  float* q = nullptr;  // [rows, heads, 128], row stride ld_q, head stride 128
+  int64_t ld_q = 0;
+  int rows = 0, heads = 0;
+  const int32_t* positions = nullptr;  // [rows]
+  const float* cos_sin = nullptr;      // [max_position, 32, 2]
+  int max_position = 0;
+  RopeStyle style = RopeStyle::kHalfSplit;
+  float hadamard_scale = 1.0f;
+};
+
+struct IndexerQueryParts {
+  RopeParams rope;
+  HadamardParams hadamard;
+};
+
+// The hadamard part treats the heads as rows, so it needs ld_q == heads * 128 (packed heads).
+inline IndexerQueryParts indexer_query_parts(const IndexerQueryParams& p) {
+  IndexerQueryParts parts;
+  parts.rope = {p.q,           p.positions, p.cos_sin, p.rows,         p.heads, p.ld_q,
+                kIndexHeadDim, 0,           kRopeDim,  p.max_position, p.style};
+  parts.hadamard = {p.q, p.rows * p.heads, kIndexHeadDim, kIndexHeadDim, p.hadamard_scale};
+  return parts;
+}
 
 // ---- Indexer, top-k, sparse attention (DESIGN §1.5-7) ----------------------------------------
 

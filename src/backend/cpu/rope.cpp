@@ -24,6 +24,11 @@ void check_params(const RopeParams& p) {
   require(p.rows <= 1 || p.ld_row >= (p.heads - 1) * p.ld_head + p.offset + p.rope_dim,
           ErrorCode::kInvalidArgument, "rope: row stride {} is shorter than {} heads of stride {}",
           p.ld_row, p.heads, p.ld_head);
+  require(!p.out || ((p.heads <= 1 || p.ld_out_head >= p.rope_dim) &&
+                     (p.rows <= 1 || p.ld_out_row >= (p.heads - 1) * p.ld_out_head + p.rope_dim)),
+          ErrorCode::kInvalidArgument,
+          "rope: out strides (row {}, head {}) are shorter than {} heads of {} dims", p.ld_out_row,
+          p.ld_out_head, p.heads, p.rope_dim);
   require(p.rows == 0 || p.heads == 0 || (p.x && p.positions && p.cos_sin),
           ErrorCode::kInvalidArgument, "rope: x, positions and cos_sin must be set");
 }
@@ -50,6 +55,15 @@ void rope(const RopeParams& p) {
         *a = x * c - y * s;
         *b = x * s + y * c;
       }
+    }
+  }
+  if (!p.out) return;
+  // The copy_rows that follows the rotation: head h of row r is row r * heads + h of the copy.
+  for (int r = 0; r < p.rows; ++r) {
+    for (int h = 0; h < p.heads; ++h) {
+      const float* src = p.x + r * p.ld_row + h * p.ld_head + p.offset;
+      float* dst = p.out + r * p.ld_out_row + h * p.ld_out_head;
+      for (int j = 0; j < p.rope_dim; ++j) dst[j] = src[j];
     }
   }
 }

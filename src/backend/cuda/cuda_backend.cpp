@@ -310,6 +310,15 @@ class CudaBackend final : public Backend {
   void store_latent_kv(const StoreLatentKvParams& p) override {
     launched(cuda::store_latent_kv(p, stream_), "store_latent_kv");
   }
+  void indexer_key(const IndexerKeyParams& p) override {
+    launched(cuda::indexer_key(p, stream_), "indexer_key");
+  }
+  void indexer_query(const IndexerQueryParams& p) override {
+    launched(cuda::indexer_query(p, stream_), "indexer_query");
+  }
+  void latent_kv(const LatentKvParams& p) override {
+    launched(cuda::latent_kv(p, stream_), "latent_kv");
+  }
   void indexer_logits(const IndexerLogitsParams& p) override {
     launched(cuda::indexer_logits(p, stream_), "indexer_logits");
   }

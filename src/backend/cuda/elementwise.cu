@@ -11,44 +11,77 @@
 namespace dsa::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;  // small CTAs: a decode row spreads over more SMs
+constexpr int kSoftmaxThreads = 256;
 
+__device__ __forceinline__ float silu_times(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// kVec: 4 columns per thread with 16-byte loads and stores (inter % 4 == 0, rows aligned); else
+// one column per thread. The same arithmetic either way.
+template <bool kVec>
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluParams p, int64_t total) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
-  const int64_t r = t / p.inter, i = t % p.inter;
+  constexpr int kPer = kVec ? 4 : 1;
+  const int64_t per_row = p.inter / kPer;
+  const int64_t r = t / per_row, i = (t % per_row) * kPer;
   const float* gate = p.gate_up + r * p.ld_in;
-  const float g = gate[i], u = gate[p.inter + i];
-  p.out[r * p.ld_out + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+  if constexpr (kVec) {
+    const float4 g = *reinterpret_cast<const float4*>(gate + i);
+    const float4 u = *reinterpret_cast<const float4*>(gate + p.inter + i);
+    *reinterpret_cast<float4*>(p.out + r * p.ld_out + i) = make_float4(
+        silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
+  } else {
+    p.out[r * p.ld_out + i] = silu_times(gate[i], gate[p.inter + i]);
+  }
 }
 
-__global__ void __launch_bounds__(kThreads) softmax_kernel(SoftmaxParams p) {
+__global__ void __launch_bounds__(kSoftmaxThreads) softmax_kernel(SoftmaxParams p) {
   __shared__ float scratch[32];
   float* x = p.x + blockIdx.x * p.ld;
   float max = -INFINITY;
-  for (int i = threadIdx.x; i < p.cols; i += kThreads) max = x[i] > max ? x[i] : max;
+  for (int i = threadIdx.x; i < p.cols; i += kSoftmaxThreads) max = x[i] > max ? x[i] : max;
   max = block_reduce<true>(max, scratch);
   if (max == -INFINITY) {  // no defined distribution: zeros, as on the CPU
-    for (int i = threadIdx.x; i < p.cols; i += kThreads) x[i] = 0.0f;
+    for (int i = threadIdx.x; i < p.cols; i += kSoftmaxThreads) x[i] = 0.0f;
     return;
   }
   float sum = 0.0f;
-  for (int i = threadIdx.x; i < p.cols; i += kThreads) {
+  for (int i = threadIdx.x; i < p.cols; i += kSoftmaxThreads) {
     const float e = expf(__fsub_rn(x[i], max));
     x[i] = e;
     sum = __fadd_rn(sum, e);
   }
   sum = block_reduce<false>(sum, scratch);
-  for (int i = threadIdx.x; i < p.cols; i += kThreads) x[i] = __fdiv_rn(x[i], sum);
+  for (int i = threadIdx.x; i < p.cols; i += kSoftmaxThreads) x[i] = __fdiv_rn(x[i], sum);
 }
 
+// kVec: 8 columns per thread, one 16-byte load of bf16 and two 16-byte stores (dim % 8 == 0,
+// table and rows aligned); else one column per thread. No arithmetic: the CPU's bits either way.
+template <bool kVec>
 __global__ void __launch_bounds__(kThreads) embed_kernel(EmbedParams p, int64_t total) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
-  const int64_t r = t / p.dim, i = t % p.dim;
+  constexpr int kPer = kVec ? 8 : 1;
+  const int64_t per_row = p.dim / kPer;
+  const int64_t r = t / per_row, i = (t % per_row) * kPer;
   const int32_t token = p.tokens[r];
   const bool valid = token >= 0 && token < p.vocab;
-  p.out[r * p.ld_out + i] = valid ? bf16_to_float(p.table[int64_t(token) * p.dim + i]) : 0.0f;
+  float* out = p.out + r * p.ld_out + i;
+  if constexpr (kVec) {
+    uint4 b = make_uint4(0, 0, 0, 0);
+    if (valid) b = *reinterpret_cast<const uint4*>(p.table + int64_t(token) * p.dim + i);
+    reinterpret_cast<float4*>(out)[0] =
+        make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xFFFF0000u),
+                    __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xFFFF0000u));
+    reinterpret_cast<float4*>(out)[1] =
+        make_float4(__uint_as_float(b.z << 16), __uint_as_float(b.z & 0xFFFF0000u),
+                    __uint_as_float(b.w << 16), __uint_as_float(b.w & 0xFFFF0000u));
+  } else {
+    *out = valid ? bf16_to_float(p.table[int64_t(token) * p.dim + i]) : 0.0f;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) add_kernel(AddParams p, int64_t total) {
@@ -79,7 +112,13 @@ cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.rows) * p.inter;
   if (total == 0) return cudaSuccess;
   if (!p.gate_up || !p.out) return cudaErrorInvalidValue;
-  swiglu_kernel<<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  const bool vec = p.inter % 4 == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
+                   p.ld_in % 4 == 0 && p.ld_out % 4 == 0;
+  if (vec) {
+    swiglu_kernel<true><<<ceil_div(total / 4, kThreads), kThreads, 0, stream>>>(p, total / 4);
+  } else {
+    swiglu_kernel<false><<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  }
   return cudaGetLastError();
 }
 
@@ -87,7 +126,7 @@ cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.ld < p.cols) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   if (!p.x) return cudaErrorInvalidValue;
-  softmax_kernel<<<p.rows, kThreads, 0, stream>>>(p);
+  softmax_kernel<<<p.rows, kSoftmaxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -96,7 +135,12 @@ cudaError_t embed(const EmbedParams& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.rows) * p.dim;
   if (total == 0) return cudaSuccess;
   if (!p.tokens || !p.out || (!p.table && p.vocab > 0)) return cudaErrorInvalidValue;
-  embed_kernel<<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  const bool vec = p.dim % 8 == 0 && aligned16(p.table) && aligned16(p.out) && p.ld_out % 4 == 0;
+  if (vec) {
+    embed_kernel<true><<<ceil_div(total / 8, kThreads), kThreads, 0, stream>>>(p, total / 8);
+  } else {
+    embed_kernel<false><<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  }
   return cudaGetLastError();
 }
 

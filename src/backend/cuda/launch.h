@@ -91,6 +91,9 @@ cudaError_t scale_rows(const ScaleRowsParams& p, cudaStream_t stream);  // moe.c
 
 cudaError_t store_index_k(const StoreIndexKParams& p, cudaStream_t stream);      // store.cu
 cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream);  // store.cu
+cudaError_t indexer_key(const IndexerKeyParams& p, cudaStream_t stream);         // indexer_key.cu
+cudaError_t indexer_query(const IndexerQueryParams& p, cudaStream_t stream);     // indexer_key.cu
+cudaError_t latent_kv(const LatentKvParams& p, cudaStream_t stream);             // store.cu
 
 cudaError_t indexer_logits(const IndexerLogitsParams& p, cudaStream_t stream);  // indexer_logits.cu
 cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     // topk.cu

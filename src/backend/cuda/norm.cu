@@ -1,107 +1,157 @@
-// RMSNorm and LayerNorm: one block per row, statistics by a fixed-order block reduction.
+// RMSNorm and LayerNorm. The statistics follow the fixed order of norm.cuh (one warp per row up to
+// kWarpRowMaxDim columns, else a 256-thread group): batch-invariant. The CPU reference sums in
+// ascending column order; the tree differs by rounding only (nmse ~1e-13).
 //
-// A thread owns groups of 4 consecutive columns, 4 * (t + k * threads) .. + 3, loaded as one
-// 16-byte vector when the rows are aligned (the same arithmetic either way), so a 7168-wide row
-// takes two loads per thread instead of 28 dependent ones. The thread count depends on dim alone
-// (one per 4 columns, whole warps, at most 1024), so the reduction order is fixed per row and
-// never depends on the other rows: the kernels are batch-invariant. The CPU reference sums in
-// ascending column order; the tree differs by rounding only (nmse ~1e-13). Every element is read
-// for the statistics before any is written, so y may alias x.
-#include "backend/cuda/common.cuh"
+// Launch shapes:
+//   short rows (dim <= 2048): a warp per row, 4 rows per 128-thread CTA;
+//   long rows: a 256-thread CTA per (row, part). Every CTA of a row computes the row's statistic
+//   over the whole row (the same bits in each: the order does not depend on the part) and writes
+//   only its part's columns, so a lone 7168-wide row is spread over 7 CTAs. Parts are used only
+//   when y does not overlap x (another CTA could otherwise read a column already normalized).
+// Loads and stores are 16 bytes (8 for the bf16 weight and copy) when every row is aligned, else
+// element by element with the same arithmetic. In place (y == x) is allowed: a thread reads each
+// column it writes before writing it, after the whole row was read for the statistic.
 #include "backend/cuda/launch.h"
+#include "backend/cuda/norm.cuh"
 
 namespace dsa::cuda {
 namespace {
 
-constexpr int kMaxThreads = 1024;
+constexpr int kWarpRowsPerCta = 4;
 
-int norm_threads(int dim) {
-  const int groups = (dim + 3) / 4;
-  const int warps = (groups + 31) / 32;
-  return warps * 32 < kMaxThreads ? warps * 32 : kMaxThreads;
-}
-
-// Columns c0 .. c0 + 3 of a row (those below dim), as a vector when `vec` (c0 + 3 < dim and the
-// row 16-byte aligned), else element by element; missing columns read as 0 and are never used.
-__device__ __forceinline__ float4 load4(const float* row, int c0, int dim, bool vec) {
-  if (vec && c0 + 3 < dim) return *reinterpret_cast<const float4*>(row + c0);
+// The weights of columns c0 .. c0 + 3 (those below dim).
+__device__ __forceinline__ float4 weight4(const Bf16* w, int c0, int dim, bool vec) {
+  if (vec) {
+    const uint2 b = *reinterpret_cast<const uint2*>(w + c0);
+    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xFFFF0000u),
+                       __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xFFFF0000u));
+  }
   float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (c0 < dim) v.x = row[c0];
-  if (c0 + 1 < dim) v.y = row[c0 + 1];
-  if (c0 + 2 < dim) v.z = row[c0 + 2];
-  if (c0 + 3 < dim) v.w = row[c0 + 3];
+  if (c0 < dim) v.x = bf16_to_float(w[c0]);
+  if (c0 + 1 < dim) v.y = bf16_to_float(w[c0 + 1]);
+  if (c0 + 2 < dim) v.z = bf16_to_float(w[c0 + 2]);
+  if (c0 + 3 < dim) v.w = bf16_to_float(w[c0 + 3]);
   return v;
 }
 
-// Adds f(x_j) for the valid columns of one group, in column order.
-template <typename F>
-__device__ __forceinline__ float add_group(float sum, float4 v, int c0, int dim, F f) {
-  const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (c0 + j < dim) sum = __fadd_rn(sum, f(e[j]));
-  }
-  return sum;
+// The weights of this thread's first group g0 (zeros when it has none), loaded before the row's
+// statistic so their latency overlaps the reduction's.
+__device__ __forceinline__ float4 first_weights(const Bf16* w, int g0, int end, int dim, bool vec) {
+  return g0 < end ? weight4(w, 4 * g0, dim, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-__global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(RmsNormParams p, bool vec) {
-  __shared__ float scratch[32];
-  const float* x = p.x + blockIdx.x * p.ld_x;
-  float* y = p.y + blockIdx.x * p.ld_y;
-  const int stride = 4 * blockDim.x;
-  float sum = 0.0f;
-  for (int c0 = 4 * threadIdx.x; c0 < p.dim; c0 += stride) {
-    sum = add_group(sum, load4(x, c0, p.dim, vec), c0, p.dim,
-                    [](float v) { return __fmul_rn(v, v); });
+__device__ __forceinline__ void store4(float* row, int c0, int dim, bool vec, float4 v) {
+  if (vec) {
+    *reinterpret_cast<float4*>(row + c0) = v;
+    return;
   }
-  const float mean_square = __fdiv_rn(block_reduce<false>(sum, scratch), float(p.dim));
-  const float inv_rms = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_square, p.eps)));
-  for (int c0 = 4 * threadIdx.x; c0 < p.dim; c0 += stride) {
-    const float4 v = load4(x, c0, p.dim, vec);
-    const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (c0 + j < p.dim) {
-        const float out = __fmul_rn(__fmul_rn(e[j], inv_rms), bf16_to_float(p.weight[c0 + j]));
-        y[c0 + j] = out;
-        if (p.y_bf16) p.y_bf16[blockIdx.x * p.ld_y_bf16 + c0 + j] = float_to_bf16(out);
-      }
-    }
+  if (c0 < dim) row[c0] = v.x;
+  if (c0 + 1 < dim) row[c0 + 1] = v.y;
+  if (c0 + 2 < dim) row[c0 + 2] = v.z;
+  if (c0 + 3 < dim) row[c0 + 3] = v.w;
+}
+
+__device__ __forceinline__ void store4_bf16(Bf16* row, int c0, int dim, bool vec, float4 v) {
+  if (vec) {
+    *reinterpret_cast<uint2*>(row + c0) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    return;
+  }
+  if (c0 < dim) row[c0] = float_to_bf16(v.x);
+  if (c0 + 1 < dim) row[c0 + 1] = float_to_bf16(v.y);
+  if (c0 + 2 < dim) row[c0 + 2] = float_to_bf16(v.z);
+  if (c0 + 3 < dim) row[c0 + 3] = float_to_bf16(v.w);
+}
+
+// Where this thread stands: its row, its index t in the row's group of `threads`, and the groups
+// of 4 columns [begin, end) that its CTA writes. False for a warp past the last row.
+struct RowSpot {
+  int64_t row;
+  int t, threads, begin, end;
+};
+
+template <bool kWarp>
+__device__ __forceinline__ bool row_spot(int rows, int dim, RowSpot& s) {
+  const int groups = (dim + 3) / 4;
+  if constexpr (kWarp) {
+    s.row = int64_t(blockIdx.x) * kWarpRowsPerCta + threadIdx.x / 32;
+    s.t = threadIdx.x & 31;
+    s.threads = 32;
+    s.begin = 0;
+    s.end = groups;
+    return s.row < rows;
+  } else {
+    const int per = (groups + gridDim.y - 1) / gridDim.y;
+    s.row = blockIdx.x;
+    s.t = threadIdx.x;
+    s.threads = kBlockThreads;
+    s.begin = blockIdx.y * per;
+    s.end = min(groups, s.begin + per);
+    return true;
   }
 }
 
-__global__ void __launch_bounds__(kMaxThreads) layernorm_kernel(LayerNormParams p, bool vec) {
-  __shared__ float scratch[32];
-  const float* x = p.x + blockIdx.x * p.ld_x;
-  float* y = p.y + blockIdx.x * p.ld_y;
-  const int stride = 4 * blockDim.x;
-  float sum = 0.0f;
-  for (int c0 = 4 * threadIdx.x; c0 < p.dim; c0 += stride) {
-    sum = add_group(sum, load4(x, c0, p.dim, vec), c0, p.dim, [](float v) { return v; });
-  }
-  const float mean = __fdiv_rn(block_reduce<false>(sum, scratch), float(p.dim));
-  float sq = 0.0f;
-  for (int c0 = 4 * threadIdx.x; c0 < p.dim; c0 += stride) {
-    sq = add_group(sq, load4(x, c0, p.dim, vec), c0, p.dim, [mean](float v) {
-      const float d = __fsub_rn(v, mean);
-      return __fmul_rn(d, d);
-    });
-  }
-  const float variance = __fdiv_rn(block_reduce<false>(sq, scratch), float(p.dim));
-  const float inv_std = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, p.eps)));
-  for (int c0 = 4 * threadIdx.x; c0 < p.dim; c0 += stride) {
-    const float4 v = load4(x, c0, p.dim, vec);
-    const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = c0 + j;
-      if (c >= p.dim) continue;
-      const float normed =
-          __fmul_rn(__fmul_rn(__fsub_rn(e[j], mean), inv_std), bf16_to_float(p.weight[c]));
-      y[c] = p.bias ? __fadd_rn(normed, bf16_to_float(p.bias[c])) : normed;
-    }
+template <bool kWarp>
+__device__ __forceinline__ float group_total(float v, float* scratch) {
+  if constexpr (kWarp) {
+    return warp_sum(v);
+  } else {
+    return block_reduce<false>(v, scratch);
   }
 }
+
+template <bool kWarp>
+__global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p, bool vec) {
+  __shared__ float scratch[32];
+  RowSpot s;
+  if (!row_spot<kWarp>(p.rows, p.dim, s)) return;  // a whole warp (warp mode only)
+  const float* x = p.x + s.row * p.ld_x;
+  float* y = p.y + s.row * p.ld_y;
+  Bf16* yb = p.y_bf16 ? p.y_bf16 + s.row * p.ld_y_bf16 : nullptr;
+  const int g0 = s.begin + s.t;
+  const float4 w0 = first_weights(p.weight, g0, s.end, p.dim, vec);
+  const float sum =
+      norm_thread_sum(x, p.dim, vec, s.t, s.threads, [](float v) { return __fmul_rn(v, v); });
+  const float inv_rms = rms_inverse(group_total<kWarp>(sum, scratch), p.dim, p.eps);
+  for (int g = g0; g < s.end; g += s.threads) {
+    const int c0 = 4 * g;
+    const float4 v = norm_load4(x, c0, p.dim, vec);
+    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
+    const float4 out = make_float4(rms_value(v.x, inv_rms, w.x), rms_value(v.y, inv_rms, w.y),
+                                   rms_value(v.z, inv_rms, w.z), rms_value(v.w, inv_rms, w.w));
+    store4(y, c0, p.dim, vec, out);
+    if (yb) store4_bf16(yb, c0, p.dim, vec, out);
+  }
+}
+
+template <bool kWarp>
+__global__ void __launch_bounds__(kBlockThreads) layernorm_kernel(LayerNormParams p, bool vec) {
+  __shared__ float scratch[32];
+  RowSpot s;
+  if (!row_spot<kWarp>(p.rows, p.dim, s)) return;
+  const float* x = p.x + s.row * p.ld_x;
+  float* y = p.y + s.row * p.ld_y;
+  const int g0 = s.begin + s.t;
+  const float4 w0 = first_weights(p.weight, g0, s.end, p.dim, vec);
+  const float sum = norm_thread_sum(x, p.dim, vec, s.t, s.threads, [](float v) { return v; });
+  const float mean = __fdiv_rn(group_total<kWarp>(sum, scratch), float(p.dim));
+  const float sq = norm_thread_sum(x, p.dim, vec, s.t, s.threads, [mean](float v) {
+    const float d = __fsub_rn(v, mean);
+    return __fmul_rn(d, d);
+  });
+  const float inv_std = layernorm_inverse(group_total<kWarp>(sq, scratch), p.dim, p.eps);
+  for (int g = g0; g < s.end; g += s.threads) {
+    const int c0 = 4 * g;
+    const float4 v = norm_load4(x, c0, p.dim, vec);
+    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
+    const float4 out = make_float4(layernorm_value(v.x, mean, inv_std, w.x, p.bias, c0),
+                                   layernorm_value(v.y, mean, inv_std, w.y, p.bias, c0 + 1),
+                                   layernorm_value(v.z, mean, inv_std, w.z, p.bias, c0 + 2),
+                                   layernorm_value(v.w, mean, inv_std, w.w, p.bias, c0 + 3));
+    store4(y, c0, p.dim, vec, out);
+  }
+}
+
+bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 
 // Every row starts 16-byte aligned when the base does and the stride is a multiple of 4 floats.
 bool rows_aligned(const float* x, int64_t ld) { return aligned16(x) && ld % 4 == 0; }
@@ -111,21 +161,56 @@ bool rows_ok(const void* x, const void* y, const void* w, int rows, int dim, int
   return rows >= 0 && dim > 0 && ld_x >= dim && ld_y >= dim && (rows == 0 || (x && y && w));
 }
 
+// Whether the rows of y can share bytes with the rows of x.
+bool overlaps(const float* x, int64_t ld_x, const float* y, int64_t ld_y, int rows, int dim) {
+  const auto begin_x = reinterpret_cast<uintptr_t>(x), begin_y = reinterpret_cast<uintptr_t>(y);
+  const uintptr_t end_x = begin_x + (uintptr_t(rows - 1) * ld_x + dim) * sizeof(float);
+  const uintptr_t end_y = begin_y + (uintptr_t(rows - 1) * ld_y + dim) * sizeof(float);
+  return begin_x < end_y && begin_y < end_x;
+}
+
+// Parts per long row: enough CTAs for about two per SM, at most one per 256 groups of 4 columns,
+// and 1 when y overlaps x. Only which CTA writes a column depends on it, never a value.
+unsigned row_parts(int rows, int dim, bool overlap) {
+  const int groups = (dim + 3) / 4;
+  const int most = (groups + kBlockThreads - 1) / kBlockThreads;
+  if (overlap || most <= 1) return 1;
+  const int sms = device_sm_count();
+  const int want = sms > 0 ? (2 * sms + rows - 1) / rows : 1;
+  return unsigned(want < 1 ? 1 : (want < most ? want : most));
+}
+
+template <typename Params, typename WarpKernel, typename BlockKernel>
+cudaError_t launch_norm(const Params& p, bool vec, WarpKernel warp, BlockKernel block,
+                        cudaStream_t stream) {
+  if (p.dim <= kWarpRowMaxDim) {
+    warp<<<ceil_div(p.rows, kWarpRowsPerCta), 32 * kWarpRowsPerCta, 0, stream>>>(p, vec);
+  } else {
+    const bool overlap = overlaps(p.x, p.ld_x, p.y, p.ld_y, p.rows, p.dim);
+    const dim3 grid(unsigned(p.rows), row_parts(p.rows, p.dim, overlap));
+    block<<<grid, kBlockThreads, 0, stream>>>(p, vec);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   if (!rows_ok(p.x, p.y, p.weight, p.rows, p.dim, p.ld_x, p.ld_y)) return cudaErrorInvalidValue;
   if (p.y_bf16 && p.ld_y_bf16 < p.dim) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  rmsnorm_kernel<<<p.rows, norm_threads(p.dim), 0, stream>>>(p, rows_aligned(p.x, p.ld_x));
-  return cudaGetLastError();
+  const bool vec = p.dim % 4 == 0 && rows_aligned(p.x, p.ld_x) && rows_aligned(p.y, p.ld_y) &&
+                   aligned8(p.weight) &&
+                   (!p.y_bf16 || (aligned8(p.y_bf16) && p.ld_y_bf16 % 4 == 0));
+  return launch_norm(p, vec, rmsnorm_kernel<true>, rmsnorm_kernel<false>, stream);
 }
 
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream) {
   if (!rows_ok(p.x, p.y, p.weight, p.rows, p.dim, p.ld_x, p.ld_y)) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  layernorm_kernel<<<p.rows, norm_threads(p.dim), 0, stream>>>(p, rows_aligned(p.x, p.ld_x));
-  return cudaGetLastError();
+  const bool vec = p.dim % 4 == 0 && rows_aligned(p.x, p.ld_x) && rows_aligned(p.y, p.ld_y) &&
+                   aligned8(p.weight);
+  return launch_norm(p, vec, layernorm_kernel<true>, layernorm_kernel<false>, stream);
 }
 
 }  // namespace dsa::cuda

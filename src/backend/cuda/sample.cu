@@ -2,15 +2,21 @@
 // arithmetic, and every sum that decides a token is an integer sum, so the parallel order here
 // gives the CPU loop's bits.
 //
-// Three kernels, all capturable in the step's graph:
-//   1. sample_argmax  (grid chunks x rows): each 4096-logit chunk's best (value, lowest id).
-//   2. sample_weights (grid chunks x rows): the row's best from those partials; for a row that
-//      draws, its integer weights into the workspace and the chunk's weight sum; for log-probs,
-//      the chunk's sum of e^(l - top) (double, a fixed tree: within rounding of the CPU's loop).
-//   3. sample_draw    (one block per row): the nucleus cut by an MSB radix select over the weights
-//      (8-bit digits; each bin sums weights, warp-aggregated before the shared atomic), then the
-//      draw by an ordered scan in id order. Greedy rows take the argmax and skip all of it.
-// A row reads only its own logits and parameters: batch-invariant.
+// One kernel, capturable in the step's graph, grid (chunks, rows), chunks of 4096 logits fixed by
+// the vocabulary alone:
+//   1. every CTA finds its chunk's best (value, lowest id) and publishes it; the row's counter
+//      counts the chunks done, and the CTA that finishes the row's last chunk carries on (it
+//      resets the counter to zero, so the next launch finds it so);
+//   2. that CTA takes the row's best over the chunk partials, in chunk order. A greedy row stops
+//      there. A row that draws computes its integer weights over the whole vocabulary into the
+//      workspace (their sum in any order is exact), cuts the nucleus by an MSB radix select over
+//      them (8-bit digits; each bin sums weights, warp-aggregated before the shared atomic) and
+//      draws by an ordered scan in id order. For log-probs it sums e^(l - top) in double in a
+//      fixed order (thread-strided, then warp butterflies, then warps in order): within rounding
+//      of the CPU's loop.
+// A row reads only its own logits, parameters and workspace rows: batch-invariant. The workspace
+// must be zero when first allocated (Backend::sample_workspace_bytes); every launch leaves its
+// counters zero again.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
 #include "dsa/sampling.h"
@@ -18,37 +24,38 @@
 namespace dsa::cuda {
 namespace {
 
-constexpr int kChunk = 4096, kChunkThreads = 256, kDrawThreads = 512;
+constexpr int kChunk = 4096, kThreads = 512;
+constexpr int kMaxRows = 65535;  // the grid's y limit
 
 struct Workspace {
-  float* chunk_max;             // [rows, chunks]
-  int32_t* chunk_arg;           // [rows, chunks]
-  unsigned long long* chunk_w;  // [rows, chunks]
-  double* chunk_e;              // [rows, chunks]
-  uint32_t* weights;            // [rows, ld_weights]
+  uint32_t* counters;  // [kMaxRows] chunks done per row; zero between launches
+  float* chunk_max;    // [rows, chunks]
+  int32_t* chunk_arg;  // [rows, chunks]
+  uint32_t* weights;   // [rows, ld_weights]
   int chunks;
   int64_t ld_weights;
 };
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Carves the workspace out of `base` (null: only sizes it); returns its bytes.
+// Carves the workspace out of `base` (null: only sizes it); returns its bytes. The counters come
+// first and have a size of their own, so a launch with fewer rows finds them where a launch with
+// more left them (zero).
 size_t carve(void* base, int rows, int vocab, Workspace* ws) {
   const int chunks = int(ceil_div(vocab, kChunk));
   const int64_t ld = (int64_t(vocab) + 63) / 64 * 64;
   const size_t partials = size_t(rows) * size_t(chunks);
-  const size_t sizes[5] = {partials * sizeof(float), partials * sizeof(int32_t),
-                           partials * sizeof(unsigned long long), partials * sizeof(double),
+  const size_t sizes[4] = {size_t(kMaxRows) * sizeof(uint32_t), partials * sizeof(float),
+                           partials * sizeof(int32_t),
                            size_t(rows) * size_t(ld) * sizeof(uint32_t)};
-  size_t offsets[5], at = 0;
-  for (int i = 0; i < 5; ++i) offsets[i] = at, at += align256(sizes[i]);
+  size_t offsets[4], at = 0;
+  for (int i = 0; i < 4; ++i) offsets[i] = at, at += align256(sizes[i]);
   if (ws) {
     char* b = static_cast<char*>(base);
-    *ws = {reinterpret_cast<float*>(b + offsets[0]),
-           reinterpret_cast<int32_t*>(b + offsets[1]),
-           reinterpret_cast<unsigned long long*>(b + offsets[2]),
-           reinterpret_cast<double*>(b + offsets[3]),
-           reinterpret_cast<uint32_t*>(b + offsets[4]),
+    *ws = {reinterpret_cast<uint32_t*>(b + offsets[0]),
+           reinterpret_cast<float*>(b + offsets[1]),
+           reinterpret_cast<int32_t*>(b + offsets[2]),
+           reinterpret_cast<uint32_t*>(b + offsets[3]),
            chunks,
            ld};
   }
@@ -78,92 +85,34 @@ __device__ __forceinline__ Best warp_best(Best b) {
   return b;
 }
 
-// The row's best over its chunk partials, computed by warp 0 into *out. The caller syncs.
+// The row's best over its chunk partials (the maximum with its tie rule: any order gives it),
+// computed by warp 0 into *out (the caller syncs). The partials come from other CTAs: read
+// through L2.
 __device__ void row_best(const Workspace& ws, int row, Best* out) {
   if (threadIdx.x >= 32) return;
   Best b{0.0f, -1};
   const int64_t at = int64_t(row) * ws.chunks;
   for (int c = threadIdx.x; c < ws.chunks; c += 32)
-    b = better(b, {ws.chunk_max[at + c], ws.chunk_arg[at + c]});
+    b = better(b, {__ldcg(ws.chunk_max + at + c), __ldcg(ws.chunk_arg + at + c)});
   b = warp_best(b);
   if (threadIdx.x == 0) *out = b;
 }
 
 __device__ __forceinline__ bool is_infinite(float v) { return v == INFINITY || v == -INFINITY; }
 
-__global__ void __launch_bounds__(kChunkThreads)
-    sample_argmax_kernel(SampleParams p, Workspace ws) {
-  __shared__ Best warps[kChunkThreads / 32];
-  const int row = blockIdx.y, chunk = blockIdx.x;
-  const float* l = p.logits + int64_t(row) * p.ld_logits;
-  const int begin = chunk * kChunk, end = min(p.vocab, begin + kChunk);
-  Best b{0.0f, -1};
-  for (int i = begin + threadIdx.x; i < end; i += kChunkThreads) {
-    const float v = l[i];
-    if (v == v) b = better(b, {v, i});
-  }
-  b = warp_best(b);
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = b;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kChunkThreads / 32; ++w) b = better(b, warps[w]);
-    ws.chunk_max[int64_t(row) * ws.chunks + chunk] = b.v;
-    ws.chunk_arg[int64_t(row) * ws.chunks + chunk] = b.i;
-  }
-}
-
-// ---- weights ----
-
-__global__ void __launch_bounds__(kChunkThreads)
-    sample_weights_kernel(SampleParams p, Workspace ws) {
-  __shared__ Best best;
-  __shared__ unsigned long long w_warps[kChunkThreads / 32];
-  __shared__ double e_warps[kChunkThreads / 32];
-  const int row = blockIdx.y, chunk = blockIdx.x;
-  row_best(ws, row, &best);
-  __syncthreads();
-  const bool draws = !sample_is_greedy(p.temperature[row]);
-  const bool logprob = p.logprobs != nullptr;
-  if (best.i < 0 || is_infinite(best.v) || (!draws && !logprob)) return;
-  const float top = best.v, temperature = p.temperature[row];
-  const float* l = p.logits + int64_t(row) * p.ld_logits;
-  uint32_t* weights = ws.weights + int64_t(row) * ws.ld_weights;
-  const int begin = chunk * kChunk, end = min(p.vocab, begin + kChunk);
-  unsigned long long w_sum = 0;
-  double e_sum = 0.0;
-  for (int i = begin + threadIdx.x; i < end; i += kChunkThreads) {
-    const float v = l[i];
-    if (draws) {
-      const uint32_t w = sample_weight(v, top, temperature);
-      weights[i] = w;
-      w_sum += w;
-    }
-    if (logprob && v == v) e_sum = __dadd_rn(e_sum, sample_exp(double(v) - double(top)));
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    w_sum += __shfl_xor_sync(kFullMask, w_sum, offset);
-    e_sum = __dadd_rn(e_sum, __shfl_xor_sync(kFullMask, e_sum, offset));
-  }
-  if (threadIdx.x % 32 == 0) w_warps[threadIdx.x / 32] = w_sum, e_warps[threadIdx.x / 32] = e_sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kChunkThreads / 32; ++w)
-      w_sum += w_warps[w], e_sum = __dadd_rn(e_sum, e_warps[w]);
-    ws.chunk_w[int64_t(row) * ws.chunks + chunk] = w_sum;
-    ws.chunk_e[int64_t(row) * ws.chunks + chunk] = e_sum;
-  }
-}
-
 // ---- the draw ----
 
 struct DrawShared {
   unsigned long long hist[256];
-  unsigned long long warp_sums[kDrawThreads / 32];
+  unsigned long long warp_sums[kThreads / 32];
+  double warp_e[kThreads / 32];
+  Best warp_best[kThreads / 32];
   unsigned long long total, above, bin;
+  double e_sum;
   uint32_t digit;
   int32_t token;
   Best best;
+  bool last;
 };
 
 // Exclusive prefix sum of v in thread order (the block's threads, all of them calling).
@@ -178,13 +127,13 @@ __device__ unsigned long long block_exclusive_scan(unsigned long long v, DrawSha
   if (lane == 31) s.warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    unsigned long long t = lane < kDrawThreads / 32 ? s.warp_sums[lane] : 0;
+    unsigned long long t = lane < kThreads / 32 ? s.warp_sums[lane] : 0;
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) {
       const unsigned long long o = __shfl_up_sync(kFullMask, t, offset);
       if (lane >= offset) t += o;
     }
-    if (lane < kDrawThreads / 32) s.warp_sums[lane] = t;  // inclusive over warps
+    if (lane < kThreads / 32) s.warp_sums[lane] = t;  // inclusive over warps
   }
   __syncthreads();
   const unsigned long long before = warp == 0 ? 0 : s.warp_sums[warp - 1];
@@ -200,10 +149,10 @@ __device__ uint32_t radix_cut(const uint32_t* w, int vocab, unsigned long long n
   uint32_t prefix = 0;
   unsigned long long above = 0;  // weight of every key above the current prefix's range
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kDrawThreads) s.hist[b] = 0;
+    for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
     __syncthreads();
     const uint32_t high = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
-    for (int base = 0; base < vocab; base += kDrawThreads) {
+    for (int base = 0; base < vocab; base += kThreads) {
       const int i = base + threadIdx.x;
       const uint32_t k = i < vocab ? w[i] : 0u;
       const bool in = k != 0 && (k & high) == prefix;
@@ -249,29 +198,89 @@ __device__ uint32_t radix_cut(const uint32_t* w, int vocab, unsigned long long n
   return prefix;
 }
 
-__global__ void __launch_bounds__(kDrawThreads) sample_draw_kernel(SampleParams p, Workspace ws) {
+// The integer weights of a drawing row into w (and their sum into s.total), and for log-probs the
+// sum of e^(l - top) into s.e_sum, in the fixed order described at the top.
+__device__ void row_weights(const SampleParams& p, const float* l, int row, float top, bool draws,
+                            bool logprob, uint32_t* w, DrawShared& s) {
+  const float temperature = p.temperature[row];
+  unsigned long long w_sum = 0;
+  double e_sum = 0.0;
+  for (int i = threadIdx.x; i < p.vocab; i += kThreads) {
+    const float v = l[i];
+    if (draws) {
+      const uint32_t weight = sample_weight(v, top, temperature);
+      w[i] = weight;
+      w_sum += weight;
+    }
+    if (logprob && v == v) e_sum = __dadd_rn(e_sum, sample_exp(double(v) - double(top)));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    w_sum += __shfl_xor_sync(kFullMask, w_sum, offset);
+    e_sum = __dadd_rn(e_sum, __shfl_xor_sync(kFullMask, e_sum, offset));
+  }
+  if (threadIdx.x % 32 == 0)
+    s.warp_sums[threadIdx.x / 32] = w_sum, s.warp_e[threadIdx.x / 32] = e_sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < kThreads / 32; ++k)
+      w_sum += s.warp_sums[k], e_sum = __dadd_rn(e_sum, s.warp_e[k]);
+    s.total = w_sum;
+    s.e_sum = e_sum;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p, Workspace ws) {
   __shared__ DrawShared s;
-  const int row = blockIdx.x;
-  const int64_t at = int64_t(row) * ws.chunks;
+  const int row = blockIdx.y, chunk = blockIdx.x;
+  const float* l = p.logits + int64_t(row) * p.ld_logits;
+
+  // 1. This chunk's best, published; the last chunk of the row to finish goes on.
+  {
+    const int begin = chunk * kChunk, end = min(p.vocab, begin + kChunk);
+    Best b{0.0f, -1};
+#pragma unroll 8
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
+      const float v = l[i];
+      if (v == v) b = better(b, {v, i});
+    }
+    b = warp_best(b);
+    if (threadIdx.x % 32 == 0) s.warp_best[threadIdx.x / 32] = b;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < kThreads / 32; ++k) b = better(b, s.warp_best[k]);
+      const int64_t at = int64_t(row) * ws.chunks + chunk;
+      ws.chunk_max[at] = b.v;
+      ws.chunk_arg[at] = b.i;
+      __threadfence();  // the partial is visible before the count says so
+      const uint32_t done = atomicAdd(ws.counters + row, 1u);
+      s.last = done == uint32_t(ws.chunks - 1);
+      if (s.last) ws.counters[row] = 0;  // every chunk has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!s.last) return;
+    __threadfence();
+  }
+
+  // 2. The row, by the CTA of its last chunk.
   row_best(ws, row, &s.best);
   __syncthreads();
   const Best best = s.best;
+  const bool finite = best.i >= 0 && !is_infinite(best.v);
+  const bool draws = finite && !sample_is_greedy(p.temperature[row]);
+  const bool logprob = p.logprobs != nullptr && finite;
   if (threadIdx.x == 0) s.token = best.i;
-  if (best.i >= 0 && !is_infinite(best.v) && !sample_is_greedy(p.temperature[row])) {
-    if (threadIdx.x == 0) {  // the chunks' weight sums are integers: any order gives W
-      unsigned long long total = 0;
-      for (int c = 0; c < ws.chunks; ++c) total += ws.chunk_w[at + c];
-      s.total = total;
-    }
-    __syncthreads();
-    const uint32_t* w = ws.weights + int64_t(row) * ws.ld_weights;
+  uint32_t* w = ws.weights + int64_t(row) * ws.ld_weights;
+  if (draws || logprob) row_weights(p, l, row, best.v, draws, logprob, w, s);
+  if (draws) {
     const uint32_t cut = radix_cut(w, p.vocab, sample_need(s.total, p.top_p[row]), s);
     const unsigned long long mass = s.above + s.bin;
     const unsigned long long target =
         sample_target(sample_uniform(p.seed[row], p.index[row]), mass);
     // Each thread owns a run of ids; a scan of the runs' nucleus weights finds the run, and its
     // thread walks it.
-    const int run = (p.vocab + kDrawThreads - 1) / kDrawThreads;
+    const int run = (p.vocab + kThreads - 1) / kThreads;
     const int begin = threadIdx.x * run, end = min(p.vocab, begin + run);
     unsigned long long own = 0;
     for (int i = begin; i < end; ++i) own += w[i] >= cut ? w[i] : 0u;
@@ -287,8 +296,8 @@ __global__ void __launch_bounds__(kDrawThreads) sample_draw_kernel(SampleParams 
         }
       }
     }
-    __syncthreads();
   }
+  __syncthreads();
   if (threadIdx.x != 0) return;
   p.tokens[row] = s.token;
   if (!p.logprobs) return;
@@ -297,10 +306,7 @@ __global__ void __launch_bounds__(kDrawThreads) sample_draw_kernel(SampleParams 
   } else if (is_infinite(best.v)) {
     p.logprobs[row] = 0.0f;
   } else {
-    double e = 0.0;
-    for (int c = 0; c < ws.chunks; ++c) e = __dadd_rn(e, ws.chunk_e[at + c]);
-    const float* l = p.logits + int64_t(row) * p.ld_logits;
-    p.logprobs[row] = float(-log(e) + (double(l[s.token]) - double(best.v)));
+    p.logprobs[row] = float(-log(s.e_sum) + (double(l[s.token]) - double(best.v)));
   }
 }
 
@@ -322,9 +328,7 @@ cudaError_t sample(const SampleParams& p, cudaStream_t stream) {
   Workspace ws;
   carve(p.workspace, p.rows, p.vocab, &ws);
   const dim3 grid(unsigned(ws.chunks), unsigned(p.rows));
-  sample_argmax_kernel<<<grid, kChunkThreads, 0, stream>>>(p, ws);
-  sample_weights_kernel<<<grid, kChunkThreads, 0, stream>>>(p, ws);
-  sample_draw_kernel<<<unsigned(p.rows), kDrawThreads, 0, stream>>>(p, ws);
+  sample_kernel<<<grid, kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
 

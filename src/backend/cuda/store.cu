@@ -9,63 +9,22 @@
 //   latent:  a warp per token, 16 values of c per lane; fp8 tile t (128 values) is lanes
 //            8t..8t+7; lanes 0..7 also write the 64 rope values (8 each).
 // The row count is batch.rows (a host int, fixed at capture); n_real is read on the device.
-//
-// fp8 encoding is the hardware conversion cvt.rn.satfinite.e4m3x2.f32 (two values an
-// instruction), which gives the bits of dsa::float_to_fp8 (dtype.h is defined to match it). The
-// quotient x / scale is the correctly rounded one of encode_fp8_group; see fp8_quotients.
+// The index-K judge and encoder live in store_index_k.cuh (shared with the fused indexer_key),
+// with the fp8 conversion both layouts use.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/norm.cuh"
+#include "backend/cuda/rope.cuh"
+#include "backend/cuda/store_index_k.cuh"
 #include "dsa/slot.h"
-#include "dsa/token_codec.h"
 
 namespace dsa::cuda {
 namespace {
 
 constexpr int kMaxBlock = 256;
-constexpr int kIndexLanes = 16;                             // lanes per index-K token
-constexpr int kIndexPerLane = kIndexHeadDim / kIndexLanes;  // 8 values
-constexpr int kLatentPerLane = kKvLoraRank / 32;            // 16 values of c
-constexpr int kRopePerLane = 8;                             // lanes 0..7 hold the rope
-constexpr int kTileLanes = kLatentTile / kLatentPerLane;    // 8 lanes per fp8 tile
-
-// INCIDENT REPRODUCTION (DESIGN §5), the twin of judge_incident_scatter in cpu/store.cpp: rules
-// 1-3 are ignored, a negative slot wraps from the end of the pool, and one still outside the pool
-// is skipped and flagged.
-__device__ __forceinline__ SlotVerdict judge_incident_scatter(int64_t& slot, int64_t capacity) {
-  if (slot < 0) slot += capacity;
-  if (slot < 0) return SlotVerdict::kErrorNegative;
-  return slot < capacity ? SlotVerdict::kWrite : SlotVerdict::kErrorRange;
-}
-
-// The e4m3 codes of lo and hi, lo in the low byte: round to nearest even, saturate to +-448
-// (infinities too), NaN to 0x7F, the bits of dsa::float_to_fp8. The instruction's first source
-// goes to the upper byte.
-__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
-  uint16_t packed;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
-  return packed;
-}
-
-// q[i] = x[i] / scale, correctly rounded, as encode_fp8_group divides. A ue8m0 scale is a power
-// of two <= 2^120 (or +inf when amax is), so 1 / scale is exact (a normal >= 2^-120, or 0) and
-// x * (1 / scale) is the same correctly rounded real, NaN and signed zeros included. An exact
-// scale keeps the IEEE division.
-template <int kN>
-__device__ __forceinline__ void fp8_quotients(float (&x)[kN], float scale, ScaleRounding rounding) {
-  if (rounding == ScaleRounding::kUe8m0) {
-    const float inverse = __frcp_rn(scale);
-#pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] = __fmul_rn(x[i], inverse);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] = __fdiv_rn(x[i], scale);
-  }
-}
-
-// Four e4m3 codes of already divided values q[0..3], low byte first.
-__device__ __forceinline__ uint32_t fp8x4(const float* q) {
-  return fp8x2(q[0], q[1]) | (fp8x2(q[2], q[3]) << 16);
-}
+constexpr int kLatentPerLane = kKvLoraRank / 32;          // 16 values of c
+constexpr int kRopePerLane = 8;                           // lanes 0..7 hold the rope
+constexpr int kTileLanes = kLatentTile / kLatentPerLane;  // 8 lanes per fp8 tile
 
 // Threads per block for `rows` tokens of `lanes` threads each: small batches get one small block.
 unsigned block_threads(int64_t rows, int lanes) {
@@ -90,19 +49,12 @@ __device__ __forceinline__ void load_bf16x8(const Bf16* p, bool aligned, uint32_
 template <KvDtype kDtype, bool kBf16In>
 __global__ void __launch_bounds__(kMaxBlock)
     store_index_k_kernel(StoreIndexKParams p, StoreGuard guard, bool aligned) {
-  const bool incident_scatter = guard == StoreGuard::kIncidentScatter;
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = thread / kIndexLanes;
   const int sub = int(thread % kIndexLanes);  // lane within the token's group
   if (row >= p.batch.rows) return;            // the whole group leaves together
-  int64_t slot = p.batch.slots[row];
-  const int64_t capacity = p.pool.capacity();
-  const SlotVerdict verdict = incident_scatter ? judge_incident_scatter(slot, capacity)
-                                               : judge_slot(row, *p.batch.n_real, slot, capacity);
-  if (verdict != SlotVerdict::kWrite) {
-    if (sub == 0 && verdict_is_error(verdict)) atomicAdd(p.batch.error_count, 1);
-    return;
-  }
+  const int64_t slot = index_k_judge(p, guard, row, sub);
+  if (slot < 0) return;  // the whole group: the verdict is the row's
   uint8_t* dst = index_k_values(p.pool, slot);
   if constexpr (kBf16In && kDtype == KvDtype::kBf16) {  // the bits as given
     uint32_t w[4];
@@ -121,27 +73,16 @@ __global__ void __launch_bounds__(kMaxBlock)
     } else {
       load_floats(p.k + row * p.ld_k + sub * kIndexPerLane, aligned, x);
     }
-    if constexpr (kDtype == KvDtype::kBf16) {
-      store16(dst + sub * kIndexPerLane * 2, pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-              pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
-    } else {
-      const unsigned mask = group_mask(threadIdx.x & 31, kIndexLanes);
-      const float amax = group_max<kIndexLanes>(local_amax(x), mask);
-      const float scale = fp8_scale_for_amax(amax, p.pool.rounding);
-      fp8_quotients(x, scale, p.pool.rounding);
-      store8(dst + sub * kIndexPerLane, fp8x4(x), fp8x4(x + 4));
-      if (sub == 0) *index_k_scale(p.pool, slot) = scale;
-    }
+    index_k_write<kDtype>(p.pool, slot, sub, x);
   }
 }
 
+// One token of the latent store, by its warp (lane = 0..31): judge the slot, read (c, k_rope) from
+// p, encode, write. The one guarded writer of the latent layout, for store_latent_kernel and
+// latent_kv_kernel alike.
 template <KvDtype kDtype>
-__global__ void __launch_bounds__(kMaxBlock)
-    store_latent_kernel(StoreLatentKvParams p, bool aligned) {
-  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = thread / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= p.batch.rows) return;  // the whole warp leaves together
+__device__ __forceinline__ void store_latent_row(const StoreLatentKvParams& p, int64_t row,
+                                                 int lane, bool aligned) {
   const int64_t slot = p.batch.slots[row];
   const SlotVerdict verdict = judge_slot(row, *p.batch.n_real, slot, p.pool.capacity());
   if (verdict != SlotVerdict::kWrite) {
@@ -179,6 +120,56 @@ __global__ void __launch_bounds__(kMaxBlock)
               pack_bf16x2(rope[6], rope[7]));
     }
   }
+}
+
+template <KvDtype kDtype>
+__global__ void __launch_bounds__(kMaxBlock)
+    store_latent_kernel(StoreLatentKvParams p, bool aligned) {
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread / 32;
+  if (row >= p.batch.rows) return;  // the whole warp leaves together
+  store_latent_row<kDtype>(p, row, threadIdx.x & 31, aligned);
+}
+
+// latent_kv: rmsnorm of c (in the order of rmsnorm's warp mode for dim 512, norm.cuh) and rope of
+// k_rope (rope.cuh, interleaved pair `lane`), both in place, then, once the warp's writes are
+// ordered before its reads (__syncwarp), the latent writer above on the row: the bits of rmsnorm,
+// rope and store_latent_kv run one after another.
+template <KvDtype kDtype>
+__global__ void __launch_bounds__(kMaxBlock)
+    latent_kv_kernel(LatentKvParams p, StoreLatentKvParams store, bool aligned, bool vec) {
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= p.batch.rows) return;  // the whole warp
+  float* kv = p.kv + row * p.ld_kv;
+  const int32_t position = p.positions[row];  // loaded early: its latency overlaps the norm's
+  const float sum =
+      norm_thread_sum(kv, kKvLoraRank, vec, lane, 32, [](float v) { return __fmul_rn(v, v); });
+  const float inv_rms = rms_inverse(warp_sum(sum), kKvLoraRank, p.eps);
+  for (int c0 = 4 * lane; c0 < kKvLoraRank; c0 += 4 * 32) {
+    const float4 v = norm_load4(kv, c0, kKvLoraRank, vec);
+    const float4 out = make_float4(rms_value(v.x, inv_rms, bf16_to_float(p.norm_weight[c0])),
+                                   rms_value(v.y, inv_rms, bf16_to_float(p.norm_weight[c0 + 1])),
+                                   rms_value(v.z, inv_rms, bf16_to_float(p.norm_weight[c0 + 2])),
+                                   rms_value(v.w, inv_rms, bf16_to_float(p.norm_weight[c0 + 3])));
+    if (vec) {
+      *reinterpret_cast<float4*>(kv + c0) = out;
+    } else {
+      kv[c0] = out.x, kv[c0 + 1] = out.y, kv[c0 + 2] = out.z, kv[c0 + 3] = out.w;
+    }
+  }
+  static_assert(kRopeDim == 2 * 32);
+  if (position >= 0 && position < p.max_position) {
+    const float* angle = p.cos_sin + int64_t(position) * kRopeDim + 2 * lane;
+    float* pair = kv + kKvLoraRank + 2 * lane;
+    float a = pair[0], b = pair[1];
+    rope_pair(a, b, angle[0], angle[1]);
+    pair[0] = a;
+    pair[1] = b;
+  }
+  __syncwarp();
+  store_latent_row<kDtype>(store, row, lane, aligned);
 }
 
 bool batch_ok(const SlotBatch& b) {
@@ -231,6 +222,27 @@ cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream) {
     store_latent_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, aligned);
   } else {
     store_latent_kernel<KvDtype::kFp8><<<blocks, threads, 0, stream>>>(p, aligned);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t latent_kv(const LatentKvParams& p, cudaStream_t stream) {
+  if (!batch_ok(p.batch) || p.ld_kv < kLatentDim) return cudaErrorInvalidValue;
+  if (p.batch.rows == 0) return cudaSuccess;
+  if (!p.kv || !p.norm_weight || !p.positions || !p.cos_sin || !p.pool.data ||
+      !aligned16(p.pool.data)) {
+    return cudaErrorInvalidValue;
+  }
+  const LatentKvParts parts = latent_kv_parts(p);
+  const bool aligned = aligned16(p.kv) && p.ld_kv % 4 == 0;  // as store_latent_kv decides
+  const unsigned threads = block_threads(p.batch.rows, 32);
+  const unsigned blocks = ceil_div(int64_t(p.batch.rows) * 32, threads);
+  if (p.pool.dtype == KvDtype::kBf16) {
+    latent_kv_kernel<KvDtype::kBf16>
+        <<<blocks, threads, 0, stream>>>(p, parts.store, aligned, aligned);
+  } else {
+    latent_kv_kernel<KvDtype::kFp8>
+        <<<blocks, threads, 0, stream>>>(p, parts.store, aligned, aligned);
   }
   return cudaGetLastError();
 }
