@@ -242,7 +242,7 @@ enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64, kWgmmaPipe };
 
 // The variant used when none is forced, per cache dtype: one line each to flip.
 constexpr Variant kDefaultBf16 = Variant::kWgmma;
-constexpr Variant kDefaultFp8 = Variant::kLegacy;
+constexpr Variant kDefaultFp8 = Variant::kWgmmaPipe;
 
 // The forced variant, or the default of the dtype (the H200 measurements below).
 Variant variant_for(KvDtype dtype) {
@@ -253,12 +253,14 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
     if (std::strcmp(v, "wgmma-pipe") == 0) return Variant::kWgmmaPipe;
   }
-  // H200, 2026-12-03 (bench/results/2026-12-03-h200-variants.md), us, legacy / wgmma:
-  //   bf16: B = 1, L = 128K 16.6 / 13.1; B = 64, L = 32K 146.5 / 139.6; B = 256 550.1 / 534.2.
-  //   fp8:  B = 1, L = 128K 18.3 / 16.3; B = 64, L = 32K 122.8 / 143.5; B = 256 436.0 / 534.8.
-  // So wgmma for bf16 caches and the former kernel for fp8 ones (the resident variant was slower
-  // than both: bench/results/2026-12-03-h200-attn-mla.md). The dtype is the cache's, fixed for
-  // the process, so a row's bits never depend on the batch.
+  // H200, 2026-12-03 (bench/results/2026-12-03-h200-check.md), us, legacy / wgmma / wgmma-pipe:
+  //   bf16: B = 1, L = 128K 16.7 / 13.6 / 13.8; B = 64, L = 32K 146.2 / 139.4 / 139.6;
+  //         B = 256 548.4 / 530.8 / 533.6.
+  //   fp8:  B = 1, L = 128K 18.4 / 17.1 / 14.7; B = 64, L = 32K 124.6 / 143.4 / 107.4;
+  //         B = 256 451.0 / 530.8 / 364.5.
+  // So wgmma for bf16 caches and its overlapped schedule (same bits as wgmma) for fp8 ones (the
+  // resident variant was slower than legacy: bench/results/2026-12-03-h200-attn-mla.md). The
+  // dtype is the cache's, fixed for the process, so a row's bits never depend on the batch.
   return dtype == KvDtype::kBf16 ? kDefaultBf16 : kDefaultFp8;
 }
 
