@@ -3,7 +3,7 @@
 // ascending column order; the tree differs by rounding only (nmse ~1e-13).
 //
 // Launch shapes:
-//   short rows (dim <= 2048): a warp per row, 4 rows per 128-thread CTA;
+//   short rows (dim <= 1024): a warp per row, 4 rows per 128-thread CTA;
 //   long rows: a 256-thread CTA per (row, part). Every CTA of a row computes the row's statistic
 //   over the whole row (the same bits in each: the order does not depend on the part) and writes
 //   only its part's columns, so a lone 7168-wide row is spread over 7 CTAs. Parts are used only
@@ -62,6 +62,35 @@ __device__ __forceinline__ void store4_bf16(Bf16* row, int c0, int dim, bool vec
   if (c0 + 3 < dim) row[c0 + 3] = float_to_bf16(v.w);
 }
 
+// Visits this thread's groups g0, g0 + threads, ... below `end` in batches of kWriteBatch: a
+// batch's columns and weights are all loaded before any of its results is stored, so those loads
+// are in flight together. (In place, y == x, the compiler must otherwise order each load after
+// the previous group's store: one memory round trip per group.) A thread reads here only the
+// columns it writes (in place there is a single part, so the groups are the statistic's own), so
+// loading them early reads the same values: the bits do not change.
+constexpr int kWriteBatch = 4;
+template <typename Emit>
+__device__ __forceinline__ void for_own_groups(const float* x, const Bf16* weight, float4 w0,
+                                               int g0, int end, int threads, int dim, bool vec,
+                                               Emit emit) {
+  for (int g = g0; g < end; g += kWriteBatch * threads) {
+    float4 v[kWriteBatch], w[kWriteBatch];
+#pragma unroll
+    for (int u = 0; u < kWriteBatch; ++u) {
+      const int gu = g + u * threads;
+      if (gu < end) {
+        v[u] = norm_load4(x, 4 * gu, dim, vec);
+        w[u] = gu == g0 ? w0 : weight4(weight, 4 * gu, dim, vec);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWriteBatch; ++u) {
+      const int gu = g + u * threads;
+      if (gu < end) emit(4 * gu, v[u], w[u]);
+    }
+  }
+}
+
 // Where this thread stands: its row, its index t in the row's group of `threads`, and the groups
 // of 4 columns [begin, end) that its CTA writes. False for a warp past the last row.
 struct RowSpot {
@@ -112,15 +141,13 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p,
   const float sum =
       norm_thread_sum(x, p.dim, vec, s.t, s.threads, [](float v) { return __fmul_rn(v, v); });
   const float inv_rms = rms_inverse(group_total<kWarp>(sum, scratch), p.dim, p.eps);
-  for (int g = g0; g < s.end; g += s.threads) {
-    const int c0 = 4 * g;
-    const float4 v = norm_load4(x, c0, p.dim, vec);
-    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
-    const float4 out = make_float4(rms_value(v.x, inv_rms, w.x), rms_value(v.y, inv_rms, w.y),
-                                   rms_value(v.z, inv_rms, w.z), rms_value(v.w, inv_rms, w.w));
-    store4(y, c0, p.dim, vec, out);
-    if (yb) store4_bf16(yb, c0, p.dim, vec, out);
-  }
+  for_own_groups(
+      x, p.weight, w0, g0, s.end, s.threads, p.dim, vec, [&](int c0, float4 v, float4 w) {
+        const float4 out = make_float4(rms_value(v.x, inv_rms, w.x), rms_value(v.y, inv_rms, w.y),
+                                       rms_value(v.z, inv_rms, w.z), rms_value(v.w, inv_rms, w.w));
+        store4(y, c0, p.dim, vec, out);
+        if (yb) store4_bf16(yb, c0, p.dim, vec, out);
+      });
 }
 
 template <bool kWarp>
@@ -139,16 +166,14 @@ __global__ void __launch_bounds__(kBlockThreads) layernorm_kernel(LayerNormParam
     return __fmul_rn(d, d);
   });
   const float inv_std = layernorm_inverse(group_total<kWarp>(sq, scratch), p.dim, p.eps);
-  for (int g = g0; g < s.end; g += s.threads) {
-    const int c0 = 4 * g;
-    const float4 v = norm_load4(x, c0, p.dim, vec);
-    const float4 w = g == g0 ? w0 : weight4(p.weight, c0, p.dim, vec);
-    const float4 out = make_float4(layernorm_value(v.x, mean, inv_std, w.x, p.bias, c0),
-                                   layernorm_value(v.y, mean, inv_std, w.y, p.bias, c0 + 1),
-                                   layernorm_value(v.z, mean, inv_std, w.z, p.bias, c0 + 2),
-                                   layernorm_value(v.w, mean, inv_std, w.w, p.bias, c0 + 3));
-    store4(y, c0, p.dim, vec, out);
-  }
+  for_own_groups(x, p.weight, w0, g0, s.end, s.threads, p.dim, vec,
+                 [&](int c0, float4 v, float4 w) {
+                   store4(y, c0, p.dim, vec,
+                          make_float4(layernorm_value(v.x, mean, inv_std, w.x, p.bias, c0),
+                                      layernorm_value(v.y, mean, inv_std, w.y, p.bias, c0 + 1),
+                                      layernorm_value(v.z, mean, inv_std, w.z, p.bias, c0 + 2),
+                                      layernorm_value(v.w, mean, inv_std, w.w, p.bias, c0 + 3)));
+                 });
 }
 
 bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }

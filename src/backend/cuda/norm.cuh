@@ -13,7 +13,7 @@
 
 namespace dsa::cuda {
 
-inline constexpr int kWarpRowMaxDim = 2048;  // up to 16 groups of 4 columns per lane
+inline constexpr int kWarpRowMaxDim = 1024;  // up to 8 groups of 4 columns per lane
 inline constexpr int kBlockThreads = 256;    // the group that reduces a longer row
 
 // Columns c0 .. c0 + 3 of a row (those below dim), as a vector when `vec` (the row is 16-byte
@@ -43,10 +43,22 @@ __device__ __forceinline__ float norm_add_group(float sum, float4 v, int c0, int
 template <typename F>
 __device__ __forceinline__ float norm_thread_sum(const float* row, int dim, bool vec, int t,
                                                  int threads, F f) {
+  // Four groups' loads are issued before their terms are added (in the same order), so they
+  // are in flight together.
+  constexpr int kBatch = 4;
   float sum = 0.0f;
-#pragma unroll 4
-  for (int c0 = 4 * t; c0 < dim; c0 += 4 * threads) {
-    sum = norm_add_group(sum, norm_load4(row, c0, dim, vec), c0, dim, f);
+  for (int c = 4 * t; c < dim; c += kBatch * 4 * threads) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c0 = c + u * 4 * threads;
+      if (c0 < dim) v[u] = norm_load4(row, c0, dim, vec);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c0 = c + u * 4 * threads;
+      if (c0 < dim) sum = norm_add_group(sum, v[u], c0, dim, f);
+    }
   }
   return sum;
 }
