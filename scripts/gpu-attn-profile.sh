@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute on the sparse MLA kernel, for tuning: one launch each of bf16 and fp8 at B = 64
-# (64 heads per CTA) and B = 1 (16 heads per CTA), with the speed-of-light, warp-state, scheduler,
+# Nsight Compute on the sparse MLA kernels, for tuning: one launch each of the wgmma kernel (the
+# default) at bf16 and fp8 B = 64 and bf16 B = 1, and of the mma.sync kernel (64 heads per CTA) at
+# bf16 and fp8 B = 64, with the speed-of-light, warp-state, scheduler,
 # memory-workload and occupancy sections. Runs ON the device, from the repository root, with the
 # build of scripts/gpu-build.sh carried (build-gpu/{lib,bench}), in under 4 minutes. Optional:
 # scripts/gpu-attn.sh is the check; this only explains its sparse MLA rows. Files in $OUT:
@@ -23,8 +24,13 @@ profile() {
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only sparse_mla \
     --sparse-mla-rows "$2"
 }
-profile ncu-bf16-b64 64 'KvDtypeE0ELi4E'
-profile ncu-fp8-b64 64 'KvDtypeE1ELi4E'
-profile ncu-bf16-b1 1 'KvDtypeE0ELi1E'
-profile ncu-fp8-b1 1 'KvDtypeE1ELi1E'
+# The wgmma kernel (the default): sparse_mla_wgmma_kernel<dtype, P V on mma.sync (the check path:
+# Lb0E off), schedule (E0 serial, E1 overlap)>.
+profile ncu-wgmma-bf16-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb0ELNS1_8ScheduleE0E'
+profile ncu-wgmma-fp8-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE1ELb0ELNS1_8ScheduleE0E'
+profile ncu-wgmma-bf16-b1 1 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb0ELNS1_8ScheduleE0E'
+# The mma.sync kernel (DSA_CUDA_SPARSE_MLA_VARIANT=mma rows of the bench): sparse_mla_kernel<dtype,
+# m-tiles per CTA (Li4E: 64 heads, Li1E: 16)>.
+profile ncu-bf16-b64 64 'sparse_mla_kernelILNS_7KvDtypeE0ELi4E'
+profile ncu-fp8-b64 64 'sparse_mla_kernelILNS_7KvDtypeE1ELi4E'
 steps_summary "sparse MLA profile" | tee "$OUT/summary.md"
