@@ -24,11 +24,11 @@ profile() {
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only sparse_mla \
     --sparse-mla-rows "$2"
 }
-# The wgmma kernel (the default): sparse_mla_wgmma_kernel<dtype, P V on mma.sync (the check path:
-# Lb0E off), schedule (E0 serial, E1 overlap)>.
-profile ncu-wgmma-bf16-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb0ELNS1_8ScheduleE0E'
-profile ncu-wgmma-fp8-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE1ELb0ELNS1_8ScheduleE0E'
-profile ncu-wgmma-bf16-b1 1 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb0ELNS1_8ScheduleE0E'
+# The wgmma kernel (the default): sparse_mla_wgmma_kernel<dtype, P V on wgmma (Lb1E; Lb0E is the
+# mma.sync check path), schedule (E0 serial, E1 overlap)>.
+profile ncu-wgmma-bf16-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb1ELNS1_8ScheduleE0E'
+profile ncu-wgmma-fp8-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE1ELb1ELNS1_8ScheduleE0E'
+profile ncu-wgmma-bf16-b1 1 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb1ELNS1_8ScheduleE0E'
 # The mma.sync kernel (DSA_CUDA_SPARSE_MLA_VARIANT=mma rows of the bench): sparse_mla_kernel<dtype,
 # m-tiles per CTA (Li4E: 64 heads, Li1E: 16)>.
 profile ncu-bf16-b64 64 'sparse_mla_kernelILNS_7KvDtypeE0ELi4E'

@@ -11,7 +11,7 @@
 #     (--gemm invariant with --profile, and --gemm fast) and of the tiny preset, then the V3.2
 #     two-layer stress at concurrency 60; files bench-*.json, decode-*.json, stress-v32.json,
 #     check.log, summary.md.
-# Environment: OUT (default ./gpu-out), PART, SMALL_FILTER (gtest filter of the small ops' cases
+# Environment: OUT (default ./gpu-out), PART, GEMM_FILTER (default ParityGemm.*), SMALL_FILTER (gtest filter of the small ops' cases
 # for the sanitizers), EXTRA_VARIANTS (more indexer variants for the bench rows and the indexer's
 # sanitizer steps, comma-separated).
 set -uo pipefail
@@ -25,10 +25,14 @@ P="$B/tests/dsa_parity_tests"
 
 if [[ $PART == parity ]]; then
   step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  step parity-gemm 200 "$P" --gtest_filter='ParityGemm.*' --gtest_output="json:$OUT/parity-gemm.json"
+  step parity-gemm 200 "$P" --gtest_filter="${GEMM_FILTER:-ParityGemm.*}" \
+    --gtest_output="json:$OUT/parity-gemm.json"
   step parity-attention 150 "$P" --gtest_filter='ParityAttention.*' \
     --gtest_output="json:$OUT/parity-attention.json"
-  step parity-rest 120 "$P" --gtest_filter='-ParityGemm.*:ParityAttention.*' \
+  step parity-mla-overlap 100 env DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap "$P" \
+    --gtest_filter='ParityAttention.SparseMlaWgmmaMatchesCpu:ParityAttention.SparseMlaWgmmaBatchInvariant:*WgmmaSparseMla*' \
+    --gtest_output="json:$OUT/parity-mla-overlap.json"
+  step parity-rest 150 "$P" --gtest_filter='-ParityGemm.*:ParityAttention.*' \
     --gtest_output="json:$OUT/parity-rest.json"
   sanitize memcheck-mla memcheck 40 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact --gtest_brief=1
   sanitize racecheck-mla racecheck 50 "$P" --gtest_filter=ParityAttention.SparseMlaWgmmaCompact \
