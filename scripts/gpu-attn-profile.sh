@@ -29,6 +29,16 @@ profile() {
 profile ncu-wgmma-bf16-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb1ELNS1_8ScheduleE0E'
 profile ncu-wgmma-fp8-b64 64 'sparse_mla_wgmma_kernelILNS_7KvDtypeE1ELb1ELNS1_8ScheduleE0E'
 profile ncu-wgmma-bf16-b1 1 'sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb1ELNS1_8ScheduleE0E'
+# Where the default kernel's warps wait, per source line: the bf16 B = 64 launch again with the
+# warp-state sampling (SourceCounters) into a report, then its source page as CSV (the
+# CUDA line beside each SASS instruction, with its stall samples): mla-source.csv.
+step ncu-wgmma-bf16-b64-source 90 "$NCU" --kernel-name-base mangled \
+  --kernel-name 'regex:sparse_mla_wgmma_kernelILNS_7KvDtypeE0ELb1ELNS1_8ScheduleE0E' \
+  --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats \
+  --import-source yes -f -o "$OUT/mla-wgmma-bf16-b64" \
+  "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only sparse_mla --sparse-mla-rows 64
+step ncu-source-csv 60 bash -c "'$NCU' -i '$OUT/mla-wgmma-bf16-b64.ncu-rep' --page source --csv \
+  --print-source cuda,sass > '$OUT/mla-source.csv'"
 # The mma.sync kernel (DSA_CUDA_SPARSE_MLA_VARIANT=mma rows of the bench): sparse_mla_kernel<dtype,
 # m-tiles per CTA (Li4E: 64 heads, Li1E: 16)>.
 profile ncu-bf16-b64 64 'sparse_mla_kernelILNS_7KvDtypeE0ELi4E'
