@@ -116,9 +116,11 @@ struct Runner::StaticStep {
     std::fill(host.data(), host.data() + layout.bytes, uint8_t(0));
     if (options.write_digests == WriteDigests::kOn) {
       write_digests = DeviceArray<uint64_t>(be, size_t(layers) * 2 * rows_);
+      h_write_digests = HostArray<uint64_t>(be, write_digests.size());
     }
     if (options.write_values == WriteValues::kOn) {
       store_values = DeviceArray<float>(be, size_t(layers) * rows_ * kStoreValuesDim);
+      h_store_values = HostArray<float>(be, store_values.size());
     }
   }
 
@@ -179,6 +181,9 @@ struct Runner::StaticStep {
   void* sample_workspace;               // the runner's
   DeviceArray<uint64_t> write_digests;  // [layers, 2, rows] when WriteDigests::kOn, else empty
   DeviceArray<float> store_values;      // [layers, rows, kStoreValuesDim] when WriteValues::kOn
+  // Their host copies (pinned on CUDA), queued before the step's one synchronizing copy down.
+  HostArray<uint64_t> h_write_digests;
+  HostArray<float> h_store_values;
   std::span<int32_t> h_n_real, h_error_count, h_tokens, h_positions, h_seq_lens, h_page_table;
   std::span<int64_t> h_slots;
   std::span<float> h_temperature, h_top_p;
@@ -373,9 +378,12 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch lau
     forward_and_sample(s, B, opts);
   }
 
-  // One copy down: the error flag, the tokens, and the log-probs when asked.
+  // One synchronizing copy down: the error flag, the tokens, and the log-probs when asked. The
+  // records, when the options ask for them, are queued before it on the same stream, so they
+  // have landed when it returns (one wait per step, not one per record array and layer).
   const double launch_us = us_since(launch_start);
   const auto wait_start = Clock::now();
+  queue_records(s, replay ? s.rows : B);
   const size_t down_end =
       (outputs.logprobs ? s.layout.out_logprobs : s.layout.out_tokens) + size_t(B) * sizeof(float);
   be.copy_to_host(s.host.data() + s.layout.error_count, s.device.data() + s.layout.error_count,
@@ -410,28 +418,43 @@ StepResult Runner::run(StaticStep& s, std::span<const RowInput> rows, Launch lau
   return result;
 }
 
-// The step's write digests and store values of the B real rows, when the options ask for them.
-// The device buffers are laid out for the step's launched rows (s.rows for a replay, B eagerly).
-void Runner::read_records(StaticStep& s, int real_rows, StepResult& result) {
+// Queues the copies down of the step's write digests and store values, when the options ask for
+// them: one asynchronous copy per record array of the step's launched rows (s.rows for a replay,
+// B eagerly; the model indexes both records by that row count), into the step's host copies.
+void Runner::queue_records(StaticStep& s, int launched_rows) {
   Backend& be = model_.backend();
-  const int layers = model_.config().num_hidden_layers;
+  const size_t layers = size_t(model_.config().num_hidden_layers);
+  const size_t launched = size_t(launched_rows);
+  if (s.write_digests.data()) {
+    be.copy_to_host_async(s.h_write_digests.data(), s.write_digests.data(),
+                          layers * 2 * launched * sizeof(uint64_t));
+  }
+  if (s.store_values.data()) {
+    be.copy_to_host_async(s.h_store_values.data(), s.store_values.data(),
+                          layers * launched * kStoreValuesDim * sizeof(float));
+  }
+}
+
+// The B real rows' records out of the host copies queue_records() filled (landed: the step's
+// synchronizing copy down came after them on the same stream).
+void Runner::read_records(StaticStep& s, int real_rows, StepResult& result) {
+  const size_t layers = size_t(model_.config().num_hidden_layers);
   const size_t B = size_t(real_rows);
-  // The model indexes both records by the step's row count: the bucket, or B when eager.
   const size_t launched = &s == eager_.get() ? B : size_t(s.rows);
   if (s.write_digests.data()) {
-    std::vector<uint64_t> all(size_t(layers) * 2 * launched);
-    be.copy_to_host(all.data(), s.write_digests.data(), all.size() * sizeof(uint64_t));
-    result.write_digests.resize(size_t(layers) * 2 * B);
-    for (size_t k = 0; k < size_t(layers) * 2; ++k) {
-      std::copy_n(all.begin() + k * launched, B, result.write_digests.begin() + k * B);
+    const uint64_t* all = s.h_write_digests.data();
+    result.write_digests.resize(layers * 2 * B);
+    for (size_t k = 0; k < layers * 2; ++k) {
+      std::copy_n(all + k * launched, B, result.write_digests.begin() + ptrdiff_t(k * B));
     }
   }
   if (s.store_values.data()) {
-    result.store_values.resize(size_t(layers) * B * kStoreValuesDim);
-    for (int l = 0; l < layers; ++l) {
-      be.copy_to_host(result.store_values.data() + l * B * kStoreValuesDim,
-                      s.store_values.data() + l * launched * kStoreValuesDim,
-                      B * kStoreValuesDim * sizeof(float));
+    const float* all = s.h_store_values.data();
+    const size_t row = kStoreValuesDim;
+    result.store_values.resize(layers * B * row);
+    for (size_t l = 0; l < layers; ++l) {
+      std::copy_n(all + l * launched * row, B * row,
+                  result.store_values.begin() + ptrdiff_t(l * B * row));
     }
   }
 }

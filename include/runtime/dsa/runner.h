@@ -140,6 +140,7 @@ class Runner {
   void stage_rows(StaticStep& s, std::span<const RowInput> rows,
                   std::span<const RowSampling> sampling, Padding padding);
   void forward_and_sample(const StaticStep& s, int rows, const StepOptions& options);
+  void queue_records(StaticStep& s, int launched_rows);
   void read_records(StaticStep& s, int real_rows, StepResult& result);
 
   Model& model_;
