@@ -915,14 +915,15 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
   }
 }
 
-// One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): 21 chunks of 64, so 3
-// chunks per split with 8 splits (both rings wrap) and 2 with 16; short, padded and sentinel
-// rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
+// One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
+// 64 (the last of 33 tokens), so 4 chunks per split with 8 splits (both rings wrap; the last
+// split holds 3, the eighth none) and 2 with 16; short, padded and sentinel rows, a spare output
+// row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   uint64_t seed = 1380;
   for (int max_splits : {0, 16}) {
     for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, kWgmma64});
+      SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, kWgmma64});
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
     }
   }

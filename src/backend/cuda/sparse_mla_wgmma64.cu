@@ -116,7 +116,11 @@
 //     + prologue and combine ~3 us) ~ 80 us (~450 TFLOP/s); with ~2 us of latency per step,
 //     ~144 us (~250 TFLOP/s). Target >= 250 TFLOP/s (<= 146 us).
 //   B = 256: 32 such waves, ~320 us (~450 TFLOP/s); ~580 us with the latency.
-// ptxas (sm_90a, nvcc 13, -Xptxas -v): see the note at the end of this header.
+// Where it could go next (not done: unmeasured): S of chunk k + 1 issued before the P V of chunk
+// k (the wgmma kernel's overlapped schedule) needs the copies of chunk k + 2 to wait for that
+// P V; the rope tile and a warpgroup's own 4 dim tiles free earlier (fetch_own_dims there).
+// ptxas (sm_90a, nvcc 13.0, -Xptxas -v): 195 registers per thread, no spills, no wgmma
+// serialization warning (C7513, C7515); 256 threads, one CTA per SM (by shared memory).
 #include <cooperative_groups.h>
 
 #include <climits>
