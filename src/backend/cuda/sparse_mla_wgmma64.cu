@@ -103,8 +103,8 @@
 //   Per chunk and CTA: 72 wgmma.m64n32k16 (S) + 32 wgmma.m64n64k16 (P V) = 2 x 64 x 64 x (576 +
 //   512) = 8.9 Mflop = ~2180 clk of tensor work. Shared memory: S operands 72 x (2 KiB of q +
 //   1 KiB of kv) = 216 KiB, V 32 x 2 KiB = 64 KiB, P 8 KiB stored + 8 KiB loaded, copies in
-//   72 KiB: ~368 KiB = ~2950 clk. (The wgmma kernel: ~208 KiB and ~1090 clk of tensor work per
-//   32 tokens, plus 32 KiB of the S exchange and a softmax done twice.)
+//   72 KiB: ~368 KiB = ~2950 clk. (The wgmma kernel, per 32 tokens: ~208 KiB, 32 of them the
+//   f32 exchange of S, and ~1090 clk of tensor work; its softmax runs twice.)
 //   Serial inside a CTA: S ~1730 clk (its operand reads: 3 KiB per 16 clk of tensor work is
 //   more than 128 B/clk), softmax + 2 exchanges + 3 barriers ~400, P V ~1020 (tensor-bound):
 //   ~3150 clk, ~1.75 us per 64 tokens, where the wgmma kernel's two 32-token steps are ~3.8k
@@ -116,9 +116,11 @@
 //     + prologue and combine ~3 us) ~ 80 us (~450 TFLOP/s); with ~2 us of latency per step,
 //     ~144 us (~250 TFLOP/s). Target >= 250 TFLOP/s (<= 146 us).
 //   B = 256: 32 such waves, ~320 us (~450 TFLOP/s); ~580 us with the latency.
-// Where it could go next (not done: unmeasured): S of chunk k + 1 issued before the P V of chunk
-// k (the wgmma kernel's overlapped schedule) needs the copies of chunk k + 2 to wait for that
-// P V; the rope tile and a warpgroup's own 4 dim tiles free earlier (fetch_own_dims there).
+// Why no overlapped schedule (the step of chunk k + 1 issuing its S beside the P V of chunk k,
+// as the wgmma kernel's does): with two tiles, the copies of chunk k + 2 (into the tile of chunk
+// k) could then start only once that P V has completed, at the end of the step, right before
+// they are needed: the latency the overlap would hide comes back as a copy wait. It needs a
+// third tile (72 KiB more than fits).
 // ptxas (sm_90a, nvcc 13.0, -Xptxas -v): 195 registers per thread, no spills, no wgmma
 // serialization warning (C7513, C7515); 256 threads, one CTA per SM (by shared memory).
 #include <cooperative_groups.h>
