@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The attention kernels' GPU check: sparse MLA, top-k and indexer logits. Runs ON the device, from
 # the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,
-# bench,dsa}), in about 6 minutes (the step timeouts add up to 680 s):
-#   the wgmma sparse MLA kernel first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma): its parity, batch
-#   invariance (1 / 7 / 64 / 256 rows, and a padded graph bucket against eager decode), its two
-#   token-loop schedules bit for bit, memcheck + racecheck over its compact case with the default
-#   schedule and with the overlapped one forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap);
+# bench,dsa}), in about 7 minutes (the step timeouts add up to 840 s):
+#   the wgmma sparse MLA kernels first (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma, and =wgmma64: the
+#   64-token one): their parity, batch invariance (1 / 7 / 64 / 256 rows, and a padded graph
+#   bucket against eager decode; wgmma64: 1 / 7 / 255), wgmma's two token-loop schedules bit for
+#   bit, memcheck + racecheck over wgmma's compact case with the default schedule and with the
+#   overlapped one forced (DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE=overlap), and over wgmma64's;
 #   dsa_gpu_bench's attention rows (no store or GEMM rows; both sparse MLA kernels) and the torch
 #   baselines, joined by report.py (before the longer checks, so a run cut short keeps them);
 #   the other ParityAttention parity tests (CPU reference, guards, poison, batch invariance);
@@ -27,7 +28,7 @@ source scripts/gpu-steps.sh
 steps_setup attn.log
 
 step nvidia-smi 10 nvidia-smi
-step parity-wgmma 45 "$B/tests/dsa_parity_tests" \
+step parity-wgmma 75 "$B/tests/dsa_parity_tests" \
   --gtest_filter='ParityAttention.SparseMlaWgmma*:*WgmmaSparseMla*' \
   --gtest_output="json:$OUT/parity-wgmma.json"
 sanitize sanitizer-memcheck-wgmma memcheck 40 "$B/tests/dsa_parity_tests" \
@@ -38,6 +39,10 @@ sanitize sanitizer-memcheck-wgmma-overlap memcheck 30 "$B/tests/dsa_parity_tests
   --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
 sanitize sanitizer-racecheck-wgmma-overlap racecheck 60 "$B/tests/dsa_parity_tests" \
   --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
+sanitize sanitizer-memcheck-wgmma64 memcheck 40 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmma64Compact --gtest_brief=1
+sanitize sanitizer-racecheck-wgmma64 racecheck 90 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.SparseMlaWgmma64Compact --gtest_brief=1
 step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --json "$OUT/bench.json"
 step torch_attention 45 python3 bench/gpu/torch_attention.py --json "$OUT/torch_attention.json"
 step parity 120 "$B/tests/dsa_parity_tests" \

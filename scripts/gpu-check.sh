@@ -4,8 +4,9 @@
 # (build-gpu/{lib,tests,bench,dsa}). Every step has a timeout; the script goes on after a failure.
 #   PART=parity (default): every CUDA parity family against the CPU reference (GEMM, attention,
 #     the rest), then compute-sanitizer memcheck and racecheck over the default kernels' compact
-#     cases (sparse MLA wgmma, indexer wgmma, the small ops: $SMALL_FILTER), memcheck over a
-#     graph-replayed decode; files parity-*.json, check.log, summary.md.
+#     cases (sparse MLA wgmma, indexer wgmma, the small ops: $SMALL_FILTER) and the wgmma64
+#     sparse MLA kernel's, memcheck over a graph-replayed decode; files parity-*.json, check.log,
+#     summary.md.
 #   PART=bench: dsa_gpu_bench's attention rows (sparse MLA and indexer variants side by side) and
 #     GEMM rows (invariant vs cuBLASLt per V3.2 projection), then bench-decode of one V3.2 layer
 #     (--gemm invariant with --profile, and --gemm fast) and of the tiny preset, then the V3.2
@@ -45,6 +46,10 @@ if [[ $PART == parity ]]; then
     --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
   sanitize racecheck-mla-overlap racecheck 50 "$P" \
     --gtest_filter=ParityAttention.SparseMlaWgmmaOverlapCompact --gtest_brief=1
+  sanitize memcheck-mla64 memcheck 40 "$P" --gtest_filter=ParityAttention.SparseMlaWgmma64Compact \
+    --gtest_brief=1
+  sanitize racecheck-mla64 racecheck 90 "$P" --gtest_filter=ParityAttention.SparseMlaWgmma64Compact \
+    --gtest_brief=1
   for v in ${EXTRA_VARIANTS//,/ }; do
     sanitize "memcheck-indexer-$v" memcheck 30 env DSA_CUDA_INDEXER_VARIANT="$v" "$P" \
       --gtest_filter=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike --gtest_brief=1

@@ -15,9 +15,11 @@
 //       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
 //       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
 //       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma), .../wgmma/serial and
-//       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE) and at
-//       B = 1 .../graph, .../mma/graph, .../wgmma/graph and .../wgmma/overlap/graph
-//       (graph-launched)
+//       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE),
+//       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
+//       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel) and at
+//       B = 1 .../graph, .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16)
+//       .../wgmma64/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -243,7 +245,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     const char* value;
     const char* suffix;
     bool graph;
-    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma); null: the default
+    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma | wgmma64); null:
+                                   // the default
   };
   std::vector<Variant> variants = {
       {nullptr, "", "", false},
@@ -257,12 +260,19 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "serial", "/wgmma/serial", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap", false, "wgmma"}};
+  const bool bf16 = dtype == KvDtype::kBf16;
+  if (bf16) {
+    variants.push_back({nullptr, "", "/wgmma64", false, "wgmma64"});
+    variants.push_back(
+        {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma64/splits=16", false, "wgmma64"});
+  }
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({nullptr, "", "/mma/graph", true, "mma"});
     variants.push_back({nullptr, "", "/wgmma/graph", true, "wgmma"});
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap/graph", true, "wgmma"});
+    if (bf16) variants.push_back({nullptr, "", "/wgmma64/graph", true, "wgmma64"});
   }
   for (const Variant& v : variants) {
     int64_t call = 0;

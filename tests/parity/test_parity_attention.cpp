@@ -263,9 +263,9 @@ struct MlaSpec {
   // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
   // the default (8). It moves the split boundaries, so only runs with the same bound compare.
   int max_splits = 0;
-  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma" or "mma"; null is
-  // "mma", whose heads per CTA the families above force. The families give different bits: only
-  // runs of one family compare, whichever of them is the process default.
+  // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma", "wgmma64" or
+  // "mma"; null is "mma", whose heads per CTA the families above force. The families give different
+  // bits: only runs of one family compare, whichever of them is the process default.
   const char* variant = nullptr;
 };
 
@@ -866,6 +866,82 @@ TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
             << "wgmma, topk " << topk << ", max_splits " << max_splits;
       }
     }
+  }
+}
+
+// ---- the 64-token wgmma kernel (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64) ---------------------------
+// Its own families: 64-token chunks, S split by tokens, a shared row max per chunk: other bits
+// than the wgmma kernel's, within the same tolerances against the CPU. bf16 caches; an fp8 cache
+// under this variant runs the wgmma kernel (one case each below checks that dispatch).
+
+constexpr const char* kWgmma64 = "wgmma64";
+
+// The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
+// groups: 128); topk 37 (one chunk, fewer than 64 tokens), 100 (2 splits of 1 chunk), 150 (2
+// splits of 2 and 1), 300 (4 splits of 2: the last one empty); the real topk (8 splits of 4: the
+// 2-tile ring and the 3-stage slot ring wrap), 700 (8 splits of 2: the last two empty), and 16
+// splits (a non-portable cluster); padded, short, sentinel, negative and out-of-pool slots;
+// strides that are not a multiple of 4 floats; a spare output row that must stay poison.
+TEST_F(ParityAttention, SparseMlaWgmma64MatchesCpu) {
+  int cases = 0;
+  for (int heads : {128, 16, 4}) {
+    for (int topk : {100, 37, 150, 300}) {
+      SparseMlaCase c({KvDtype::kBf16, 5, heads, topk, topk == 37, 0, true, 0, kWgmma64});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1300 + cases++));
+    }
+  }
+  SparseMlaCase full({KvDtype::kBf16, 4, 128, 2048, false, 0, true, 0, kWgmma64});
+  EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1350 + cases++));
+  SparseMlaCase shallow({KvDtype::kBf16, 4, 32, 700, true, 0, true, 0, kWgmma64});
+  EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1350 + cases++));
+  SparseMlaCase wide({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 16, kWgmma64});
+  EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1350 + cases++));
+  SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, kWgmma64});  // wgmma's
+  EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 1350 + cases++));
+}
+
+// topk not a multiple of 64: the last chunk partly past topk (its tail rows zero and masked),
+// at 2048 - 17 (32 chunks, the last of 47 tokens), 63 and 1 (one chunk, mostly past topk) and
+// 65 (a second chunk of one token, in a split of its own).
+TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
+  int cases = 0;
+  SparseMlaCase ragged({KvDtype::kBf16, 4, 128, 2048 - 17, true, 0, true, 0, kWgmma64});
+  EXPECT_TRUE(check_parity(ragged, cpu(), cuda(), 1400 + cases++));
+  SparseMlaCase ragged16({KvDtype::kBf16, 3, 64, 2048 - 17, false, 0, true, 16, kWgmma64});
+  EXPECT_TRUE(check_parity(ragged16, cpu(), cuda(), 1400 + cases++));
+  for (int topk : {63, 1, 65}) {
+    SparseMlaCase c({KvDtype::kBf16, 5, 128, topk, true, 0, true, 0, kWgmma64});
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1400 + cases++));
+  }
+}
+
+// One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
+// 64 (the last of 33 tokens), so 4 chunks per split with 8 splits (both rings wrap; the last
+// split holds 3, the eighth none) and 2 with 16; short, padded and sentinel rows, a spare output
+// row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
+TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
+  uint64_t seed = 1380;
+  for (int max_splits : {0, 16}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, kWgmma64});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+    }
+  }
+}
+
+// A probe row (row 0, full) alone, among 7 and among 255 rows (padded and short rows among them),
+// bitwise: topk 2048 with 8 and 16 splits, 2048 - 17 and 512.
+TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
+  struct Shape {
+    int topk, max_splits;
+  };
+  for (const Shape sh : {Shape{2048, 0}, Shape{2048, 16}, Shape{2048 - 17, 0}, Shape{512, 0}}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{KvDtype::kBf16, rows, 128, sh.topk, false, 0, false, sh.max_splits, kWgmma64});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
+        << "wgmma64, topk " << sh.topk << ", max_splits " << sh.max_splits;
   }
 }
 

@@ -100,6 +100,9 @@ cudaError_t topk(const TopkParams& p, cudaStream_t stream);                     
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream);          // sparse_mla.cu
 // The wgmma kernel alone (sparse_mla() dispatches to it; p already checked there).
 cudaError_t sparse_mla_wgmma(const SparseMlaParams& p, cudaStream_t stream);  // sparse_mla_wgmma.cu
+// The 64-token, token-split wgmma kernel (sparse_mla_wgmma64.cu; DSA_CUDA_SPARSE_MLA_VARIANT=
+// wgmma64): bf16 caches, an fp8 cache goes to sparse_mla_wgmma.
+cudaError_t sparse_mla_wgmma64(const SparseMlaParams& p, cudaStream_t stream);
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);    // audit.cu
 cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);    // audit.cu

@@ -295,12 +295,16 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // The wgmma kernel is the default: on the H200 it took 297.8 / 1143.6 us at B = 64 / 256 (bf16;
 // mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us at B = 1
 // (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md.
-enum class MlaKernel { kMma, kWgmma };
+// DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64 selects a third family, the 64-token, token-split wgmma
+// kernel (sparse_mla_wgmma64.cu; bf16 caches, an fp8 cache runs the wgmma kernel): its own bits,
+// not the default until measured.
+enum class MlaKernel { kMma, kWgmma, kWgmma64 };
 constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma;
 MlaKernel mla_kernel() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
   if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
+  if (v != nullptr && std::strcmp(v, "wgmma64") == 0) return MlaKernel::kWgmma64;
   return kDefaultMlaKernel;
 }
 
@@ -309,7 +313,9 @@ MlaKernel mla_kernel() {
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
-  if (mla_kernel() == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
+  const MlaKernel kernel = mla_kernel();
+  if (kernel == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
+  if (kernel == MlaKernel::kWgmma64) return sparse_mla_wgmma64(p, stream);
   return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
                                         : launch_dtype<KvDtype::kFp8>(p, stream);
 }

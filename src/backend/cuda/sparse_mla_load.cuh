@@ -40,14 +40,15 @@ constexpr size_t kSmemLimit = 227 * 1024;                    // sm_90 dynamic sh
 static_assert(kKvLoraRank % (4 * kMaxSplits) == 0);
 static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
 
-// The fixed split of a row's selected tokens: a function of topk and the process's split bound
-// alone, never of the batch (batch invariance). Both kernels use it.
+// The fixed split of a row's selected tokens: a function of topk, the process's split bound and
+// the kernel's chunk (kChunk tokens; the wgmma64 kernel's 64) alone, never of the batch (batch
+// invariance). Every kernel uses it.
 struct SplitPlan {
   int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
-  int chunks_per_split = 0;  // consecutive chunks of kChunk tokens per CTA
+  int chunks_per_split = 0;  // consecutive chunks of chunk_tokens per CTA
 };
-inline SplitPlan split_plan(int topk, int max_splits) {
-  const int chunks = (topk + kChunk - 1) / kChunk;
+inline SplitPlan split_plan(int topk, int max_splits, int chunk_tokens = kChunk) {
+  const int chunks = (topk + chunk_tokens - 1) / chunk_tokens;
   SplitPlan plan;
   while (plan.splits * 2 <= max_splits && plan.splits * 2 <= chunks) plan.splits *= 2;
   plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
@@ -109,11 +110,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The raw index of selected token j of chunk `chunk` (-1 past topk). Only loaded: checked later
-// by checked_slot(), so the load's latency overlaps a chunk of compute.
+// The raw index of selected token j of chunk `chunk` of chunk_tokens (-1 past topk). Only loaded:
+// checked later by checked_slot(), so the load's latency overlaps a chunk of compute.
 __device__ __forceinline__ int64_t raw_slot(const SparseMlaParams& p, const int64_t* indices,
-                                            int chunk, int j) {
-  const int pos = chunk * kChunk + j;
+                                            int chunk, int j, int chunk_tokens = kChunk) {
+  const int pos = chunk * chunk_tokens + j;
   return pos < p.topk ? __ldg(indices + pos) : int64_t(-1);
 }
 // The slot, or -1 when unused (negative, or past the pool).
@@ -146,13 +147,15 @@ struct SwizzledRows {
 // What one CTA works on: split `split` of head group head0 / heads_per_cta of row `row`, the
 // chunks [chunk0, chunk0 + n_chunks) of the row's selected tokens (n_chunks may be 0). CTA x is
 // x = (row * groups + group) * splits + split: the head groups of a row run side by side, so
-// the second reads the row's latent rows from L2.
+// the second reads the row's latent rows from L2. Chunks of chunk_tokens (the kernel's, as in its
+// split plan).
 struct CtaWork {
   int split, row, head0, chunk0, n_chunks;
   const int64_t* indices;  // the row's selected slots
 };
 __device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const SplitPlan& plan,
-                                            int heads_per_cta, int split) {
+                                            int heads_per_cta, int split,
+                                            int chunk_tokens = kChunk) {
   CtaWork w;
   const int groups = (p.heads + heads_per_cta - 1) / heads_per_cta;
   w.split = split;  // blockIdx.x % plan.splits: the CTA's rank in its cluster
@@ -160,7 +163,7 @@ __device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const Spli
   w.head0 = int(blockIdx.x / plan.splits) % groups * heads_per_cta;
   w.indices = p.indices + int64_t(w.row) * p.ld_indices;
   w.chunk0 = split * plan.chunks_per_split;
-  const int total_chunks = (p.topk + kChunk - 1) / kChunk;
+  const int total_chunks = (p.topk + chunk_tokens - 1) / chunk_tokens;
   w.n_chunks = max(0, min(plan.chunks_per_split, total_chunks - w.chunk0));
   return w;
 }
@@ -327,29 +330,33 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
 }
 
 // The first half of both kernels' prologue, one memory round trip: arrives at the cluster
-// barrier (this CTA has started), loads the slots of the first kStages chunks and this CTA's
-// share of q, stores q into every CTA of the cluster (q_at: the kernel's layout; kAsyncProxy:
-// fenced for the async proxy, which reads it with wgmma), arrives again (release: this CTA's q
-// stores are done), stages the checked slots into slots_s [kStages][kChunk] and syncs the CTA.
+// barrier (this CTA has started), loads the slots of the first kStages chunks (of kChunkTokens)
+// and this CTA's share of q, stores q into every CTA of the cluster (q_at: the kernel's layout;
+// kAsyncProxy: fenced for the async proxy, which reads it with wgmma), arrives again (release:
+// this CTA's q stores are done), stages the checked slots into slots_s [kStages][kChunkTokens]
+// (Slot: int64_t, or int32_t where the host has checked that the pool's capacity fits) and syncs
+// the CTA.
 // The caller waits on the cluster barrier (acquire) before it reads q.
-template <int kHeads, int kThreads, int kStages, bool kAsyncProxy, class Rows>
+template <int kHeads, int kThreads, int kStages, bool kAsyncProxy, int kChunkTokens = kChunk,
+          class Rows, class Slot>
 __device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluster_group& cluster,
                                             const SplitPlan& plan, const CtaWork& w, Rows q_at,
-                                            int64_t* slots_s) {
+                                            Slot* slots_s) {
   cluster_arrive_relaxed();  // this CTA has started: the others may write its q
   int64_t first_slots[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {
-    const bool load = threadIdx.x < kChunk && i < w.n_chunks;
-    first_slots[i] = load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x) : int64_t(-1);
+    const bool load = threadIdx.x < kChunkTokens && i < w.n_chunks;
+    first_slots[i] =
+        load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x, kChunkTokens) : int64_t(-1);
   }
   share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, q_at);
   if constexpr (kAsyncProxy) fence_proxy_async_all();  // q's stores, in any CTA
   cluster_arrive_release();                            // this CTA's q stores are done
-  if (threadIdx.x < kChunk) {
+  if (threadIdx.x < kChunkTokens) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
-      slots_s[i * kChunk + threadIdx.x] = checked_slot(p, first_slots[i]);
+      slots_s[i * kChunkTokens + threadIdx.x] = Slot(checked_slot(p, first_slots[i]));
     }
   }
   __syncthreads();  // the staged slots are visible
@@ -436,11 +443,13 @@ inline int max_splits() {
 // exactly this sequence: softmax_scores() (all but the rescale; it returns whether o must be
 // rescaled, the same in every lane of the warp, and the factors alpha), then rescale_rows().
 // The wgmma kernel's overlapped schedule runs the two apart (o is still being accumulated by
-// the previous chunk's P V in between), on the same values.
-__device__ __forceinline__ bool softmax_scores(float (&s)[16], const int64_t* slots, int c,
-                                               float scale_log2, float (&m)[2], float (&l)[2],
-                                               float (&alpha)[2]) {
-  float cmax[2] = {-INFINITY, -INFINITY};
+// the previous chunk's P V in between), on the same values. softmax_scores() is mask_scores()
+// then update_softmax(); the wgmma64 kernel runs those two apart, the chunk's row max shared
+// between its warpgroups in between.
+template <class Slot>
+__device__ __forceinline__ void mask_scores(float (&s)[16], const Slot* slots, int c,
+                                            float scale_log2, float (&cmax)[2]) {
+  cmax[0] = cmax[1] = -INFINITY;
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
@@ -452,11 +461,18 @@ __device__ __forceinline__ bool softmax_scores(float (&s)[16], const int64_t* sl
       cmax[1] = fmaxf(cmax[1], s[4 * n + 2 + j]);
     }
   }
-  float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 1));
     cmax[r] = fmaxf(cmax[r], __shfl_xor_sync(0xffffffffu, cmax[r], 2));
+  }
+}
+// The rest of the step, given the chunk's row maxima cmax (log2 units, -inf: no valid token).
+__device__ __forceinline__ bool update_softmax(float (&s)[16], const float (&cmax)[2],
+                                               float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  float m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
     const float m_new = fmaxf(m[r], cmax[r]);
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing valid yet: every p is 0
     alpha[r] = exp2f(m[r] - m_use[r]);
@@ -469,6 +485,13 @@ __device__ __forceinline__ bool softmax_scores(float (&s)[16], const int64_t* sl
     l[(i % 4) / 2] += s[i];
   }
   return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+}
+__device__ __forceinline__ bool softmax_scores(float (&s)[16], const int64_t* slots, int c,
+                                               float scale_log2, float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2]) {
+  float cmax[2];
+  mask_scores(s, slots, c, scale_log2, cmax);
+  return update_softmax(s, cmax, m, l, alpha);
 }
 template <int kO>
 __device__ __forceinline__ void rescale_rows(float (&o)[kO], const float (&alpha)[2]) {
