@@ -172,7 +172,8 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
         nlohmann::json j = {{"model", config.name},        {"layers", config.num_hidden_layers},
                             {"context", context},          {"backend", backend->describe()},
                             {"index_k", o->model.index_k}, {"latent", o->model.latent},
-                            {"gemm", o->model.gemm}, {"weights", o->model.weights},       {"results", results}};
+                            {"gemm", o->model.gemm},       {"weights", o->model.weights},
+                            {"results", results}};
         write_result_file(o->json, j.dump(2) + "\n", "--json");
       }
       return 0;

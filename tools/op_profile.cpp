@@ -181,8 +181,7 @@ void ProfilingBackend::gemm(const GemmParams& p) {
   const double w_bytes = p.w_fp8 ? n * k + f32_bytes(std::ceil(n / 128) * std::ceil(k / 128))
                                  : 2 * n * k;  // fp8: a byte a weight, plus the block scales
   timed({"gemm", p.w_fp8 ? shape + " fp8w" : shape,
-         b * (w_bytes + f32_bytes(m * k) + y_passes * f32_bytes(m * n)),
-         2 * b * m * n * k},
+         b * (w_bytes + f32_bytes(m * k) + y_passes * f32_bytes(m * n)), 2 * b * m * n * k},
         [&] { inner_.gemm(p); });
 }
 

@@ -44,7 +44,7 @@ struct Projection {
   int n, k, batch;
   WeightLayout layout;
   GemmOutput output;
-  bool bf16_copy;  // the model passes the producing norm's bf16 copy of x
+  bool bf16_copy;    // the model passes the producing norm's bf16 copy of x
   bool fp8 = false;  // the model keeps it in fp8 under --weights fp8 (weight_kept_fp8)
 };
 
@@ -509,8 +509,9 @@ void run_gemm_benches(BenchContext& ctx) {
     }
   }
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
-  std::puts("\ngemm: fp8-weight invariant (mma) time / bf16 invariant (mma) time, and fp8 us / "
-            "floor us");
+  std::puts(
+      "\ngemm: fp8-weight invariant (mma) time / bf16 invariant (mma) time, and fp8 us / "
+      "floor us");
   std::printf("%-14s", "projection");
   for (int rows : kRows) std::printf(" %17s", ("B=" + std::to_string(rows)).c_str());
   std::printf("\n");
@@ -528,8 +529,9 @@ void run_gemm_benches(BenchContext& ctx) {
     }
     std::printf("\n");
   }
-  std::puts("(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "
-            "weights)");
+  std::puts(
+      "(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "
+      "weights)");
 }
 
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {

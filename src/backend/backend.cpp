@@ -52,8 +52,8 @@ void require_gemm_weight_operand(const GemmParams& p) {
           "gemm: fp8 weights (w_fp8) take batch 1, not {}", p.batch);
   const int64_t k_blocks = (int64_t(p.k) + kGemmFp8Block - 1) / kGemmFp8Block;
   require(p.ld_w_scale >= k_blocks, ErrorCode::kInvalidArgument,
-          "gemm: ld_w_scale {} is shorter than the {} scale blocks of k {}", p.ld_w_scale,
-          k_blocks, p.k);
+          "gemm: ld_w_scale {} is shorter than the {} scale blocks of k {}", p.ld_w_scale, k_blocks,
+          p.k);
 }
 
 void* Backend::allocate_host(size_t bytes) {

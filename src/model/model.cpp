@@ -134,8 +134,8 @@ void Model::forward(const StepView& step, KvCache& cache, const StepOptions& opt
   }
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, weights_.get("model.norm.weight", {hidden}), R,
           hidden, config_.rms_norm_eps, x_bf16_.data());
-  linear(be, x_.data(), hidden, weights_.matrix("lm_head.weight", {vocab, hidden}), config_.vocab_size,
-         hidden, step.logits, vocab, R, kOverwrite, 1, x_bf16_.data());
+  linear(be, x_.data(), hidden, weights_.matrix("lm_head.weight", {vocab, hidden}),
+         config_.vocab_size, hidden, step.logits, vocab, R, kOverwrite, 1, x_bf16_.data());
 }
 
 void Model::attention(int l, const StepView& step, KvCache& cache, const StepOptions& options) {

@@ -17,10 +17,10 @@ namespace dsa {
 
 // The weights of one MoE layer, resolved from Weights by their Hugging Face names.
 struct MoeLayerWeights {
-  const Bf16* router = nullptr;          // [experts, hidden]  mlp.gate.weight
-  const Bf16* bias = nullptr;            // [experts]          mlp.gate.e_score_correction_bias
-  std::vector<WeightMatrix> gate, up;    // per expert: [moe_inter, hidden], bf16 or fp8
-  std::vector<WeightMatrix> down;        // per expert: [hidden, moe_inter]
+  const Bf16* router = nullptr;        // [experts, hidden]  mlp.gate.weight
+  const Bf16* bias = nullptr;          // [experts]          mlp.gate.e_score_correction_bias
+  std::vector<WeightMatrix> gate, up;  // per expert: [moe_inter, hidden], bf16 or fp8
+  std::vector<WeightMatrix> down;      // per expert: [hidden, moe_inter]
   // The shared experts as one MLP of width moe_inter * n_shared_experts; unset when there are none.
   WeightMatrix shared_gate, shared_up, shared_down;
 };
@@ -44,8 +44,7 @@ class MoeMlp {
  private:
   // y += down(silu(gate x) * up x [* scale column]) over `rows` rows of width `inter`.
   void expert(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, int inter,
-              const float* x,
-              float* y, int rows, const float* row_scale);
+              const float* x, float* y, int rows, const float* row_scale);
 
   Backend* backend_;
   ModelConfig config_;

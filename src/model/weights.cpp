@@ -27,8 +27,6 @@ float unit_uniform(uint64_t stream, uint64_t i) {
   return float(double(mix(stream ^ mix(i)) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-}  // namespace
-
 int64_t scale_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
 }  // namespace
@@ -46,12 +44,6 @@ WeightDtype parse_weight_dtype(std::string_view name) {
 bool weight_kept_fp8(const std::string& name, const std::vector<int64_t>& shape) {
   return checkpoint_stores_fp8(name, shape) && !name.ends_with("kv_b_proj.weight");
 }
-
-namespace {
-
-std::string shape_string_of(const WeightTensor& t) { return shape_string(t.shape); }
-
-}  // namespace
 
 int64_t WeightTensor::numel() const {
   int64_t n = 1;
@@ -134,7 +126,8 @@ Weights Weights::synthetic(Backend& backend, const ModelConfig& config, uint64_t
 void Weights::add(Backend& backend, const std::string& name, std::vector<int64_t> shape,
                   const std::vector<Bf16>& host) {
   require(!tensors_.count(name), ErrorCode::kInvalidArgument, "weight {} is given twice", name);
-  WeightTensor t{std::move(shape), {}};
+  WeightTensor t;
+  t.shape = std::move(shape);
   require(t.numel() == int64_t(host.size()), ErrorCode::kInvalidArgument,
           "weight {} has {} values, its shape {} needs {}", name, host.size(),
           shape_string(t.shape), t.numel());
@@ -146,7 +139,8 @@ void Weights::add(Backend& backend, const std::string& name, std::vector<int64_t
 void Weights::add_fp8(Backend& backend, const std::string& name, std::vector<int64_t> shape,
                       const std::vector<uint8_t>& bytes, const std::vector<float>& scales) {
   require(!tensors_.count(name), ErrorCode::kInvalidArgument, "weight {} is given twice", name);
-  WeightTensor t{std::move(shape), {}};
+  WeightTensor t;
+  t.shape = std::move(shape);
   require(t.shape.size() == 2 && t.numel() == int64_t(bytes.size()) &&
               int64_t(scales.size()) == scale_blocks(t.shape[0]) * scale_blocks(t.shape[1]),
           ErrorCode::kInvalidArgument,
@@ -205,7 +199,7 @@ const WeightTensor& find_tensor(const std::map<std::string, WeightTensor>& tenso
   auto it = tensors.find(name);
   require(it != tensors.end(), ErrorCode::kInvalidArgument, "weight {} is missing", name);
   require(it->second.shape == shape, ErrorCode::kInvalidArgument,
-          "weight {} has shape {}, the config needs {}", name, shape_string_of(it->second),
+          "weight {} has shape {}, the config needs {}", name, shape_string(it->second.shape),
           shape_string(shape));
   return it->second;
 }

@@ -26,54 +26,10 @@
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
+#include "parity/gemm_guarded.h"
 
 namespace dsa::parity {
 namespace {
-
-constexpr size_t kGuard = 256;
-
-uint64_t mix(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// A value in [-scale, scale) from (seed, index) alone, so row r holds the same bytes whatever m.
-float hashed(uint64_t seed, uint64_t i, float scale = 1.0f) {
-  return scale * (float(mix(seed, i) >> 40) / float(1 << 24) * 2.0f - 1.0f);
-}
-uint8_t guard_byte(size_t i) { return uint8_t((i * 131u + 7u) | 1u); }
-
-// A device buffer with guard bytes on both sides.
-class Guarded {
- public:
-  Guarded(Backend& be, size_t bytes) : be_(be), bytes_(bytes), mem_(be, bytes + 2 * kGuard) {}
-  void* data() const { return mem_.data() + kGuard; }
-  void write(const void* host) {
-    std::vector<uint8_t> all(bytes_ + 2 * kGuard);
-    for (size_t i = 0; i < all.size(); ++i) all[i] = guard_byte(i);
-    std::memcpy(all.data() + kGuard, host, bytes_);
-    be_.copy_to_device(mem_.data(), all.data(), all.size());
-    be_.synchronize();
-  }
-  std::vector<uint8_t> read(const std::string& what) const {
-    std::vector<uint8_t> all(bytes_ + 2 * kGuard);
-    be_.copy_to_host(all.data(), mem_.data(), all.size());
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (i >= kGuard && i < kGuard + bytes_) continue;
-      if (all[i] != guard_byte(i)) {
-        ADD_FAILURE() << what << ": guard byte " << int64_t(i) - int64_t(kGuard) << " changed";
-        break;
-      }
-    }
-    return {all.begin() + kGuard, all.end() - kGuard};
-  }
-
- private:
-  Backend& be_;
-  size_t bytes_;
-  DeviceArray<uint8_t> mem_;
-};
 
 struct Shape {
   std::string name;
@@ -93,14 +49,15 @@ class Problem {
     std::vector<float> scales(size_t(nb * ld_scale_), testing::kPoison);
     for (int64_t i = 0; i < nb; ++i) {
       for (int64_t j = 0; j + 1 < ld_scale_; ++j) {
-        const int e = int(mix(seed + 5, uint64_t(i * ld_scale_ + j)) % 27) - 20;
-        scales[size_t(i * ld_scale_ + j)] = std::ldexp(0.5f + 0.5f * std::fabs(hashed(seed + 6, uint64_t(i * ld_scale_ + j))), e);
+        const int e = int(hash_bits(seed + 5, uint64_t(i * ld_scale_ + j)) % 27) - 20;
+        scales[size_t(i * ld_scale_ + j)] =
+            std::ldexp(0.5f + 0.5f * std::fabs(hashed(seed + 6, uint64_t(i * ld_scale_ + j))), e);
       }
     }
     std::vector<Bf16> w(size_t(s.n) * s.k);
     for (int64_t r = 0; r < s.n; ++r) {
       for (int64_t c = 0; c < s.k; ++c) {
-        uint8_t code = uint8_t(mix(seed, uint64_t(r * s.k + c)));
+        uint8_t code = uint8_t(hash_bits(seed, uint64_t(r * s.k + c)));
         if ((code & 0x7F) == 0x7F) code ^= 1;  // NaN codes out
         q[size_t(r * ld_w_ + c)] = code;
         w[size_t(r * s.k + c)] =
@@ -192,8 +149,8 @@ class Problem {
                                      size_t from, size_t count, const std::string& what) {
   for (size_t i = from; i < from + count; ++i) {
     if (std::memcmp(&a[i], &b[i], 4) != 0) {
-      return ::testing::AssertionFailure() << what << ": element " << i - from << " is " << a[i]
-                                           << ", expected " << b[i];
+      return ::testing::AssertionFailure()
+             << what << ": element " << i - from << " is " << a[i] << ", expected " << b[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -234,14 +191,10 @@ class ParityGemmFp8w : public ::testing::Test {
 
 TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
   const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168},
-      {"q_b", 128 * 192, 1536},
-      {"kv_a", 576, 7168},
-      {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
-      {"wq_b", 64 * 128, 1536},
-      {"wk", 128, 7168},
-      {"gate/up", 18432, 7168},
-      {"down", 7168, 18432, GemmOutput::kAccumulate},
+      {"q_a", 1536, 7168},      {"q_b", 128 * 192, 1536},
+      {"kv_a", 576, 7168},      {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
+      {"wq_b", 64 * 128, 1536}, {"wk", 128, 7168},
+      {"gate/up", 18432, 7168}, {"down", 7168, 18432, GemmOutput::kAccumulate},
   };
   for (const Shape& s : shapes) check_shape(s, {1, 8, 64, 256});
 }
@@ -308,9 +261,9 @@ TEST_F(ParityGemmFp8w, ProbeRowIsBitwiseInvariantToItsBatch) {
         probe = row;
         continue;
       }
-      ASSERT_TRUE(same_bits(row, probe, 0, size_t(s.n),
-                            s.name + " probe at " + std::to_string(at.position) + " of " +
-                                std::to_string(at.m)));
+      ASSERT_TRUE(same_bits(
+          row, probe, 0, size_t(s.n),
+          s.name + " probe at " + std::to_string(at.position) + " of " + std::to_string(at.m)));
     }
     pr.x() = clean;
   }
@@ -324,7 +277,8 @@ TEST_F(ParityGemmFp8w, ExactModeMatchesTheCpuBits) {
     for (int m : {1, 40}) {
       const std::vector<float> got = pr.run(*cuda_, GemmMode::kExact, m, true);
       const std::vector<float> want = pr.run_cpu(*cpu_, m);
-      ASSERT_TRUE(same_bits(got, want, 0, size_t(m) * s.n, s.name + " exact m=" + std::to_string(m)));
+      ASSERT_TRUE(
+          same_bits(got, want, 0, size_t(m) * s.n, s.name + " exact m=" + std::to_string(m)));
     }
   }
 }

@@ -5,6 +5,7 @@
 // gives the logits of a bf16 model built from the dequantized weights, dense and MoE.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,7 +78,8 @@ Fp8Matrix make_fp8(Rng& rng, int n, int k, int kind) {
   for (int r = 0; r < n; ++r) {
     for (int c = 0; c < k; ++c) {
       const float scale = m.scales[size_t(r / 128 * m.ld_scale + c / 128)];
-      m.dequant[size_t(r * k + c)] = dequant_fp8_weight(Fp8E4M3{m.bytes[size_t(r * m.ld + c)]}, scale);
+      m.dequant[size_t(r * k + c)] =
+          dequant_fp8_weight(Fp8E4M3{m.bytes[size_t(r * m.ld + c)]}, scale);
     }
   }
   return m;
@@ -153,7 +155,8 @@ TEST_P(Fp8WeightGemm, MatchesBf16GemmOnTheDequantizedWeightsBitwise) {
       }
       // Padding columns stay poisoned.
       for (int r = 0; r < m; ++r) {
-        for (int64_t j = c.n; j < ld_y; ++j) ASSERT_TRUE(same_bits(y_fp8[size_t(r * ld_y + j)], kPoison));
+        for (int64_t j = c.n; j < ld_y; ++j)
+          ASSERT_TRUE(same_bits(y_fp8[size_t(r * ld_y + j)], kPoison));
       }
     }
   }
@@ -164,10 +167,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8WeightGemm,
                                            Fp8GemmCase{130, 300, 0}, Fp8GemmCase{257, 129, 0},
                                            Fp8GemmCase{128, 256, 0}, Fp8GemmCase{64, 1000, 1},
                                            Fp8GemmCase{200, 384, 1}, Fp8GemmCase{300, 131, 1}),
-                         [](const auto& info) {
-                           return "n" + std::to_string(info.param.n) + "_k" +
-                                  std::to_string(info.param.k) +
-                                  (info.param.kind ? "_quantized" : "_codes");
+                         [](const auto& test) {
+                           return "n" + std::to_string(test.param.n) + "_k" +
+                                  std::to_string(test.param.k) +
+                                  (test.param.kind ? "_quantized" : "_codes");
                          });
 
 TEST(Fp8Weights, OperandChecksNameTheProblem) {
@@ -243,9 +246,12 @@ TEST_P(Fp8WeightModel, MatchesTheBf16ModelOnTheDequantizedWeights) {
   EXPECT_TRUE(fp8.tensors().at("model.layers.0.self_attn.q_a_proj.weight").is_fp8());
   EXPECT_FALSE(fp8.tensors().at("model.layers.0.self_attn.kv_b_proj.weight").is_fp8());
   EXPECT_FALSE(fp8.tensors().at("lm_head.weight").is_fp8());
-  testing::expect_error([&] { fp8.get("model.layers.0.self_attn.o_proj.weight",
-                                      fp8.tensors().at("model.layers.0.self_attn.o_proj.weight").shape); },
-                        ErrorCode::kInvalidArgument, {"held as fp8"});
+  testing::expect_error(
+      [&] {
+        fp8.get("model.layers.0.self_attn.o_proj.weight",
+                fp8.tensors().at("model.layers.0.self_attn.o_proj.weight").shape);
+      },
+      ErrorCode::kInvalidArgument, {"held as fp8"});
   const std::vector<float> want = step_logits(*be, config, std::move(bf16));
   const std::vector<float> got = step_logits(*be, config, std::move(fp8));
   ASSERT_EQ(got.size(), want.size());
@@ -255,8 +261,8 @@ TEST_P(Fp8WeightModel, MatchesTheBf16ModelOnTheDequantizedWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Fp8WeightModel, ::testing::Values("tiny", "tiny-moe"),
-                         [](const auto& info) {
-                           std::string s = info.param;
+                         [](const auto& test) {
+                           std::string s = test.param;
                            for (char& ch : s) ch = ch == '-' ? '_' : ch;
                            return s;
                          });

@@ -42,7 +42,7 @@ struct WeightMatrix {
 // How the model holds its dense projections (--weights): bf16, or fp8 e4m3 with 128 x 128 block
 // scales where weight_kept_fp8 says so (half the bytes a small-batch GEMM reads).
 enum class WeightDtype : uint8_t { kBf16, kFp8 };
-std::string_view weight_dtype_name(WeightDtype dtype);   // "bf16" | "fp8"
+std::string_view weight_dtype_name(WeightDtype dtype);  // "bf16" | "fp8"
 WeightDtype parse_weight_dtype(std::string_view name);  // throws kInvalidArgument otherwise
 // Whether WeightDtype::kFp8 keeps this manifest tensor in fp8: the matrices a checkpoint stores as
 // fp8 (checkpoint_stores_fp8: not the embeddings, lm_head, the router or the indexer's
@@ -165,8 +165,7 @@ struct MemoryEstimate {
   uint64_t total() const;
 };
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t max_rows, int64_t max_context,
-                               const CacheConfig& cache,
-                               WeightDtype weights = WeightDtype::kBf16);
+                               const CacheConfig& cache, WeightDtype weights = WeightDtype::kBf16);
 
 // Refuses (kOutOfRange) an estimate above limit_bytes, before anything is allocated:
 // "<what> needs 8.6 GB (weights 0.0 GB, KV cache 8.6 GB for 1048576 pages x 2 layers, scratch

@@ -30,8 +30,7 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kMicro = 4;
 __device__ __forceinline__ float weight_value(const GemmParams& p, const Bf16* w, int64_t at, int n,
                                               int k) {
   if (p.w_fp8 == nullptr) return bf16_to_float(w[at]);
-  const float scale =
-      p.w_scale[int64_t(n / kGemmFp8Block) * p.ld_w_scale + k / kGemmFp8Block];
+  const float scale = p.w_scale[int64_t(n / kGemmFp8Block) * p.ld_w_scale + k / kGemmFp8Block];
   return bf16_to_float(dequant_fp8_weight(Fp8E4M3{p.w_fp8[at]}, scale));
 }
 

@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
       for (int i = 0; i < C::kTilesM; ++i) ldmatrix_x4(a[i], xs + a_off + 16 * i * C::kRow + kk);
 #pragma unroll
       for (int j = 0; j < C::kTilesN && kFp8; ++j) {
-        const uint8_t* q = reinterpret_cast<const uint8_t*>(ws) +
-                           (warp_n + 8 * j + g) * C::kRowQ + kk + 2 * t;
+        const uint8_t* q =
+            reinterpret_cast<const uint8_t*>(ws) + (warp_n + 8 * j + g) * C::kRowQ + kk + 2 * t;
         bw[j][0] = dequant_fp8x2(*reinterpret_cast<const uint16_t*>(q), scale[j]);
         bw[j][1] = dequant_fp8x2(*reinterpret_cast<const uint16_t*>(q + 8), scale[j]);
       }
@@ -635,7 +635,7 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   // strides in multiples of 8 bf16 (chunk offsets within a row are multiples of 8 already).
   t.vec_x = aligned16(x_bf16) && ld_xb % 8 == 0 && (p.batch == 1 || bs_xb % 8 == 0);
   t.vec_w = fp8 ? aligned16(p.w_fp8) && p.ld_w % 16 == 0
-              : aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
+                : aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
   // The fused reduction needs one counter per output tile; either way gives the same bits.
   t.fused = plan.splits > 1 && tuning.reduce != 0 &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
