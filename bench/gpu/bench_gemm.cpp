@@ -119,9 +119,9 @@ struct ProjectionBuffers {
     sets8 = BenchContext::rotation_sets(double(w_elems) + 4.0 * double(scale_elems));
     w8 = DeviceArray<uint8_t>(be, size_t(w_elems) * sets8);
     w8_scale = DeviceArray<float>(be, size_t(scale_elems) * sets8);
-    std::vector<uint8_t> q(size_t(w_elems));
+    std::vector<uint8_t> q(static_cast<size_t>(w_elems));
     for (uint8_t& b : q) b = uint8_t(gen()) & 0xBF;  // exponent < 8: |v| < 2, never NaN
-    std::vector<float> scales(size_t(scale_elems));
+    std::vector<float> scales(static_cast<size_t>(scale_elems));
     for (float& v : scales) v = std::ldexp(1.0f + float(gen() % 64) / 64.0f, -6);
     for (int s = 0; s < sets8; ++s) {
       be.copy_to_device(w8.data() + size_t(s) * w_elems, q.data(), q.size());
