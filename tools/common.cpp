@@ -143,8 +143,10 @@ void check_memory(const Backend& backend, const ModelConfig& config, int64_t max
 
 Weights load_model_weights(Backend& backend, const ModelOptions& o, const ModelConfig& config) {
   const WeightDtype dtype = parse_weight_dtype(o.weights);
+  CheckpointLoadOptions load;
+  load.keep_fp8 = dtype == WeightDtype::kFp8;  // a checkpoint's fp8 tensors stay as stored
   Weights weights = o.checkpoint.empty() ? Weights::synthetic(backend, config, o.seed)
-                                         : load_checkpoint(backend, o.checkpoint);
+                                         : load_checkpoint(backend, o.checkpoint, nullptr, load);
   if (dtype == WeightDtype::kFp8) weights.quantize_fp8(backend);
   return weights;
 }

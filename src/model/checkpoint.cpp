@@ -186,6 +186,20 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
   return out;
 }
 
+// keep_fp8: adds the tensor as its stored fp8 bytes and block scales when it is F8_E4M3 (the
+// values the bf16 load would give, by the same dequant_fp8_weight); false for any other dtype.
+bool add_stored_fp8(Backend& backend, TensorSource& src, const WeightSpec& spec,
+                    std::set<std::string>& consumed, Weights& weights) {
+  const StoredTensor st = locate_tensor(src, spec, consumed);
+  if (st.info->dtype != StDtype::kF8E4M3) return false;
+  const std::span<const uint8_t> bytes = st.file->bytes(*st.info);
+  const std::span<const uint8_t> scale_bytes = st.scale_file->bytes(*st.scale);
+  std::vector<float> scales(scale_bytes.size() / 4);
+  if (!scales.empty()) std::memcpy(scales.data(), scale_bytes.data(), scales.size() * 4);
+  weights.add_fp8(backend, spec.name, spec.shape, {bytes.begin(), bytes.end()}, scales);
+  return true;
+}
+
 // The names of weight_map that no manifest tensor consumed, for a warning or an error.
 std::vector<std::string> unconsumed(const TensorSource& source,
                                     const std::set<std::string>& consumed) {
@@ -225,6 +239,10 @@ Weights load_checkpoint(Backend& backend, const std::string& dir, ModelConfig* c
   Weights weights;
   std::set<std::string> consumed;
   for (const WeightSpec& spec : weight_manifest(config)) {
+    if (options.keep_fp8 && weight_kept_fp8(spec.name, spec.shape) &&
+        add_stored_fp8(backend, source, spec, consumed, weights)) {
+      continue;
+    }
     weights.add(backend, spec.name, spec.shape, load_tensor(source, spec, consumed));
   }
   const std::vector<std::string> extra = unconsumed(source, consumed);

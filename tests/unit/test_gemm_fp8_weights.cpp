@@ -4,9 +4,11 @@
 // checks name what is wrong; and a model holding its projections in fp8 (Weights::quantize_fp8)
 // gives the logits of a bf16 model built from the dequantized weights, dense and MoE.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -252,6 +254,34 @@ TEST_P(Fp8WeightModel, MatchesTheBf16ModelOnTheDequantizedWeights) {
                 fp8.tensors().at("model.layers.0.self_attn.o_proj.weight").shape);
       },
       ErrorCode::kInvalidArgument, {"held as fp8"});
+  const std::vector<float> want = step_logits(*be, config, std::move(bf16));
+  const std::vector<float> got = step_logits(*be, config, std::move(fp8));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(same_bits(got[i], want[i])) << "logit " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+// A checkpoint's fp8 tensors kept as stored (CheckpointLoadOptions::keep_fp8): the logits of the
+// same checkpoint loaded as bf16, bit for bit, since both read dequant_fp8_weight's values.
+TEST_P(Fp8WeightModel, CheckpointKeptFp8MatchesItsBf16Load) {
+  auto be = make_cpu_backend();
+  const ModelConfig config = preset_config(GetParam());
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("dsa_fp8w_{}_{}", ::getpid(), config.name);
+  CheckpointWriteOptions write;
+  write.fp8 = true;
+  write.existing = ExistingCheckpoint::kReplace;
+  write_checkpoint(*be, config, Weights::synthetic(*be, config, 12), dir.string(), write);
+  CheckpointLoadOptions keep;
+  keep.keep_fp8 = true;
+  Weights fp8 = load_checkpoint(*be, dir.string(), nullptr, keep);
+  Weights bf16 = load_checkpoint(*be, dir.string());
+  std::filesystem::remove_all(dir);
+  for (const auto& [name, t] : fp8.tensors()) {
+    EXPECT_EQ(t.is_fp8(), weight_kept_fp8(name, t.shape)) << name;
+    EXPECT_FALSE(bf16.tensors().at(name).is_fp8()) << name;
+  }
   const std::vector<float> want = step_logits(*be, config, std::move(bf16));
   const std::vector<float> got = step_logits(*be, config, std::move(fp8));
   ASSERT_EQ(got.size(), want.size());

@@ -31,6 +31,10 @@ inline constexpr int kFp8BlockSize = 128;  // the weight_scale_inv block: 128 x 
 struct CheckpointLoadOptions {
   // Tensors the manifest does not name are logged as a warning; strict makes them an error.
   bool strict = false;
+  // F8_E4M3 tensors that weight_kept_fp8 names stay fp8 in memory (their bytes and scales as
+  // stored; Weights::add_fp8) instead of loading as bf16: a model on them computes the bits of the
+  // bf16 load (the same dequant_fp8_weight), reading half the bytes.
+  bool keep_fp8 = false;
 };
 
 // Reads and validates DIR/config.json.
