@@ -77,15 +77,13 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
       cc.latent_dtype = parse_kv_dtype(o->model.latent, "--latent");
       cc.fp8_scale_rounding = o->model.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
       auto device = make_backend(parse_backend(o->model.backend));
-      check_memory(*device, config, max_b, context + 1, cc);
+      check_memory(*device, config, max_b, context + 1, cc, parse_weight_dtype(o->model.weights));
       device->set_gemm_mode(parse_gemm_mode(o->model.gemm));
       ProfilingBackend profiler(*device);  // forwards only, until a profile starts recording
       Backend* backend = &profiler;
       fmt::print(stderr, "bench-decode: building {} ({} layers) on {}\n", config.name,
                  config.num_hidden_layers, backend->describe());
-      Weights weights = o->model.checkpoint.empty()
-                            ? Weights::synthetic(*backend, config, o->model.seed)
-                            : load_checkpoint(*backend, o->model.checkpoint);
+      Weights weights = load_model_weights(*backend, o->model, config);
       Model model(*backend, config, std::move(weights), max_b, context + 1);
       KvCache cache(*backend, cc);
       fill_cache(*backend, cache, 1);
@@ -174,7 +172,8 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
         nlohmann::json j = {{"model", config.name},        {"layers", config.num_hidden_layers},
                             {"context", context},          {"backend", backend->describe()},
                             {"index_k", o->model.index_k}, {"latent", o->model.latent},
-                            {"gemm", o->model.gemm},       {"results", results}};
+                            {"gemm", o->model.gemm},       {"weights", o->model.weights},
+                            {"results", results}};
         write_result_file(o->json, j.dump(2) + "\n", "--json");
       }
       return 0;

@@ -89,6 +89,12 @@ void add_model_source_options(CLI::App* app, ModelOptions& o) {
                   "bit-identical to the CPU, slow) | fast (cuBLASLt, not batch-invariant)")
       ->check(CLI::IsMember({"exact", "invariant", "fast"}))
       ->capture_default_str();
+  app->add_option("--weights", o.weights,
+                  "how the dense projections are held: bf16 | fp8 (e4m3 with 128x128 block "
+                  "scales, quantized from the bf16 values as write-checkpoint --fp8 does; half the "
+                  "bytes; --gemm invariant or exact)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
@@ -127,12 +133,22 @@ int resolve_context(const ModelOptions& o, const ModelConfig& config) {
 }
 
 void check_memory(const Backend& backend, const ModelConfig& config, int64_t max_rows,
-                  int64_t max_context, const CacheConfig& cache) {
-  require_memory_fits(estimate_memory(config, max_rows, max_context, cache), config, cache,
+                  int64_t max_context, const CacheConfig& cache, WeightDtype weights) {
+  require_memory_fits(estimate_memory(config, max_rows, max_context, cache, weights), config, cache,
                       backend.memory_capacity_bytes(),
                       fmt::format("this run (--max-rows {}, context {}, --pages {})", max_rows,
                                   max_context, cache.num_pages),
                       backend.describe());
+}
+
+Weights load_model_weights(Backend& backend, const ModelOptions& o, const ModelConfig& config) {
+  const WeightDtype dtype = parse_weight_dtype(o.weights);
+  CheckpointLoadOptions load;
+  load.keep_fp8 = dtype == WeightDtype::kFp8;  // a checkpoint's fp8 tensors stay as stored
+  Weights weights = o.checkpoint.empty() ? Weights::synthetic(backend, config, o.seed)
+                                         : load_checkpoint(backend, o.checkpoint, nullptr, load);
+  if (dtype == WeightDtype::kFp8) weights.quantize_fp8(backend);
+  return weights;
 }
 
 ModelStack build_model_stack(const ModelOptions& o) {
@@ -155,9 +171,8 @@ ModelStack build_model_stack(const ModelOptions& o) {
         "--gemm fast (cuBLASLt) is not batch-invariant: a row's bits depend on its batch, so "
         "graph-vs-eager parity and reference divergence lose their bitwise meaning");
   }
-  check_memory(*s.backend, config, o.max_rows, context, cc);
-  Weights weights = o.checkpoint.empty() ? Weights::synthetic(*s.backend, config, o.seed)
-                                         : load_checkpoint(*s.backend, o.checkpoint);
+  check_memory(*s.backend, config, o.max_rows, context, cc, parse_weight_dtype(o.weights));
+  Weights weights = load_model_weights(*s.backend, o, config);
   s.model = std::make_unique<Model>(*s.backend, config, std::move(weights), o.max_rows, context);
   s.cache = std::make_unique<KvCache>(*s.backend, cc);
   return s;

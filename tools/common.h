@@ -48,8 +48,10 @@ struct ModelOptions {
   int64_t pages = 0;       // 0: enough for max_rows full contexts
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
   std::string gemm = "invariant";  // exact | invariant | fast (GemmMode; CUDA only)
+  std::string weights = "bf16";    // bf16 | fp8 (WeightDtype: how the projections are held)
 };
-// --preset, --checkpoint, --backend, --gemm, --index-k, --latent, --ue8m0, --weights-seed.
+// --preset, --checkpoint, --backend, --gemm, --weights, --index-k, --latent, --ue8m0,
+// --weights-seed.
 void add_model_source_options(CLI::App* app, ModelOptions& o);
 // --max-rows, --max-context, --pages.
 void add_capacity_options(CLI::App* app, ModelOptions& o);
@@ -67,7 +69,12 @@ int resolve_context(const ModelOptions& o, const ModelConfig& config);
 // Refuses (exit 2) a configuration whose estimate exceeds the backend's memory, naming the need,
 // the options and fields that drive it, and the limit. Call before allocating anything.
 void check_memory(const Backend& backend, const ModelConfig& config, int64_t max_rows,
-                  int64_t max_context, const CacheConfig& cache);
+                  int64_t max_context, const CacheConfig& cache,
+                  WeightDtype weights = WeightDtype::kBf16);
+
+// The weights of a model source: synthetic from the seed or the checkpoint's, then held as
+// --weights says (fp8: Weights::quantize_fp8, the checkpoint writer's block quantizer).
+Weights load_model_weights(Backend& backend, const ModelOptions& o, const ModelConfig& config);
 
 // A model with synthetic weights and its cache, on one backend.
 struct ModelStack {

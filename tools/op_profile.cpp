@@ -178,8 +178,10 @@ void ProfilingBackend::gemm(const GemmParams& p) {
   const double y_passes = p.output == GemmOutput::kAccumulate ? 2 : 1;
   const std::string shape = p.batch > 1 ? fmt::format("{}x m={} n={} k={}", p.batch, p.m, p.n, p.k)
                                         : fmt::format("m={} n={} k={}", p.m, p.n, p.k);
-  timed({"gemm", shape, b * (2 * n * k + f32_bytes(m * k) + y_passes * f32_bytes(m * n)),
-         2 * b * m * n * k},
+  const double w_bytes = p.w_fp8 ? n * k + f32_bytes(std::ceil(n / 128) * std::ceil(k / 128))
+                                 : 2 * n * k;  // fp8: a byte a weight, plus the block scales
+  timed({"gemm", p.w_fp8 ? shape + " fp8w" : shape,
+         b * (w_bytes + f32_bytes(m * k) + y_passes * f32_bytes(m * n)), 2 * b * m * n * k},
         [&] { inner_.gemm(p); });
 }
 

@@ -10,6 +10,14 @@
 // run is also checked against cuBLASLt's output (nmse <= 1e-7: the same bf16 inputs, another
 // order), and a failure is printed as "GEMM CHECK FAILED" and marked "!" in the ratio tables.
 //
+// fp8 weights (`--weights fp8`: e4m3 with 128x128 block scales, GemmParams::w_fp8): the
+// projections the model keeps in fp8 also run the invariant GEMM on fp8 weights (the mma.sync
+// kernel, whatever --gemm-kernels says), gemm/invariant-fp8w/<projection>/B=<rows>. Bytes: the
+// fp8 weights and their scales once, x and y as above; the floor as above. Weight set 0 of the
+// bf16 rows then holds the dequantized fp8 set 0, so each fp8 run is checked bit for bit against
+// the bf16 mma run on the same values ("FP8W BITS DIFFER" when not); extra.vs_invariant_bf16 is
+// the fp8 time over the bf16 mma time (the hope at B <= 64: near 0.5).
+//
 // --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
 // (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
 // projection the split count (one for all B) and tiles with the least worst ratio to cuBLASLt,
@@ -36,23 +44,24 @@ struct Projection {
   int n, k, batch;
   WeightLayout layout;
   GemmOutput output;
-  bool bf16_copy;  // the model passes the producing norm's bf16 copy of x
+  bool bf16_copy;    // the model passes the producing norm's bf16 copy of x
+  bool fp8 = false;  // the model keeps it in fp8 under --weights fp8 (weight_kept_fp8)
 };
 
 // The v32 preset (hidden 7168, q_lora 1536, 128 heads of 128 + 64, 64 index heads of 128,
 // intermediate 18432, vocab 32768), as src/model/model.cpp calls them.
 constexpr Projection kV32[] = {
-    {"q_a", 1536, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
-    {"q_b", 128 * 192, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
-    {"kv_a", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
+    {"q_a", 1536, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
+    {"q_b", 128 * 192, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
+    {"kv_a", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
     {"kv_b_absorb", 512, 128, 128, WeightLayout::kKN, GemmOutput::kOverwrite, false},
     {"kv_b_up", 128, 512, 128, WeightLayout::kNK, GemmOutput::kOverwrite, false},
-    {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate, false},
-    {"wq_b", 64 * 128, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
-    {"wk", 128, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
+    {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate, false, true},
+    {"wq_b", 64 * 128, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
+    {"wk", 128, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
     {"weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
-    {"gate_or_up", 18432, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
-    {"down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate, false},
+    {"gate_or_up", 18432, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
+    {"down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate, false, true},
     {"lm_head", 32768, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
 };
 constexpr int kRows[] = {1, 8, 64, 256};
@@ -88,7 +97,8 @@ std::vector<cuda::GemmKernel> benched_kernels(const BenchContext& ctx) {
 // One projection's device buffers: weights rotating over `sets` copies, x (f32 and bf16) and y
 // with room for the largest B.
 struct ProjectionBuffers {
-  ProjectionBuffers(Backend& be, const Projection& pr, std::mt19937_64& gen)
+  // fp8: make the fp8 weights too (pr.fp8 projections; the sweep times bf16 only).
+  ProjectionBuffers(Backend& be, const Projection& pr, std::mt19937_64& gen, bool fp8 = false)
       : w_elems(int64_t(pr.batch) * pr.n * pr.k),
         sets(BenchContext::rotation_sets(2.0 * double(w_elems))),
         w(be, size_t(w_elems) * sets),
@@ -99,6 +109,34 @@ struct ProjectionBuffers {
     fill_random(be, x.data(), x.bytes(), gen);
     fill_random(be, xb.data(), xb.bytes(), gen);
     be.fill(y.data(), 0, y.bytes());
+    if (fp8 && pr.fp8) make_fp8(be, pr, gen);
+  }
+  // fp8 weights rotating over sets8 copies of one random matrix (codes of magnitude < 2, no NaN;
+  // scales near 2^-6), and its dequantized bf16 values in bf16 set 0.
+  void make_fp8(Backend& be, const Projection& pr, std::mt19937_64& gen) {
+    scale_cols = (pr.k + kGemmFp8Block - 1) / kGemmFp8Block;
+    scale_elems = int64_t((pr.n + kGemmFp8Block - 1) / kGemmFp8Block) * scale_cols;
+    sets8 = BenchContext::rotation_sets(double(w_elems) + 4.0 * double(scale_elems));
+    w8 = DeviceArray<uint8_t>(be, size_t(w_elems) * sets8);
+    w8_scale = DeviceArray<float>(be, size_t(scale_elems) * sets8);
+    std::vector<uint8_t> q(static_cast<size_t>(w_elems));
+    for (uint8_t& b : q) b = uint8_t(gen()) & 0xBF;  // exponent < 8: |v| < 2, never NaN
+    std::vector<float> scales(static_cast<size_t>(scale_elems));
+    for (float& v : scales) v = std::ldexp(1.0f + float(gen() % 64) / 64.0f, -6);
+    for (int s = 0; s < sets8; ++s) {
+      be.copy_to_device(w8.data() + size_t(s) * w_elems, q.data(), q.size());
+      be.copy_to_device(w8_scale.data() + size_t(s) * scale_elems, scales.data(),
+                        scales.size() * sizeof(float));
+    }
+    std::vector<Bf16> dq(q.size());
+    for (int64_t r = 0; r < pr.n; ++r) {
+      for (int64_t c = 0; c < pr.k; ++c) {
+        const float scale = scales[size_t(r / kGemmFp8Block * scale_cols + c / kGemmFp8Block)];
+        dq[size_t(r * pr.k + c)] = dequant_fp8_weight(Fp8E4M3{q[size_t(r * pr.k + c)]}, scale);
+      }
+    }
+    be.copy_to_device(w.data(), dq.data(), dq.size() * sizeof(Bf16));
+    be.synchronize();
   }
   static constexpr int kMaxRows = kRows[std::size(kRows) - 1];
   int64_t w_elems;
@@ -106,7 +144,20 @@ struct ProjectionBuffers {
   DeviceArray<Bf16> w;
   DeviceArray<float> x, y;
   DeviceArray<Bf16> xb;
+  int sets8 = 0;  // fp8 weights (pr.fp8 only)
+  int64_t scale_cols = 0, scale_elems = 0;
+  DeviceArray<uint8_t> w8;
+  DeviceArray<float> w8_scale;
 };
+
+// The call with the fp8 weights of set 0 instead of the bf16 ones.
+GemmParams with_fp8(GemmParams p, const ProjectionBuffers& buf) {
+  p.w = nullptr;
+  p.w_fp8 = buf.w8.data();
+  p.w_scale = buf.w8_scale.data();
+  p.ld_w_scale = buf.scale_cols;
+  return p;
+}
 
 // The call the model makes for `rows` rows (weights: the first set; callers rotate them).
 GemmParams projection_params(const Projection& pr, int rows, const ProjectionBuffers& buf) {
@@ -135,7 +186,13 @@ double time_projection(BenchContext& ctx, const GemmParams& p, const ProjectionB
   return ctx.time_graph_us(
       [&] {
         GemmParams q = p;
-        q.w = buf.w.data() + (call++ % buf.sets) * buf.w_elems;
+        if (p.w_fp8) {
+          const int set = call++ % buf.sets8;
+          q.w_fp8 = buf.w8.data() + set * buf.w_elems;
+          q.w_scale = buf.w8_scale.data() + set * buf.scale_elems;
+        } else {
+          q.w = buf.w.data() + (call++ % buf.sets) * buf.w_elems;
+        }
         ctx.backend.gemm(q);
       },
       calls);
@@ -166,7 +223,7 @@ double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
 
 void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
-  const ProjectionBuffers buf(be, pr, gen);
+  const ProjectionBuffers buf(be, pr, gen, true);
   const double w_bytes = 2.0 * double(buf.w_elems);
   const int sets = buf.sets;
   for (int rows : kRows) {
@@ -229,6 +286,40 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                 : "mma fallback (kKN)"}});
     }
     add("cublaslt", cublas_us, nlohmann::json::object());
+    if (!pr.fp8) continue;
+    // fp8 weights: the mma kernel on set 0 against the bf16 mma run on its dequantized values.
+    cuda::GemmInvariantTuning mma;
+    mma.kernel = cuda::GemmKernel::kMma;
+    set_gemm_invariant_tuning(be, mma);
+    const std::vector<float> want = run_on_zero(be, p, buf);
+    const double bf16_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+    const GemmParams p8 = with_fp8(p, buf);
+    const std::vector<float> got = run_on_zero(be, p8, buf);
+    const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+    if (!same) std::printf("  FP8W BITS DIFFER %s B=%d from the bf16 mma run\n", pr.name, rows);
+    const double fp8_us = time_projection(ctx, p8, buf, std::max(2 * buf.sets8, 20));
+    set_gemm_invariant_tuning(be, {});
+    const double bytes8 = double(buf.w_elems) + 4.0 * double(buf.scale_elems) + x_bytes + y_bytes;
+    BenchResult r;
+    r.name = std::string("gemm/invariant-fp8w/") + pr.name + "/B=" + std::to_string(rows);
+    r.us = fp8_us;
+    r.bytes = bytes8;
+    r.flops = flops;
+    r.floor_us = std::max(ctx.hbm_floor_us(bytes8), ctx.bf16_floor_us(flops));
+    r.floor_kind = ctx.hbm_floor_us(bytes8) >= ctx.bf16_floor_us(flops) ? "hbm" : "bf16";
+    r.extra = {{"n", pr.n},
+               {"k", pr.k},
+               {"rows", rows},
+               {"sets", buf.sets8},
+               {"bf16_copy", pr.bf16_copy},
+               {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})},
+               {"tile", cuda::gemm_invariant_tile_name(
+                            cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, mma))},
+               {"vs_cublaslt", fp8_us / cublas_us},
+               {"invariant_bf16_mma_us", bf16_us},
+               {"vs_invariant_bf16", fp8_us / bf16_us},
+               {"ok", same}};
+    ctx.add(std::move(r));
   }
 }
 
@@ -418,6 +509,29 @@ void run_gemm_benches(BenchContext& ctx) {
     }
   }
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
+  std::puts(
+      "\ngemm: fp8-weight invariant (mma) time / bf16 invariant (mma) time, and fp8 us / "
+      "floor us");
+  std::printf("%-14s", "projection");
+  for (int rows : kRows) std::printf(" %17s", ("B=" + std::to_string(rows)).c_str());
+  std::printf("\n");
+  for (const Projection& pr : kV32) {
+    if (!pr.fp8) continue;
+    std::printf("%-14s", pr.name);
+    for (int rows : kRows) {
+      const std::string want =
+          std::string("gemm/invariant-fp8w/") + pr.name + "/B=" + std::to_string(rows);
+      for (const BenchResult& r : ctx.results()) {
+        if (r.name != want) continue;
+        std::printf(" %5.2f%s %5.1f/%5.1f", r.extra["vs_invariant_bf16"].get<double>(),
+                    r.extra["ok"].get<bool>() ? " " : "!", r.us, r.floor_us);
+      }
+    }
+    std::printf("\n");
+  }
+  std::puts(
+      "(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "
+      "weights)");
 }
 
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {

@@ -39,6 +39,23 @@ GemmMode parse_gemm_mode(std::string_view name) {
        name);
 }
 
+void require_gemm_weight_operand(const GemmParams& p) {
+  require((p.w != nullptr) != (p.w_fp8 != nullptr), ErrorCode::kInvalidArgument,
+          "gemm: exactly one of w (bf16) and w_fp8 (fp8 e4m3) must be set; got {}",
+          p.w ? "both" : "neither");
+  if (!p.w_fp8) return;
+  require(p.w_scale != nullptr, ErrorCode::kInvalidArgument,
+          "gemm: fp8 weights (w_fp8) need their 128 x 128 block scales (w_scale)");
+  require(p.layout == WeightLayout::kNK, ErrorCode::kInvalidArgument,
+          "gemm: fp8 weights (w_fp8) must be [n, k] (WeightLayout::kNK); kKN takes bf16 only");
+  require(p.batch == 1, ErrorCode::kInvalidArgument,
+          "gemm: fp8 weights (w_fp8) take batch 1, not {}", p.batch);
+  const int64_t k_blocks = (int64_t(p.k) + kGemmFp8Block - 1) / kGemmFp8Block;
+  require(p.ld_w_scale >= k_blocks, ErrorCode::kInvalidArgument,
+          "gemm: ld_w_scale {} is shorter than the {} scale blocks of k {}", p.ld_w_scale, k_blocks,
+          p.k);
+}
+
 void* Backend::allocate_host(size_t bytes) {
   const size_t rounded = (bytes + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded ? rounded : 256);

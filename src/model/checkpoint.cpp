@@ -32,6 +32,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }
 
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
+static_assert(kFp8BlockSize == kGemmFp8Block, "the GEMM reads checkpoint blocks as they are");
 
 // config.json and the index: regular files of at most 64 MiB, nesting at most 16 levels.
 constexpr uint64_t kMaxJsonFileBytes = uint64_t(64) << 20;
@@ -168,7 +169,8 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
     }
     return out;
   }
-  // F8_E4M3: dequantize by the 128x128 block scales.
+  // F8_E4M3: dequantize by the 128x128 block scales, with the one definition the GEMM on fp8
+  // weights uses too (dequant_fp8_weight), so a model holding these bytes computes the same bits.
   const int64_t rows = t->shape[0], cols = t->shape[1];
   const int64_t scale_cols = st.scale->shape[1];
   const std::span<const uint8_t> scale_bytes = st.scale_file->bytes(*st.scale);
@@ -178,11 +180,24 @@ std::vector<Bf16> load_tensor(TensorSource& src, const WeightSpec& spec,
       std::memcpy(&scale,
                   scale_bytes.data() + 4 * ((r / kFp8BlockSize) * scale_cols + c / kFp8BlockSize),
                   4);
-      const float v = fp8_to_float(Fp8E4M3{bytes[size_t(r * cols + c)]}) * scale;
-      out[size_t(r * cols + c)] = float_to_bf16(v);
+      out[size_t(r * cols + c)] = dequant_fp8_weight(Fp8E4M3{bytes[size_t(r * cols + c)]}, scale);
     }
   }
   return out;
+}
+
+// keep_fp8: adds the tensor as its stored fp8 bytes and block scales when it is F8_E4M3 (the
+// values the bf16 load would give, by the same dequant_fp8_weight); false for any other dtype.
+bool add_stored_fp8(Backend& backend, TensorSource& src, const WeightSpec& spec,
+                    std::set<std::string>& consumed, Weights& weights) {
+  const StoredTensor st = locate_tensor(src, spec, consumed);
+  if (st.info->dtype != StDtype::kF8E4M3) return false;
+  const std::span<const uint8_t> bytes = st.file->bytes(*st.info);
+  const std::span<const uint8_t> scale_bytes = st.scale_file->bytes(*st.scale);
+  std::vector<float> scales(scale_bytes.size() / 4);
+  if (!scales.empty()) std::memcpy(scales.data(), scale_bytes.data(), scales.size() * 4);
+  weights.add_fp8(backend, spec.name, spec.shape, {bytes.begin(), bytes.end()}, scales);
+  return true;
 }
 
 // The names of weight_map that no manifest tensor consumed, for a warning or an error.
@@ -224,6 +239,10 @@ Weights load_checkpoint(Backend& backend, const std::string& dir, ModelConfig* c
   Weights weights;
   std::set<std::string> consumed;
   for (const WeightSpec& spec : weight_manifest(config)) {
+    if (options.keep_fp8 && weight_kept_fp8(spec.name, spec.shape) &&
+        add_stored_fp8(backend, source, spec, consumed, weights)) {
+      continue;
+    }
     weights.add(backend, spec.name, spec.shape, load_tensor(source, spec, consumed));
   }
   const std::vector<std::string> extra = unconsumed(source, consumed);
@@ -292,14 +311,12 @@ std::vector<uint8_t> to_bytes(const std::vector<T>& v) {
   return b;
 }
 
-// Quantizes a [rows, cols] bf16 matrix to e4m3 with one scale per 128x128 block:
-// scale = amax / 448 (1 for an all-zero block), q = e4m3(v / scale) (nearest even, saturating).
-std::pair<std::vector<uint8_t>, std::vector<float>> quantize_fp8_blocks(const std::vector<Bf16>& w,
-                                                                        int64_t rows,
-                                                                        int64_t cols) {
+}  // namespace
+
+Fp8Blocks quantize_fp8_blocks(const Bf16* w, int64_t rows, int64_t cols) {
   const int64_t br = blocks(rows), bc = blocks(cols);
   std::vector<float> scales(size_t(br * bc));
-  std::vector<uint8_t> q(w.size());
+  std::vector<uint8_t> q(size_t(rows * cols));
   for (int64_t i = 0; i < br; ++i) {
     for (int64_t j = 0; j < bc; ++j) {
       const int64_t r0 = i * kFp8BlockSize, r1 = std::min(rows, r0 + kFp8BlockSize);
@@ -323,11 +340,13 @@ std::pair<std::vector<uint8_t>, std::vector<float>> quantize_fp8_blocks(const st
   return {std::move(q), std::move(scales)};
 }
 
-// One manifest tensor as it is stored: bf16, f32 (the router bias) or fp8 plus its scales.
+namespace {
+
+// One manifest tensor as it is stored: bf16, f32 (the router bias) or fp8 plus its scales. A
+// tensor the model holds as fp8 is written from its dequantized bf16 values.
 std::vector<OwnedTensor> stored_tensors(Backend& backend, const WeightSpec& spec,
-                                        const WeightTensor& t, bool fp8) {
-  std::vector<Bf16> host(size_t(t.numel()));
-  backend.copy_to_host(host.data(), t.data.data(), host.size() * sizeof(Bf16));
+                                        const Weights& weights, bool fp8) {
+  const std::vector<Bf16> host = weights.host_bf16(backend, spec.name);
   if (spec.name.ends_with("e_score_correction_bias")) {  // f32 in Hugging Face files
     std::vector<float> f(host.size());
     for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(host[i]);
@@ -336,7 +355,7 @@ std::vector<OwnedTensor> stored_tensors(Backend& backend, const WeightSpec& spec
   if (!fp8 || !checkpoint_stores_fp8(spec.name, spec.shape)) {
     return {{spec.name, StDtype::kBf16, spec.shape, to_bytes(host)}};
   }
-  auto [q, scales] = quantize_fp8_blocks(host, spec.shape[0], spec.shape[1]);
+  auto [q, scales] = quantize_fp8_blocks(host.data(), spec.shape[0], spec.shape[1]);
   return {{spec.name, StDtype::kF8E4M3, spec.shape, std::move(q)},
           {spec.name + kScaleSuffix,
            StDtype::kF32,
@@ -378,7 +397,7 @@ void write_checkpoint_files(Backend& backend, const ModelConfig& config, const W
     require(it != weights.tensors().end() && it->second.shape == spec.shape,
             ErrorCode::kInvalidArgument, "write_checkpoint: weight {} {} is missing or misshapen",
             spec.name, shape_string(spec.shape));
-    units.push_back(stored_tensors(backend, spec, it->second, options.fp8));
+    units.push_back(stored_tensors(backend, spec, weights, options.fp8));
     uint64_t bytes = 0;
     for (const OwnedTensor& t : units.back()) bytes += t.bytes.size();
     unit_bytes.push_back(bytes);

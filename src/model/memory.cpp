@@ -30,11 +30,17 @@ std::string gb(uint64_t bytes) {
 uint64_t MemoryEstimate::total() const { return add(add(weights, scratch), cache); }
 
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t max_rows, int64_t max_context,
-                               const CacheConfig& cache) {
+                               const CacheConfig& cache, WeightDtype weights) {
   MemoryEstimate e;
   for (const WeightSpec& spec : weight_manifest(c)) {
-    uint64_t n = sizeof(Bf16);
-    for (int64_t d : spec.shape) n = mul(n, u(d));
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) numel = mul(numel, u(d));
+    uint64_t n = mul(numel, sizeof(Bf16));
+    if (weights == WeightDtype::kFp8 && weight_kept_fp8(spec.name, spec.shape)) {
+      // One byte a weight, and one f32 scale per 128 x 128 block (Weights::quantize_fp8).
+      auto blocks = [](int64_t d) { return (u(d) + kGemmFp8Block - 1) / kGemmFp8Block; };
+      n = add(numel, mul(mul(blocks(spec.shape[0]), blocks(spec.shape[1])), sizeof(float)));
+    }
     e.weights = add(e.weights, n);
   }
   // The Model's per-row scratch (f32), as its constructor sizes it, plus the MoE routing scratch.

@@ -10,10 +10,10 @@
 
 namespace dsa {
 
+// Norm vectors and kv_b are bf16; the projections are bf16 or fp8 (Weights::quantize_fp8).
 struct Model::LayerPtrs {
-  const Bf16 *input_norm, *q_a, *q_a_norm, *q_b, *kv_a, *kv_a_norm, *kv_b, *o;
-  const Bf16 *wq_b, *wk, *k_norm_w, *k_norm_b, *weights_proj;
-  const Bf16 *post_norm, *gate, *up, *down;
+  const Bf16 *input_norm, *q_a_norm, *kv_a_norm, *kv_b, *k_norm_w, *k_norm_b, *post_norm;
+  WeightMatrix q_a, q_b, kv_a, o, wq_b, wk, weights_proj, gate, up, down;
 };
 
 namespace {
@@ -42,7 +42,7 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   require(max_context >= 1 && max_context <= config_.max_position_embeddings,
           ErrorCode::kInvalidArgument, "max_context = {} must be in [1, {}]", max_context,
           config_.max_position_embeddings);
-  for (const WeightSpec& spec : weight_manifest(config_)) weights_.get(spec.name, spec.shape);
+  for (const WeightSpec& spec : weight_manifest(config_)) weights_.matrix(spec.name, spec.shape);
   for (int l = 0; l < config_.num_hidden_layers; ++l) layers_.push_back(layer_ptrs(l));
   if (config_.layer_is_moe(config_.num_hidden_layers - 1)) {
     moe_ = std::make_unique<MoeMlp>(backend, config_, weights_, max_rows);
@@ -91,25 +91,28 @@ Model::LayerPtrs Model::layer_ptrs(int l) const {
   auto w = [&](const std::string& name, std::vector<int64_t> shape) {
     return weights_.get(name, shape);
   };
+  auto m = [&](const std::string& name, std::vector<int64_t> shape) {
+    return weights_.matrix(name, shape);
+  };
   LayerPtrs L{};
   L.input_norm = w(p + "input_layernorm.weight", {hidden});
-  L.q_a = w(a + "q_a_proj.weight", {qlr, hidden});
+  L.q_a = m(a + "q_a_proj.weight", {qlr, hidden});
   L.q_a_norm = w(a + "q_a_layernorm.weight", {qlr});
-  L.q_b = w(a + "q_b_proj.weight", {H * c.qk_head_dim(), qlr});
-  L.kv_a = w(a + "kv_a_proj_with_mqa.weight", {kLatentDim, hidden});
+  L.q_b = m(a + "q_b_proj.weight", {H * c.qk_head_dim(), qlr});
+  L.kv_a = m(a + "kv_a_proj_with_mqa.weight", {kLatentDim, hidden});
   L.kv_a_norm = w(a + "kv_a_layernorm.weight", {kKvLoraRank});
   L.kv_b = w(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), kKvLoraRank});
-  L.o = w(a + "o_proj.weight", {hidden, H * c.v_head_dim});
-  L.wq_b = w(a + "indexer.wq_b.weight", {IH * kIndexHeadDim, qlr});
-  L.wk = w(a + "indexer.wk.weight", {kIndexHeadDim, hidden});
+  L.o = m(a + "o_proj.weight", {hidden, H * c.v_head_dim});
+  L.wq_b = m(a + "indexer.wq_b.weight", {IH * kIndexHeadDim, qlr});
+  L.wk = m(a + "indexer.wk.weight", {kIndexHeadDim, hidden});
   L.k_norm_w = w(a + "indexer.k_norm.weight", {kIndexHeadDim});
   L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
-  L.weights_proj = w(a + "indexer.weights_proj.weight", {IH, hidden});
+  L.weights_proj = m(a + "indexer.weights_proj.weight", {IH, hidden});
   L.post_norm = w(p + "post_attention_layernorm.weight", {hidden});
   if (!c.layer_is_moe(l)) {  // MoE layers' weights live in moe_
-    L.gate = w(p + "mlp.gate_proj.weight", {inter, hidden});
-    L.up = w(p + "mlp.up_proj.weight", {inter, hidden});
-    L.down = w(p + "mlp.down_proj.weight", {hidden, inter});
+    L.gate = m(p + "mlp.gate_proj.weight", {inter, hidden});
+    L.up = m(p + "mlp.up_proj.weight", {inter, hidden});
+    L.down = m(p + "mlp.down_proj.weight", {hidden, inter});
   }
   return L;
 }
@@ -131,8 +134,8 @@ void Model::forward(const StepView& step, KvCache& cache, const StepOptions& opt
   }
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, weights_.get("model.norm.weight", {hidden}), R,
           hidden, config_.rms_norm_eps, x_bf16_.data());
-  linear(be, x_.data(), hidden, weights_.get("lm_head.weight", {vocab, hidden}), config_.vocab_size,
-         hidden, step.logits, vocab, R, kOverwrite, 1, x_bf16_.data());
+  linear(be, x_.data(), hidden, weights_.matrix("lm_head.weight", {vocab, hidden}),
+         config_.vocab_size, hidden, step.logits, vocab, R, kOverwrite, 1, x_bf16_.data());
 }
 
 void Model::attention(int l, const StepView& step, KvCache& cache, const StepOptions& options) {

@@ -17,14 +17,14 @@ MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& c, 
   w.bias = weights.get(p + "gate.e_score_correction_bias", {experts});
   for (int e = 0; e < experts; ++e) {
     const std::string x = fmt::format("{}experts.{}.", p, e);
-    w.gate.push_back(weights.get(x + "gate_proj.weight", {inter, hidden}));
-    w.up.push_back(weights.get(x + "up_proj.weight", {inter, hidden}));
-    w.down.push_back(weights.get(x + "down_proj.weight", {hidden, inter}));
+    w.gate.push_back(weights.matrix(x + "gate_proj.weight", {inter, hidden}));
+    w.up.push_back(weights.matrix(x + "up_proj.weight", {inter, hidden}));
+    w.down.push_back(weights.matrix(x + "down_proj.weight", {hidden, inter}));
   }
   if (shared > 0) {
-    w.shared_gate = weights.get(p + "shared_experts.gate_proj.weight", {shared, hidden});
-    w.shared_up = weights.get(p + "shared_experts.up_proj.weight", {shared, hidden});
-    w.shared_down = weights.get(p + "shared_experts.down_proj.weight", {hidden, shared});
+    w.shared_gate = weights.matrix(p + "shared_experts.gate_proj.weight", {shared, hidden});
+    w.shared_up = weights.matrix(p + "shared_experts.up_proj.weight", {shared, hidden});
+    w.shared_down = weights.matrix(p + "shared_experts.down_proj.weight", {hidden, shared});
   }
   return w;
 }
@@ -54,8 +54,8 @@ MoeMlp::MoeMlp(Backend& backend, const ModelConfig& config, const Weights& weigh
   act_ = DeviceArray<float>(backend, size_t(rows * widest));
 }
 
-void MoeMlp::expert(const Bf16* gate, const Bf16* up, const Bf16* down, int inter, const float* x,
-                    float* y, int rows, const float* row_scale) {
+void MoeMlp::expert(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
+                    int inter, const float* x, float* y, int rows, const float* row_scale) {
   Backend& be = *backend_;
   const int hidden = config_.hidden_size;
   linear(be, x, hidden, gate, inter, hidden, gate_up_.data(), 2 * inter, rows,
@@ -91,7 +91,7 @@ void MoeMlp::forward(int layer, const float* x, float* y, int rows) {
   route.scaling = float(config_.routed_scaling_factor);
   be.moe_route(route);
 
-  if (w.shared_gate) {
+  if (w.shared_gate.bf16 || w.shared_gate.fp8) {
     expert(w.shared_gate, w.shared_up, w.shared_down, inter * config_.n_shared_experts, x, y, rows,
            nullptr);
   }

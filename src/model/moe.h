@@ -17,12 +17,12 @@ namespace dsa {
 
 // The weights of one MoE layer, resolved from Weights by their Hugging Face names.
 struct MoeLayerWeights {
-  const Bf16* router = nullptr;       // [experts, hidden]  mlp.gate.weight
-  const Bf16* bias = nullptr;         // [experts]          mlp.gate.e_score_correction_bias
-  std::vector<const Bf16*> gate, up;  // per expert: [moe_inter, hidden]
-  std::vector<const Bf16*> down;      // per expert: [hidden, moe_inter]
-  // The shared experts as one MLP of width moe_inter * n_shared_experts; null when there are none.
-  const Bf16 *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
+  const Bf16* router = nullptr;        // [experts, hidden]  mlp.gate.weight
+  const Bf16* bias = nullptr;          // [experts]          mlp.gate.e_score_correction_bias
+  std::vector<WeightMatrix> gate, up;  // per expert: [moe_inter, hidden], bf16 or fp8
+  std::vector<WeightMatrix> down;      // per expert: [hidden, moe_inter]
+  // The shared experts as one MLP of width moe_inter * n_shared_experts; unset when there are none.
+  WeightMatrix shared_gate, shared_up, shared_down;
 };
 // Throws kInvalidArgument when a tensor is missing or has the wrong shape.
 MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& config, int layer);
@@ -43,8 +43,8 @@ class MoeMlp {
 
  private:
   // y += down(silu(gate x) * up x [* scale column]) over `rows` rows of width `inter`.
-  void expert(const Bf16* gate, const Bf16* up, const Bf16* down, int inter, const float* x,
-              float* y, int rows, const float* row_scale);
+  void expert(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, int inter,
+              const float* x, float* y, int rows, const float* row_scale);
 
   Backend* backend_;
   ModelConfig config_;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "dsa/checkpoint.h"
 #include "dsa/error.h"
 #include "dsa/model.h"
 
@@ -26,7 +27,23 @@ float unit_uniform(uint64_t stream, uint64_t i) {
   return float(double(mix(stream ^ mix(i)) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
+int64_t scale_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
+
 }  // namespace
+
+std::string_view weight_dtype_name(WeightDtype dtype) {
+  return dtype == WeightDtype::kFp8 ? "fp8" : "bf16";
+}
+
+WeightDtype parse_weight_dtype(std::string_view name) {
+  if (name == "bf16") return WeightDtype::kBf16;
+  if (name == "fp8") return WeightDtype::kFp8;
+  fail(ErrorCode::kInvalidArgument, "unknown weights dtype '{}' (expected bf16 or fp8)", name);
+}
+
+bool weight_kept_fp8(const std::string& name, const std::vector<int64_t>& shape) {
+  return checkpoint_stores_fp8(name, shape) && !name.ends_with("kv_b_proj.weight");
+}
 
 int64_t WeightTensor::numel() const {
   int64_t n = 1;
@@ -109,7 +126,8 @@ Weights Weights::synthetic(Backend& backend, const ModelConfig& config, uint64_t
 void Weights::add(Backend& backend, const std::string& name, std::vector<int64_t> shape,
                   const std::vector<Bf16>& host) {
   require(!tensors_.count(name), ErrorCode::kInvalidArgument, "weight {} is given twice", name);
-  WeightTensor t{std::move(shape), {}};
+  WeightTensor t;
+  t.shape = std::move(shape);
   require(t.numel() == int64_t(host.size()), ErrorCode::kInvalidArgument,
           "weight {} has {} values, its shape {} needs {}", name, host.size(),
           shape_string(t.shape), t.numel());
@@ -118,13 +136,87 @@ void Weights::add(Backend& backend, const std::string& name, std::vector<int64_t
   tensors_.emplace(name, std::move(t));
 }
 
-const Bf16* Weights::get(const std::string& name, const std::vector<int64_t>& shape) const {
+void Weights::add_fp8(Backend& backend, const std::string& name, std::vector<int64_t> shape,
+                      const std::vector<uint8_t>& bytes, const std::vector<float>& scales) {
+  require(!tensors_.count(name), ErrorCode::kInvalidArgument, "weight {} is given twice", name);
+  WeightTensor t;
+  t.shape = std::move(shape);
+  require(t.shape.size() == 2 && t.numel() == int64_t(bytes.size()) &&
+              int64_t(scales.size()) == scale_blocks(t.shape[0]) * scale_blocks(t.shape[1]),
+          ErrorCode::kInvalidArgument,
+          "fp8 weight {} has {} bytes and {} scales; a 2-D shape {} needs {} and its 128x128 "
+          "blocks",
+          name, bytes.size(), scales.size(), shape_string(t.shape), t.numel());
+  t.fp8 = DeviceArray<uint8_t>(backend, bytes.size());
+  backend.copy_to_device(t.fp8.data(), bytes.data(), bytes.size());
+  t.scale = DeviceArray<float>(backend, scales.size());
+  backend.copy_to_device(t.scale.data(), scales.data(), scales.size() * sizeof(float));
+  tensors_.emplace(name, std::move(t));
+}
+
+void Weights::quantize_fp8(Backend& backend) {
+  for (auto& [name, t] : tensors_) {
+    if (t.is_fp8() || !weight_kept_fp8(name, t.shape)) continue;
+    std::vector<Bf16> host(size_t(t.numel()));
+    backend.copy_to_host(host.data(), t.data.data(), host.size() * sizeof(Bf16));
+    Fp8Blocks q = quantize_fp8_blocks(host.data(), t.shape[0], t.shape[1]);
+    t.fp8 = DeviceArray<uint8_t>(backend, q.bytes.size());
+    backend.copy_to_device(t.fp8.data(), q.bytes.data(), q.bytes.size());
+    t.scale = DeviceArray<float>(backend, q.scales.size());
+    backend.copy_to_device(t.scale.data(), q.scales.data(), q.scales.size() * sizeof(float));
+    backend.synchronize();  // the host buffers are gone after this iteration
+    t.data.reset();
+  }
+}
+
+std::vector<Bf16> Weights::host_bf16(Backend& backend, const std::string& name) const {
   auto it = tensors_.find(name);
   require(it != tensors_.end(), ErrorCode::kInvalidArgument, "weight {} is missing", name);
+  const WeightTensor& t = it->second;
+  std::vector<Bf16> out(size_t(t.numel()));
+  if (!t.is_fp8()) {
+    backend.copy_to_host(out.data(), t.data.data(), out.size() * sizeof(Bf16));
+    return out;
+  }
+  const int64_t rows = t.shape[0], cols = t.shape[1], ld_scale = scale_blocks(cols);
+  std::vector<uint8_t> bytes(out.size());
+  std::vector<float> scales(t.scale.size());
+  backend.copy_to_host(bytes.data(), t.fp8.data(), bytes.size());
+  backend.copy_to_host(scales.data(), t.scale.data(), scales.size() * sizeof(float));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float scale = scales[size_t(r / kFp8BlockSize * ld_scale + c / kFp8BlockSize)];
+      out[size_t(r * cols + c)] = dequant_fp8_weight(Fp8E4M3{bytes[size_t(r * cols + c)]}, scale);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+const WeightTensor& find_tensor(const std::map<std::string, WeightTensor>& tensors,
+                                const std::string& name, const std::vector<int64_t>& shape) {
+  auto it = tensors.find(name);
+  require(it != tensors.end(), ErrorCode::kInvalidArgument, "weight {} is missing", name);
   require(it->second.shape == shape, ErrorCode::kInvalidArgument,
           "weight {} has shape {}, the config needs {}", name, shape_string(it->second.shape),
           shape_string(shape));
-  return it->second.data.data();
+  return it->second;
+}
+
+}  // namespace
+
+const Bf16* Weights::get(const std::string& name, const std::vector<int64_t>& shape) const {
+  const WeightTensor& t = find_tensor(tensors_, name, shape);
+  require(!t.is_fp8(), ErrorCode::kInvalidArgument,
+          "weight {} is held as fp8; only a projection's GEMM reads it (Weights::matrix)", name);
+  return t.data.data();
+}
+
+WeightMatrix Weights::matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+  const WeightTensor& t = find_tensor(tensors_, name, shape);
+  if (!t.is_fp8()) return {t.data.data(), nullptr, nullptr};
+  return {nullptr, t.fp8.data(), t.scale.data()};
 }
 
 }  // namespace dsa

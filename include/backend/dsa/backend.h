@@ -26,9 +26,16 @@ BackendKind parse_backend(std::string_view name);  // "cpu" | "cuda"; throws on 
 //                    batch; equal to the CPU reference within a stated bound, not bit for bit.
 //                    The default.
 //   kFast:           cuBLASLt; its reduction order depends on m, so it is not batch-invariant.
+// fp8 weights (GemmParams::w_fp8): the CPU, kExact and kBatchInvariant (its mma.sync kernel;
+// DSA_CUDA_GEMM=wgmma falls back to it for them) read them as ops.h defines; kFast refuses them.
 enum class GemmMode : uint8_t { kExact, kBatchInvariant, kFast };
 std::string_view gemm_mode_name(GemmMode mode);   // "exact" | "invariant" | "fast"
 GemmMode parse_gemm_mode(std::string_view name);  // throws kInvalidArgument on anything else
+
+// The weight operand of a GemmParams, checked the same way by every backend (kInvalidArgument,
+// naming the problem): exactly one of w and w_fp8; with w_fp8 a w_scale, layout kNK, batch 1 and
+// ld_w_scale >= ceil(k / 128). Shapes and strides are the backends' own checks.
+void require_gemm_weight_operand(const GemmParams& p);
 
 // A point in a backend's queued work that the host can ask about without waiting.
 class Fence {

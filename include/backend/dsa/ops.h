@@ -84,6 +84,14 @@ enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 // to bf16 and sum in their own order.
 // x_bf16, when set (batch 1 only), must hold bf16(x) (dsa::float_to_bf16 of every element): the
 // bf16 modes read it instead of converting x themselves; the CPU and kExact ignore it.
+//
+// The weights are bf16 (w) or fp8 e4m3 with 128 x 128 block scales (w_fp8 + w_scale, as DeepSeek
+// checkpoints store projections): exactly one of w and w_fp8 is set. An fp8 weight's value is
+// w(n, k) = dequant_fp8_weight(w_fp8[n, k], w_scale[n / 128][k / 128]) (dsa/dtype.h: bf16 of the
+// f32 product), so every mode gives exactly the bits it gives for w = that dequantized bf16
+// matrix; only the bytes read differ (half). fp8 weights: layout kNK, batch 1, and every scale
+// finite (a zero byte past k must stay +0: the kernels zero-fill partial tiles with it). kExact
+// and kFast on CUDA refuse them (backend.h, GemmMode).
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w
@@ -96,7 +104,11 @@ struct GemmParams {
   float alpha = 1.0f;
   const Bf16* x_bf16 = nullptr;  // [m, k], row stride ld_x_bf16; optional
   int64_t ld_x_bf16 = 0;
+  const uint8_t* w_fp8 = nullptr;  // instead of w: [n, k] e4m3 bytes, row stride ld_w
+  const float* w_scale = nullptr;  // with w_fp8: [ceil(n / 128), ceil(k / 128)], row stride
+  int64_t ld_w_scale = 0;          // ld_w_scale (>= ceil(k / 128))
 };
+inline constexpr int kGemmFp8Block = 128;  // the w_scale block: 128 x 128 weights
 
 // out[r, i] = silu(gate[r, i]) * up[r, i], where gate_up[r] = gate ‖ up.
 struct SwigluParams {

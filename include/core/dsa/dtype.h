@@ -117,6 +117,20 @@ DSA_HD float fp8_to_float(Fp8E4M3 v) {
   return bits_float(sign | ((exp + 120u) << 23) | (man << 20));
 }
 
+// A block-scaled fp8 weight element (DeepSeek's `weight_scale_inv`: one f32 scale per 128 x 128
+// block of a [n, k] matrix) has the value bf16(fp8 * scale): the product taken in f32 (nearest
+// even), then rounded to bf16 (nearest even). This is the one definition: the checkpoint loader's
+// dequantization, the CPU GEMM on fp8 weights and the CUDA GEMM's conversion (which computes the
+// same bits with the hardware converts, gemm_tensor.cu) all agree with it, so an fp8-weight GEMM
+// is the bf16 GEMM on the dequantized matrix, bit for bit.
+DSA_HD Bf16 dequant_fp8_weight(Fp8E4M3 q, float scale) {
+#if defined(__CUDA_ARCH__)
+  return float_to_bf16(__fmul_rn(fp8_to_float(q), scale));
+#else
+  return float_to_bf16(fp8_to_float(q) * scale);
+#endif
+}
+
 DSA_HD Fp8E4M3 float_to_fp8(float f) {
   const uint32_t u = float_bits(f);
   if (is_nan_bits(u)) return Fp8E4M3{0x7F};

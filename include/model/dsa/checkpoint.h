@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dsa/backend.h"
 #include "dsa/config.h"
@@ -30,6 +31,10 @@ inline constexpr int kFp8BlockSize = 128;  // the weight_scale_inv block: 128 x 
 struct CheckpointLoadOptions {
   // Tensors the manifest does not name are logged as a warning; strict makes them an error.
   bool strict = false;
+  // F8_E4M3 tensors that weight_kept_fp8 names stay fp8 in memory (their bytes and scales as
+  // stored; Weights::add_fp8) instead of loading as bf16: a model on them computes the bits of the
+  // bf16 load (the same dequant_fp8_weight), reading half the bytes.
+  bool keep_fp8 = false;
 };
 
 // Reads and validates DIR/config.json.
@@ -83,5 +88,15 @@ void write_checkpoint(Backend& backend, const ModelConfig& config, const Weights
 
 // Whether write_checkpoint(fp8) stores this manifest tensor as F8_E4M3.
 bool checkpoint_stores_fp8(const std::string& name, const std::vector<int64_t>& shape);
+
+// A [rows, cols] bf16 matrix quantized to e4m3 with one scale per 128x128 block, as
+// write_checkpoint(fp8) stores it and Weights::quantize_fp8 holds it: scale = amax / 448 (1 for an
+// all-zero block), q = e4m3(v / scale) (nearest even, saturating). scales is
+// [ceil(rows / 128), ceil(cols / 128)], row-major.
+struct Fp8Blocks {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+};
+Fp8Blocks quantize_fp8_blocks(const Bf16* w, int64_t rows, int64_t cols);
 
 }  // namespace dsa

@@ -18,12 +18,37 @@
 
 namespace dsa {
 
-// One named bf16 tensor in backend memory, with its shape.
+// One named tensor in backend memory, with its shape: bf16 values (data), or, for a matrix that
+// Weights::quantize_fp8 converted, fp8 e4m3 bytes with one f32 scale per 128 x 128 block (fp8 and
+// scale; data is then empty). The value of an fp8 element is dequant_fp8_weight(byte, its block's
+// scale) (dsa/dtype.h), the bf16 a checkpoint's fp8 tensor loads as.
 struct WeightTensor {
   std::vector<int64_t> shape;
   DeviceArray<Bf16> data;
+  DeviceArray<uint8_t> fp8;  // [rows, cols] e4m3 when is_fp8()
+  DeviceArray<float> scale;  // [ceil(rows / 128), ceil(cols / 128)] when is_fp8()
   int64_t numel() const;
+  bool is_fp8() const { return fp8.data() != nullptr; }
 };
+
+// A projection's weight operand (GemmParams): bf16, or fp8 with its block scales (row stride
+// ceil(cols / 128)). Exactly one of bf16 and fp8 is set.
+struct WeightMatrix {
+  const Bf16* bf16 = nullptr;
+  const uint8_t* fp8 = nullptr;
+  const float* scale = nullptr;
+};
+
+// How the model holds its dense projections (--weights): bf16, or fp8 e4m3 with 128 x 128 block
+// scales where weight_kept_fp8 says so (half the bytes a small-batch GEMM reads).
+enum class WeightDtype : uint8_t { kBf16, kFp8 };
+std::string_view weight_dtype_name(WeightDtype dtype);  // "bf16" | "fp8"
+WeightDtype parse_weight_dtype(std::string_view name);  // throws kInvalidArgument otherwise
+// Whether WeightDtype::kFp8 keeps this manifest tensor in fp8: the matrices a checkpoint stores as
+// fp8 (checkpoint_stores_fp8: not the embeddings, lm_head, the router or the indexer's
+// weights_proj) that the model multiplies as [n, k] with batch 1; kv_b_proj, which the absorbed
+// attention reads per head and transposed, stays bf16.
+bool weight_kept_fp8(const std::string& name, const std::vector<int64_t>& shape);
 
 // The expected tensors of a config, with Hugging Face DeepSeek-V3.2 names and shapes.
 struct WeightSpec {
@@ -42,8 +67,19 @@ class Weights {
   // Adds a tensor from host bf16 values; kInvalidArgument on a duplicate or a size mismatch.
   void add(Backend& backend, const std::string& name, std::vector<int64_t> shape,
            const std::vector<Bf16>& host);
-  // The tensor's data; kInvalidArgument when missing or of another shape.
+  // The tensor's bf16 data; kInvalidArgument when missing, of another shape, or held as fp8.
   const Bf16* get(const std::string& name, const std::vector<int64_t>& shape) const;
+  // A 2-D tensor as a GEMM weight operand, bf16 or fp8; kInvalidArgument as get.
+  WeightMatrix matrix(const std::string& name, const std::vector<int64_t>& shape) const;
+  // Converts every tensor weight_kept_fp8 names to fp8 with write_checkpoint's block quantizer
+  // (quantize_fp8_blocks: scale = amax / 448 per block), freeing its bf16 copy; one tensor at a
+  // time, so the peak is the bf16 weights plus one tensor's fp8. Tensors already fp8 stay.
+  void quantize_fp8(Backend& backend);
+  // Adds an fp8 tensor from host e4m3 bytes and block scales ([ceil(rows/128), ceil(cols/128)]).
+  void add_fp8(Backend& backend, const std::string& name, std::vector<int64_t> shape,
+               const std::vector<uint8_t>& bytes, const std::vector<float>& scales);
+  // The bf16 values of a tensor on the host: as stored, or dequantized from fp8.
+  std::vector<Bf16> host_bf16(Backend& backend, const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }
 
@@ -123,13 +159,13 @@ class Model {
 // The memory a configuration needs, estimated from its sizes alone (nothing is allocated), in
 // saturating 64-bit arithmetic: a configuration too large to count needs "more than 2^64 bytes".
 struct MemoryEstimate {
-  uint64_t weights = 0;  // the manifest's tensors, bf16
+  uint64_t weights = 0;  // the manifest's tensors: bf16, or fp8 + scales where kept fp8
   uint64_t scratch = 0;  // per-step activations for max_rows rows, the rope table, top-k
   uint64_t cache = 0;    // the latent and index-K pools of every layer, and the page allocator
   uint64_t total() const;
 };
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t max_rows, int64_t max_context,
-                               const CacheConfig& cache);
+                               const CacheConfig& cache, WeightDtype weights = WeightDtype::kBf16);
 
 // Refuses (kOutOfRange) an estimate above limit_bytes, before anything is allocated:
 // "<what> needs 8.6 GB (weights 0.0 GB, KV cache 8.6 GB for 1048576 pages x 2 layers, scratch

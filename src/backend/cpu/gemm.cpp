@@ -7,6 +7,10 @@
 // ascending k. x is used as f32 as it is; w is widened from bf16 exactly. Products are not fused
 // into FMAs (the build is ISO C++, so the compiler does not contract them).
 //
+// fp8 weights (w_fp8, kNK only): w(n, k) = dequant_fp8_weight(w_fp8[n, k], w_scale[n / 128][k /
+// 128]) (ops.h, dsa/dtype.h), widened from that bf16 exactly as a bf16 weight is; nothing else
+// changes, so the result is this GEMM's on the dequantized bf16 matrix, bit for bit.
+//
 // Every output element follows that sequence exactly, whatever the tiling below, so a row's bits
 // do not depend on m, on the other rows, or on where the row sits in the batch. The tiling only
 // keeps the loops cache-friendly and gives the compiler independent accumulators to vectorize:
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
 #include "dsa/error.h"
 
 namespace dsa::cpu {
@@ -34,8 +39,9 @@ void check_params(const GemmParams& p) {
   require(p.ld_x >= p.k && p.ld_y >= p.n && p.ld_w >= w_row, ErrorCode::kInvalidArgument,
           "gemm: row strides ld_x {} (k {}), ld_w {} ({}), ld_y {} (n {}) are too short", p.ld_x,
           p.k, p.ld_w, w_row, p.ld_y, p.n);
-  require(p.m == 0 || p.batch == 0 || (p.x && p.w && p.y), ErrorCode::kInvalidArgument,
-          "gemm: x, w and y must be set");
+  if (p.m == 0 || p.batch == 0) return;
+  require(p.x && p.y, ErrorCode::kInvalidArgument, "gemm: x and y must be set");
+  require_gemm_weight_operand(p);
 }
 
 // Writes count accumulated sums to y, per the output mode.
@@ -47,16 +53,29 @@ void store(const float* acc, int count, float alpha, GemmOutput output, float* y
   }
 }
 
-// One batch entry, w[n, k].
+// Weight row n of a kNK matrix, widened to f32 into dst[kk * stride] for kk in [0, k): from bf16
+// (w), or dequantized from fp8 by its row of block scales (p.w_fp8, batch 1).
+void widen_weight_row(const GemmParams& p, const Bf16* w, int n, float* dst, int stride) {
+  if (p.w_fp8) {
+    const uint8_t* q = p.w_fp8 + int64_t(n) * p.ld_w;
+    const float* scales = p.w_scale + int64_t(n / kGemmFp8Block) * p.ld_w_scale;
+    for (int kk = 0; kk < p.k; ++kk) {
+      const Bf16 v = dequant_fp8_weight(Fp8E4M3{q[kk]}, scales[kk / kGemmFp8Block]);
+      dst[size_t(kk) * stride] = bf16_to_float(v);
+    }
+    return;
+  }
+  const Bf16* w_row = w + int64_t(n) * p.ld_w;
+  for (int kk = 0; kk < p.k; ++kk) dst[size_t(kk) * stride] = bf16_to_float(w_row[kk]);
+}
+
+// One batch entry, w[n, k] (bf16 w, or p.w_fp8 when w is null).
 void gemm_nk(const GemmParams& p, const float* x, const Bf16* w, float* y) {
   std::vector<float> tile(size_t(p.k) * kTileN);  // [k, kTileN]: w rows n0.. as columns
   for (int n0 = 0; n0 < p.n; n0 += kTileN) {
     const int width = std::min(kTileN, p.n - n0);
     if (width < kTileN) std::fill(tile.begin(), tile.end(), 0.0f);  // spare lanes: never stored
-    for (int j = 0; j < width; ++j) {
-      const Bf16* w_row = w + (n0 + j) * p.ld_w;
-      for (int kk = 0; kk < p.k; ++kk) tile[size_t(kk) * kTileN + j] = bf16_to_float(w_row[kk]);
-    }
+    for (int j = 0; j < width; ++j) widen_weight_row(p, w, n0 + j, tile.data() + j, kTileN);
     for (int row = 0; row < p.m; ++row) {
       const float* x_row = x + row * p.ld_x;
       float acc[kTileN] = {};
@@ -113,7 +132,7 @@ void gemm(const GemmParams& p) {
   if (p.m == 0) return;
   for (int b = 0; b < p.batch; ++b) {
     const float* x = p.x + b * p.batch_stride_x;
-    const Bf16* w = p.w + b * p.batch_stride_w;
+    const Bf16* w = p.w ? p.w + b * p.batch_stride_w : nullptr;  // null: p.w_fp8 (batch 1)
     float* y = p.y + b * p.batch_stride_y;
     if (p.layout == WeightLayout::kNK) {
       gemm_nk(p, x, w, y);

@@ -282,6 +282,7 @@ class CudaBackend final : public Backend {
     launched(cuda::hadamard(p, stream_), "hadamard");
   }
   void gemm(const GemmParams& p) override {
+    if (p.m > 0 && p.batch > 0) require_gemm_weight_operand(p);
     switch (gemm_mode()) {
       case GemmMode::kExact:
         launched(cuda::gemm_exact(p, stream_), "gemm_exact");
@@ -484,6 +485,11 @@ void CudaBackend::gemm_cublaslt(const GemmParams& p) {
   require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
           "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
   if (p.m == 0 || p.batch == 0) return;
+  // cuBLASLt's bf16 GEMM has no block-scaled fp8 operand of this kind; fp8 weights would need a
+  // dequantized copy per call, which defeats them. Refused: they run with invariant or exact.
+  require(p.w_fp8 == nullptr, ErrorCode::kInvalidArgument,
+          "gemm: --gemm fast (cuBLASLt) takes bf16 weights only; fp8 weights (--weights fp8) run "
+          "with --gemm invariant or exact");
   if (!cublas_) create_cublas();
   const XBf16 x = x_as_bf16(p);
   const Bf16* xb = x.data;

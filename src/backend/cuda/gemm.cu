@@ -7,6 +7,8 @@
 // FMA contraction), then y = alpha * acc or y + alpha * acc. The result is therefore bit-identical
 // to the CPU reference, and a row's bits never depend on m or on the other rows (batch-invariant).
 // x stays f32, as ops.h specifies; no tensor cores (they would round x to bf16 and reorder k).
+// fp8 weights (kNK, batch 1) are dequantized per element by dsa::dequant_fp8_weight, the CPU's
+// function, on their way into shared memory or registers (weight_value), so the bits still match.
 //
 // Two kernels, chosen by m, compute exactly that sequence, so the choice never shows in the bits:
 //   - small m (decode): a block owns 32 columns and 8 rows. All 256 threads stream the w tile of
@@ -22,6 +24,15 @@ namespace dsa::cuda {
 namespace {
 
 constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kMicro = 4;
+
+// The weight w(n, k) at element offset `at` as f32: widened from bf16, or dequantized from fp8 by
+// its block's scale (ops.h; p.w_fp8 is kNK and batch 1, so at = n * ld_w + k).
+__device__ __forceinline__ float weight_value(const GemmParams& p, const Bf16* w, int64_t at, int n,
+                                              int k) {
+  if (p.w_fp8 == nullptr) return bf16_to_float(w[at]);
+  const float scale = p.w_scale[int64_t(n / kGemmFp8Block) * p.ld_w_scale + k / kGemmFp8Block];
+  return bf16_to_float(dequant_fp8_weight(Fp8E4M3{p.w_fp8[at]}, scale));
+}
 
 __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   __shared__ float xs[kTileK][kTileM];
@@ -54,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
       const bool in = n0 + col < p.n && k0 + kk < p.k;
       const int64_t at =
           nk ? int64_t(n0 + col) * p.ld_w + k0 + kk : int64_t(k0 + kk) * p.ld_w + n0 + col;
-      ws[kk][col] = in ? bf16_to_float(w[at]) : 0.0f;
+      ws[kk][col] = in ? weight_value(p, w, at, n0 + col, k0 + kk) : 0.0f;
     }
     __syncthreads();
     const int k_end = p.k - k0 < kTileK ? p.k - k0 : kTileK;  // padding is never added
@@ -107,7 +118,7 @@ __device__ __forceinline__ void load_small_chunk(const GemmParams& p, const floa
   const int col0 = nk ? t / 8 : 0, kk0 = nk ? (t % 8) * 32 : t;  // the run's first value
   const int64_t at0 = nk ? int64_t(n0 + col0) * p.ld_w + k0 + kk0 : int64_t(k0 + kk0) * p.ld_w + n0;
   const bool whole = nk ? n0 + col0 < p.n && k0 + kk0 + 31 < p.k : k0 + kk0 < p.k && n0 + 31 < p.n;
-  if (vec && whole) {
+  if (vec && whole && p.w_fp8 == nullptr) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const uint4 u = *reinterpret_cast<const uint4*>(w + at0 + 8 * v);
@@ -123,7 +134,7 @@ __device__ __forceinline__ void load_small_chunk(const GemmParams& p, const floa
     for (int i = 0; i < 32; ++i) {
       const int col = nk ? col0 : i, kk = nk ? kk0 + i : kk0;
       const bool in = n0 + col < p.n && k0 + kk < p.k;
-      c.w[i] = in ? bf16_to_float(w[at0 + i]) : 0.0f;
+      c.w[i] = in ? weight_value(p, w, at0 + i, n0 + col, k0 + kk) : 0.0f;
     }
   }
   const int row = t / 32, xk = (t % 32) * 8;
@@ -185,7 +196,10 @@ cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.m == 0 || p.batch == 0) return cudaSuccess;
-  if (!p.x || !p.w || !p.y) return cudaErrorInvalidValue;
+  if (!p.x || (p.w == nullptr) == (p.w_fp8 == nullptr) || !p.y) return cudaErrorInvalidValue;
+  if (p.w_fp8 && (!p.w_scale || p.layout != WeightLayout::kNK || p.batch != 1)) {
+    return cudaErrorInvalidValue;
+  }
   if (p.m <= kSmallMaxM) {
     const dim3 grid(ceil_div(p.n, kSmallCols), ceil_div(p.m, kSmallRows), unsigned(p.batch));
     // Every run starts 16-byte aligned when the bases are and every stride is a multiple of 16 B

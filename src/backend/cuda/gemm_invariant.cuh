@@ -25,6 +25,10 @@ struct TcParams {
   int64_t ld_x, ld_w, ld_y, bs_x, bs_w, bs_y;
   float alpha;
   bool nk, accumulate, vec_x, vec_w, fused;
+  // fp8 weights instead of w (mma.sync kernel, nk, batch 1; vec_w then says 16-byte cp.async):
+  const uint8_t* w8;      // e4m3 bytes [n, k], row stride ld_w
+  const float* w8_scale;  // [ceil(n / 128)][ceil(k / 128)], row stride ld_w8_scale
+  int64_t ld_w8_scale;
 };
 
 // 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else

@@ -48,11 +48,32 @@
 // apart mod 8). kKN weights stay n-contiguous, ws[k][col] with rows of kBN + 8 bf16 (the same
 // argument), read with ldmatrix.trans.
 //
+// fp8 weights (GemmParams::w_fp8: e4m3 bytes, kNK, one f32 scale per 128 x 128 block; the mma
+// kernel only, gemm_tensor_kernel<C, true>): the stage holds the weight tile as fp8 bytes,
+// wq[col][k] with rows of kBK + 16 bytes (48, 80 or 144: multiples of 16 for cp.async, and lane
+// 4 g + t's 2-byte reads at row g, byte 2t fall in 8 distinct bank pairs), so the global traffic
+// of the weights halves. The B fragment is built from it directly, no ldmatrix: b0 = B[2t, 2t+1]
+// [g] is w[col g][k 2t, 2t+1], two adjacent bytes, and b1 the two 8 further; dequant_fp8x2 turns
+// each pair into the bf16x2 register that dsa::dequant_fp8_weight gives element by element (the
+// same bits: e4m3 -> f16 -> f32 are exact, then one f32 multiply and one bf16 rounding, both
+// nearest even). A slice starts on a 128 boundary and kBK divides 128, so one stage lies in one
+// scale block along k; the CTA's scales (at most two 128-column blocks by the slice's k blocks)
+// are read once into shared memory before the main loop. Everything else (the chains, the
+// split plan, the reduction) is the bf16 path's, so the bits are those of the bf16 GEMM on the
+// dequantized matrix. A zero-filled byte (past k or n) dequantizes to +0 when its scale is
+// finite (ops.h asks for finite scales), as the bf16 path's zero fill.
+// Napkin, o_proj at B = 1 (n 7168, k 16384): 117 MB of fp8 instead of 235 MB of bf16, 28 us
+// instead of 55 us at 4.25 TB/s; the conversion is 3 instructions per weight (cvt e4m3x2, two cvt
+// f16, two fmul, one cvt bf16x2 per pair), 117M / 32 lanes * 3 / (132 SMs * 4 issue * 1.8 GHz)
+// = 12 us of issue, hidden under the loads as long as m needs one x tile (m <= kBM).
+//
 // Loads: 16-byte cp.async.cg (L2 only) when every address is 16-byte aligned (bases, row and
 // batch strides multiples of 8 elements; slice and stage starts are multiples of kBK, tile
 // columns multiples of 8), else element loads with zero fill, for any k, n and m. kStages-deep
 // pipeline: the standard wait_group(kStages - 2) / __syncthreads / prefetch / compute loop.
 // Shared memory is dynamic (up to 162 KiB per CTA); each kernel opts in once per device.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <atomic>
 #include <iterator>
@@ -73,6 +94,9 @@ constexpr int64_t kMaxPartialCols = 73728;  // splits * batch * n whenever split
 // The arrival counters of the fused split reduction sit at the start of the scratch buffer, one
 // per output tile; a launch with more output tiles reduces with reduce_splits_kernel instead.
 constexpr int kSplitCounters = 16384;
+// fp8 weights: the most 128-wide k blocks of one slice (slice_k <= 32768) whose scales a CTA
+// keeps in shared memory; gemm_invariant refuses a plan with longer slices.
+constexpr int kFp8MaxSliceBlocks = 256;
 
 template <int kWarpsM_, int kWarpsN_, int kTilesM_, int kTilesN_, int kBK_, int kStages_>
 struct TileConfig {
@@ -89,9 +113,16 @@ struct TileConfig {
   static constexpr int kStageElems =
       kBM * kRow + (kBN * kRow > kBK * kRowN ? kBN * kRow : kBK * kRowN);
   static constexpr int kSmemBytes = kStages * kStageElems * 2;
+  // fp8 weights (kNK): x as above, then wq [kBN][kRowQ] bytes; after the stages, the scales
+  // [2][kFp8MaxSliceBlocks] f32.
+  static constexpr int kRowQ = kBK + 16;  // bytes per fp8 weight row
+  static constexpr int kStageElemsFp8 = kBM * kRow + kBN * kRowQ / 2;
+  static constexpr int kSmemBytesFp8 = kStages * kStageElemsFp8 * 2 + 2 * kFp8MaxSliceBlocks * 4;
+  static_assert(kBN <= 256 && 128 % kBK == 0, "fp8: a CTA's columns span at most 2 scale blocks");
   static_assert(kTilesN % 2 == 0, "B fragments come two n8 tiles per ldmatrix.x4");
   static_assert(kSliceGranule % kBK == 0 && kBK % 16 == 0, "a stage holds whole k16 blocks");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
+  static_assert(kSmemBytesFp8 <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
 // Rows [row0, row0 + kRows) x k [k0, k0 + kBK) of a k-contiguous bf16 matrix into
@@ -123,9 +154,61 @@ __device__ __forceinline__ void load_n_contiguous(uint16_t* dst, const uint16_t*
   }
 }
 
+// 16 fp8 bytes from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
+// byte loads with zero fill (nothing is read for an out-of-range byte).
+__device__ __forceinline__ void load_chunk_fp8(uint8_t* d, const uint8_t* s, bool row_ok, int avail,
+                                               bool vec) {
+  if (!row_ok || avail <= 0) {
+    *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  } else if (vec && avail >= 16) {
+    cp_async16(d, s);
+  } else {
+    uint32_t words[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i < avail) words[i / 4] |= uint32_t(s[i]) << (8 * (i % 4));
+    }
+    *reinterpret_cast<uint4*>(d) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// Rows [n0, n0 + kBN) x k [k0, k0 + kBK) of the [n, k] fp8 weights into dst[kBN][kRowQ] bytes.
+// Rows >= n_end and k >= k_end become 0 (+0 once dequantized by a finite scale).
 template <class C>
+__device__ __forceinline__ void load_fp8_rows(uint8_t* dst, const uint8_t* src, int64_t ld, int n0,
+                                              int n_end, int k0, int k_end, bool vec) {
+  constexpr int kChunksPerRow = C::kBK / 16;
+#pragma unroll 4
+  for (int c = threadIdx.x; c < C::kBN * kChunksPerRow; c += C::kThreads) {
+    const int r = c / kChunksPerRow, kc = (c % kChunksPerRow) * 16;
+    const int row = n0 + r, k = k0 + kc;
+    load_chunk_fp8(dst + r * C::kRowQ + kc, src + int64_t(row) * ld + k, row < n_end, k_end - k,
+                   vec);
+  }
+}
+
+// Two adjacent fp8 weights (the lower k in the low byte) dequantized by one scale into a bf16x2
+// register (the lower k in the low half): dsa::dequant_fp8_weight of each, bit for bit. e4m3 ->
+// f16 is exact (every e4m3 value is an f16, subnormals included), f16 -> f32 too; then the f32
+// product (nearest even) and cvt.rn.bf16x2.f32 (nearest even, a NaN becomes the canonical
+// 0x7FFF as in float_to_bf16).
+__device__ __forceinline__ uint32_t dequant_fp8x2(uint16_t q2, float scale) {
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(q2));
+  const float lo = __half2float(__ushort_as_half(uint16_t(h2 & 0xFFFFu)));
+  const float hi = __half2float(__ushort_as_half(uint16_t(h2 >> 16)));
+  uint32_t out;  // cvt.rn.bf16x2.f32 d, a, b puts a in the upper half, b in the lower
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n"
+      : "=r"(out)
+      : "f"(__fmul_rn(hi, scale)), "f"(__fmul_rn(lo, scale)));
+  return out;
+}
+
+// kFp8: the weights are p.w8 (fp8 bytes, kNK) with their block scales; see the header comment.
+template <class C, bool kFp8>
 __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
+  constexpr int kStageElems = kFp8 ? C::kStageElemsFp8 : C::kStageElems;
   const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
   // m tiles are the fastest grid index: the CTAs that share a weight tile run side by side, so
   // its second reader finds it in L2 (x, the small operand, is what is read again).
@@ -138,11 +221,13 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
   const uint16_t* w = p.w + int64_t(b) * p.bs_w;
 
   auto load_stage = [&](int stage, int tile) {
-    uint16_t* xs = smem + stage * C::kStageElems;
+    uint16_t* xs = smem + stage * kStageElems;
     uint16_t* ws = xs + C::kBM * C::kRow;
     const int k0 = k_begin + tile * C::kBK;
     load_k_contiguous<C, C::kBM>(xs, x, p.ld_x, m0, p.m, k0, k_end, p.vec_x);
-    if (p.nk) {
+    if constexpr (kFp8) {
+      load_fp8_rows<C>(reinterpret_cast<uint8_t*>(ws), p.w8, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
+    } else if (p.nk) {
       load_k_contiguous<C, C::kBN>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
     } else {
       load_n_contiguous<C>(ws, w, p.ld_w, n0, p.n, k0, k_end, p.vec_w);
@@ -178,6 +263,19 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
     if (st < tiles) load_stage(st, st);
     cp_async_commit();
   }
+  // fp8: the scales of the CTA's (at most two) 128-column blocks over the slice's k blocks, read
+  // while the first stages are in flight; the main loop's first barrier publishes them.
+  // scales[nb][kb] is block (n0 / 128 + nb, k_begin / 128 + kb); 1 past the last column block.
+  float* scales = reinterpret_cast<float*>(smem + C::kStages * kStageElems);
+  if constexpr (kFp8) {
+    const int kbs = (k_len + 127) / 128, nb0 = n0 / 128, nbs = (p.n + 127) / 128;
+    for (int e = threadIdx.x; e < 2 * kbs; e += C::kThreads) {
+      const int nb = e / kbs, kb = e % kbs;
+      scales[nb * kFp8MaxSliceBlocks + kb] =
+          nb0 + nb < nbs ? p.w8_scale[int64_t(nb0 + nb) * p.ld_w8_scale + k_begin / 128 + kb]
+                         : 1.0f;
+    }
+  }
   for (int kt = 0; kt < tiles; ++kt) {
     cp_async_wait<C::kStages - 2>();  // groups 0..kt have landed (for this thread)
     __syncthreads();                  // ... for every thread; and stage (kt - 1) is consumed
@@ -185,9 +283,19 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
     if (next < tiles) load_stage(next % C::kStages, next);
     cp_async_commit();
 
-    const uint16_t* xs = smem + (kt % C::kStages) * C::kStageElems;
+    const uint16_t* xs = smem + (kt % C::kStages) * kStageElems;
     const uint16_t* ws = xs + C::kBM * C::kRow;
     const int k_valid = k_len - kt * C::kBK;  // > 0: the k16 blocks at or past it are skipped
+    // fp8: this lane's column of n8 tile j is warp_n + 8 j + g, and its scale is the one of the
+    // stage's k block (a stage never crosses one).
+    float scale[C::kTilesN];
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int j = 0; j < C::kTilesN; ++j) {
+        const int nb = (n0 % 128 + warp_n + 8 * j + g) / 128;
+        scale[j] = scales[nb * kFp8MaxSliceBlocks + kt * C::kBK / 128];
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < C::kBK; kk += 16) {
       if (kk >= k_valid) break;
@@ -195,7 +303,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p)
 #pragma unroll
       for (int i = 0; i < C::kTilesM; ++i) ldmatrix_x4(a[i], xs + a_off + 16 * i * C::kRow + kk);
 #pragma unroll
-      for (int j = 0; j < C::kTilesN; j += 2) {
+      for (int j = 0; j < C::kTilesN && kFp8; ++j) {
+        const uint8_t* q =
+            reinterpret_cast<const uint8_t*>(ws) + (warp_n + 8 * j + g) * C::kRowQ + kk + 2 * t;
+        bw[j][0] = dequant_fp8x2(*reinterpret_cast<const uint16_t*>(q), scale[j]);
+        bw[j][1] = dequant_fp8x2(*reinterpret_cast<const uint16_t*>(q + 8), scale[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < C::kTilesN && !kFp8; j += 2) {
         uint32_t r[4];
         if (p.nk) {
           ldmatrix_x4(r, ws + b_off + 8 * j * C::kRow + kk);
@@ -246,20 +361,35 @@ __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
   *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
 }
 
-// gemm_invariant_prepare opts every tile in before any capture (opt_in_smem).
+template <class C, bool kFp8>
+constexpr int smem_bytes() {
+  return kFp8 ? C::kSmemBytesFp8 : C::kSmemBytes;
+}
+
+// gemm_invariant_prepare opts every tile in before any capture (opt_in_smem), bf16 and fp8.
+template <class C, bool kFp8>
+cudaError_t opt_in_one(bool force) {
+  static std::atomic<uint64_t> opted_in{0};
+  return opt_in_smem(reinterpret_cast<const void*>(&gemm_tensor_kernel<C, kFp8>),
+                     smem_bytes<C, kFp8>(), force, opted_in);
+}
 template <class C>
 cudaError_t opt_in(bool force) {
-  static std::atomic<uint64_t> opted_in{0};
-  return opt_in_smem(reinterpret_cast<const void*>(&gemm_tensor_kernel<C>), C::kSmemBytes, force,
-                     opted_in);
+  const cudaError_t err = opt_in_one<C, false>(force);
+  return err != cudaSuccess ? err : opt_in_one<C, true>(force);
 }
 
 template <class C>
 cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
-  const cudaError_t err = opt_in<C>(false);
+  const bool fp8 = p.w8 != nullptr;
+  const cudaError_t err = fp8 ? opt_in_one<C, true>(false) : opt_in_one<C, false>(false);
   if (err != cudaSuccess) return err;
   const dim3 grid(ceil_div(p.m, C::kBM), ceil_div(p.n, C::kBN), unsigned(p.batch * p.splits));
-  gemm_tensor_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  if (fp8) {
+    gemm_tensor_kernel<C, true><<<grid, C::kThreads, smem_bytes<C, true>(), stream>>>(p);
+  } else {
+    gemm_tensor_kernel<C, false><<<grid, C::kThreads, smem_bytes<C, false>(), stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -463,11 +593,19 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
     return cudaErrorInvalidValue;
   }
   if (p.m == 0 || p.batch == 0) return cudaSuccess;
-  if (!x_bf16 || !p.w || !p.y) return cudaErrorInvalidValue;
+  const bool fp8 = p.w_fp8 != nullptr;
+  if (!x_bf16 || (p.w == nullptr) == !fp8 || !p.y) return cudaErrorInvalidValue;
+  if (fp8 && (!p.w_scale || p.layout != WeightLayout::kNK || p.batch != 1 ||
+              p.ld_w_scale < ceil_div(p.k, kGemmFp8Block))) {
+    return cudaErrorInvalidValue;
+  }
   const SplitPlan plan = split_plan(p.n, p.k, p.batch, tuning);
-  // The kernel follows the tuning and the layout, never m (gemm_invariant.cuh).
-  const bool wgmma = p.layout == WeightLayout::kNK && is_wgmma(tuning.kernel);
+  if (fp8 && plan.slice_k / kGemmFp8Block > kFp8MaxSliceBlocks) return cudaErrorInvalidValue;
+  // The kernel follows the tuning, the layout and the weight dtype, never m (gemm_invariant.cuh):
+  // fp8 weights run on the mma.sync kernel.
+  const bool wgmma = p.layout == WeightLayout::kNK && !fp8 && is_wgmma(tuning.kernel);
   const int tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, wgmma ? tuning : mma_tuning(tuning));
+  static_assert(kSliceGranule == kGemmFp8Block, "fp8: a slice starts on a scale block");
   // Output tiles: rows of x (and y) by columns of y (output features).
   const int tile_rows = wgmma ? wgmma_tile_info(tile).rows : kTiles[tile].bm;
   const int tile_cols = wgmma ? wgmma_tile_info(tile).cols : kTiles[tile].bn;
@@ -480,6 +618,9 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   TcParams t;
   t.x = reinterpret_cast<const uint16_t*>(x_bf16);
   t.w = reinterpret_cast<const uint16_t*>(p.w);
+  t.w8 = p.w_fp8;
+  t.w8_scale = p.w_scale;
+  t.ld_w8_scale = p.ld_w_scale;
   t.y = p.y;
   t.counters = reinterpret_cast<unsigned*>(scratch);
   t.partial = scratch ? scratch + kSplitCounters : nullptr;
@@ -493,7 +634,8 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   // 16-byte cp.async needs every chunk address 16-byte aligned: the base, and row and batch
   // strides in multiples of 8 bf16 (chunk offsets within a row are multiples of 8 already).
   t.vec_x = aligned16(x_bf16) && ld_xb % 8 == 0 && (p.batch == 1 || bs_xb % 8 == 0);
-  t.vec_w = aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
+  t.vec_w = fp8 ? aligned16(p.w_fp8) && p.ld_w % 16 == 0
+                : aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
   // The fused reduction needs one counter per output tile; either way gives the same bits.
   t.fused = plan.splits > 1 && tuning.reduce != 0 &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;

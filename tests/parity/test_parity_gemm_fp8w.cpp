@@ -1,0 +1,293 @@
+// Parity of fp8 weights with 128x128 block scales (GemmParams::w_fp8) on CUDA.
+//
+// The contract (ops.h): an fp8 weight's value is dequant_fp8_weight(byte, its block's scale), so
+// every mode must give exactly the bits it gives on that dequantized bf16 matrix:
+//   - kBatchInvariant: the mma.sync kernel reading fp8 (gemm_tensor.cu) against the same kernel
+//     reading the dequantized bf16 matrix (the same split plan and reduction): bitwise, for the
+//     V3.2 projection shapes at m = 1, 8, 64, 256 and for odd shapes (n, k off the 128 grid,
+//     unaligned rows: the element-load path), both output modes, every tile and both reductions,
+//     and with DSA_CUDA_GEMM's wgmma asked for (fp8 falls back to mma: the same bits again);
+//   - a probe row alone, among 7 and among 255 rows of garbage: the same bits every time;
+//   - kExact: the CPU's bits on the fp8 weights (cpu/gemm.cpp), bitwise;
+//   - kFast: refused with a message.
+// Outputs are poisoned outside [m, n) and 256 guard bytes surround every buffer; both must come
+// back byte for byte. Weight codes cover every e4m3 value but NaN, and the scales span 2^-20 ..
+// 2^6, so the f32 product and its bf16 rounding are exercised everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "common/expect_error.h"
+#include "common/test_util.h"
+#include "dsa/backend.h"
+#include "dsa/error.h"
+#include "parity/gemm_guarded.h"
+
+namespace dsa::parity {
+namespace {
+
+struct Shape {
+  std::string name;
+  int n, k;
+  GemmOutput output = GemmOutput::kOverwrite;
+  int pad_w = 0;  // extra bytes per weight row (odd: the element-load path)
+};
+
+// One fp8 weight matrix, its dequantized bf16 twin (both on the device, guarded), and x / y0 for
+// up to max_m rows.
+class Problem {
+ public:
+  Problem(Backend& cuda, const Shape& s, int max_m, uint64_t seed)
+      : s_(s), max_m_(max_m), ld_w_(s.k + s.pad_w), ld_scale_((s.k + 127) / 128 + 1) {
+    const int64_t nb = (s.n + 127) / 128;
+    std::vector<uint8_t> q(size_t(s.n) * ld_w_, uint8_t(0x7F));  // row padding: NaN codes
+    std::vector<float> scales(size_t(nb * ld_scale_), testing::kPoison);
+    for (int64_t i = 0; i < nb; ++i) {
+      for (int64_t j = 0; j + 1 < ld_scale_; ++j) {
+        const int e = int(hash_bits(seed + 5, uint64_t(i * ld_scale_ + j)) % 27) - 20;
+        scales[size_t(i * ld_scale_ + j)] =
+            std::ldexp(0.5f + 0.5f * std::fabs(hashed(seed + 6, uint64_t(i * ld_scale_ + j))), e);
+      }
+    }
+    std::vector<Bf16> w(size_t(s.n) * s.k);
+    for (int64_t r = 0; r < s.n; ++r) {
+      for (int64_t c = 0; c < s.k; ++c) {
+        uint8_t code = uint8_t(hash_bits(seed, uint64_t(r * s.k + c)));
+        if ((code & 0x7F) == 0x7F) code ^= 1;  // NaN codes out
+        q[size_t(r * ld_w_ + c)] = code;
+        w[size_t(r * s.k + c)] =
+            dequant_fp8_weight(Fp8E4M3{code}, scales[size_t(r / 128 * ld_scale_ + c / 128)]);
+      }
+    }
+    q_dev_ = std::make_unique<Guarded>(cuda, q.size());
+    q_dev_->write(q.data());
+    s_dev_ = std::make_unique<Guarded>(cuda, scales.size() * 4);
+    s_dev_->write(scales.data());
+    w_dev_ = std::make_unique<Guarded>(cuda, w.size() * 2);
+    w_dev_->write(w.data());
+    q_host_ = std::move(q);
+    scale_host_ = std::move(scales);
+    x_.resize(size_t(max_m) * s.k);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] = hashed(seed + 1, i, 2.0f);
+    y0_.assign(size_t(max_m + 2) * s.n, testing::kPoison);
+    if (s.output == GemmOutput::kAccumulate) {
+      for (size_t i = 0; i < size_t(max_m) * s.n; ++i) y0_[i] = hashed(seed + 2, i, 3.0f);
+    }
+  }
+
+  std::vector<float>& x() { return x_; }
+  const Shape& shape() const { return s_; }
+
+  GemmParams params(int m, bool fp8) const {
+    GemmParams p;
+    p.m = m, p.n = s_.n, p.k = s_.k;
+    p.ld_x = s_.k, p.ld_y = s_.n;
+    p.output = s_.output;
+    p.alpha = s_.output == GemmOutput::kAccumulate ? 0.5f : 1.0f;
+    if (fp8) {
+      p.w_fp8 = static_cast<const uint8_t*>(q_dev_->data());
+      p.w_scale = static_cast<const float*>(s_dev_->data());
+      p.ld_w = ld_w_, p.ld_w_scale = ld_scale_;
+    } else {
+      p.w = static_cast<const Bf16*>(w_dev_->data());
+      p.ld_w = s_.k;
+    }
+    return p;
+  }
+
+  // y after one run with m rows: fp8 or the dequantized bf16 weights. Adds failures for changed
+  // guards or bytes outside the m x n output (rows m, m + 1 are poisoned past the output).
+  std::vector<float> run(Backend& be, GemmMode mode, int m, bool fp8) {
+    Guarded x(be, x_.size() * 4), y(be, y0_.size() * 4);
+    x.write(x_.data());
+    y.write(y0_.data());
+    GemmParams p = params(m, fp8);
+    p.x = static_cast<const float*>(x.data());
+    p.y = static_cast<float*>(y.data());
+    be.set_gemm_mode(mode);
+    be.gemm(p);
+    be.synchronize();
+    const std::string what = s_.name + (fp8 ? " fp8" : " bf16") + " m=" + std::to_string(m);
+    x.read(what + " x"), q_dev_->read(what + " w_fp8"), s_dev_->read(what + " w_scale");
+    w_dev_->read(what + " w");
+    const std::vector<uint8_t> bytes = y.read(what + " y");
+    std::vector<float> out(y0_.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    size_t changed = 0;
+    for (size_t i = size_t(m) * s_.n; i < out.size(); ++i) {
+      changed += std::memcmp(&out[i], &y0_[i], 4) != 0;
+    }
+    EXPECT_EQ(changed, 0u) << what << ": floats past the m x n output changed";
+    return out;
+  }
+
+  // The CPU backend on the same fp8 weights (host copies), m rows.
+  std::vector<float> run_cpu(Backend& cpu, int m) const {
+    std::vector<float> y = y0_;
+    GemmParams p = params(m, true);
+    p.x = x_.data(), p.y = y.data();
+    p.w_fp8 = q_host_.data(), p.w_scale = scale_host_.data();
+    cpu.gemm(p);
+    return y;
+  }
+
+ private:
+  Shape s_;
+  int max_m_;
+  int64_t ld_w_, ld_scale_;
+  std::vector<uint8_t> q_host_;
+  std::vector<float> scale_host_, x_, y0_;
+  std::unique_ptr<Guarded> q_dev_, s_dev_, w_dev_;
+};
+
+::testing::AssertionResult same_bits(const std::vector<float>& a, const std::vector<float>& b,
+                                     size_t from, size_t count, const std::string& what) {
+  for (size_t i = from; i < from + count; ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      return ::testing::AssertionFailure()
+             << what << ": element " << i - from << " is " << a[i] << ", expected " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class ParityGemmFp8w : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the parity tests need a GPU";
+    cpu_ = make_cpu_backend();
+    cuda_ = make_cuda_backend(0);
+  }
+  void TearDown() override {
+    if (cuda_) set_gemm_invariant_tuning(*cuda_, {});
+  }
+  void tune(int tile, int reduce, cuda::GemmKernel kernel) {
+    cuda::GemmInvariantTuning t;
+    t.tile = tile, t.reduce = reduce, t.kernel = kernel;
+    set_gemm_invariant_tuning(*cuda_, t);
+  }
+  // fp8 against bf16 on the dequantized weights (mma kernel, default plan), every m of ms, and
+  // fp8 again with the wgmma kernel asked for.
+  void check_shape(const Shape& s, const std::vector<int>& ms) {
+    Problem pr(*cuda_, s, ms.back(), 77 + uint64_t(s.n) * 3 + uint64_t(s.k));
+    for (int m : ms) {
+      tune(-1, -1, cuda::GemmKernel::kMma);
+      const std::vector<float> want = pr.run(*cuda_, GemmMode::kBatchInvariant, m, false);
+      const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
+      const std::string what = s.name + " m=" + std::to_string(m);
+      ASSERT_TRUE(same_bits(got, want, 0, size_t(m) * s.n, what + " [mma]"));
+      tune(-1, -1, cuda::GemmKernel::kWgmma);
+      const std::vector<float> fallback = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
+      ASSERT_TRUE(same_bits(fallback, want, 0, size_t(m) * s.n, what + " [wgmma asked]"));
+    }
+  }
+  std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168},      {"q_b", 128 * 192, 1536},
+      {"kv_a", 576, 7168},      {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
+      {"wq_b", 64 * 128, 1536}, {"wk", 128, 7168},
+      {"gate/up", 18432, 7168}, {"down", 7168, 18432, GemmOutput::kAccumulate},
+  };
+  for (const Shape& s : shapes) check_shape(s, {1, 8, 64, 256});
+}
+
+TEST_F(ParityGemmFp8w, OddShapesMatchBf16Bits) {
+  const std::vector<Shape> shapes = {
+      {"n1k1", 1, 1},
+      {"n130k300", 130, 300, GemmOutput::kOverwrite, 3},
+      {"n257k129", 257, 129, GemmOutput::kAccumulate, 1},
+      {"n300k1000", 300, 1000, GemmOutput::kOverwrite, 16},
+      {"n72k2050", 72, 2050, GemmOutput::kAccumulate, 5},
+  };
+  for (const Shape& s : shapes) check_shape(s, {1, 7, 64, 100});
+}
+
+// Every mma tile and both split reductions: the same bits as the bf16 default, aligned rows (the
+// cp.async path) and unaligned ones (element loads).
+TEST_F(ParityGemmFp8w, EveryTileAndReductionGiveTheSameBits) {
+  const std::vector<Shape> shapes = {{"kv_a", 576, 7168}, {"n200k1500", 200, 1500, {}, 3}};
+  for (const Shape& s : shapes) {
+    Problem pr(*cuda_, s, 64, 9);
+    for (int m : {1, 64}) {
+      tune(-1, -1, cuda::GemmKernel::kMma);
+      const std::vector<float> want = pr.run(*cuda_, GemmMode::kBatchInvariant, m, false);
+      for (int tile = 0; tile < cuda::gemm_invariant_tile_count(cuda::GemmKernel::kMma); ++tile) {
+        for (int reduce : {0, 1}) {
+          tune(tile, reduce, cuda::GemmKernel::kMma);
+          const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
+          ASSERT_TRUE(same_bits(got, want, 0, size_t(m) * s.n,
+                                s.name + " m=" + std::to_string(m) + " tile " +
+                                    cuda::gemm_invariant_tile_name(tile) + " reduce " +
+                                    std::to_string(reduce)));
+        }
+      }
+    }
+  }
+}
+
+// The probe row (row 0 of the clean x) alone, among 7 and among 255 rows of garbage, at several
+// positions: the same bits every time.
+TEST_F(ParityGemmFp8w, ProbeRowIsBitwiseInvariantToItsBatch) {
+  const std::vector<Shape> shapes = {
+      {"q_a", 1536, 7168}, {"o", 7168, 128 * 128}, {"n130k300", 130, 300, {}, 3}};
+  struct Placement {
+    int m, position;
+  };
+  const Placement placements[] = {{1, 0}, {8, 0}, {8, 3}, {8, 7}, {256, 0}, {256, 100}, {256, 255}};
+  for (const Shape& s : shapes) {
+    Problem pr(*cuda_, s, 256, 4242);
+    const std::vector<float> clean = pr.x();
+    std::vector<float> probe;
+    for (const Placement& at : placements) {
+      std::vector<float>& x = pr.x();
+      for (int r = 0; r < at.m; ++r) {
+        for (int k = 0; k < s.k; ++k) {
+          const size_t i = size_t(r) * s.k + k;
+          x[i] = r == at.position ? clean[k] : hashed(9 + r, i, r % 2 ? 1e4f : 3.0f);
+        }
+      }
+      const std::vector<float> y = pr.run(*cuda_, GemmMode::kBatchInvariant, at.m, true);
+      const std::vector<float> row(y.begin() + size_t(at.position) * s.n,
+                                   y.begin() + size_t(at.position + 1) * s.n);
+      if (probe.empty()) {
+        probe = row;
+        continue;
+      }
+      ASSERT_TRUE(same_bits(
+          row, probe, 0, size_t(s.n),
+          s.name + " probe at " + std::to_string(at.position) + " of " + std::to_string(at.m)));
+    }
+    pr.x() = clean;
+  }
+}
+
+// kExact reads fp8 weights as the CPU does: the CPU's bits, small-m and large-m kernels.
+TEST_F(ParityGemmFp8w, ExactModeMatchesTheCpuBits) {
+  const std::vector<Shape> shapes = {{"kv_a", 576, 7168}, {"n130k300", 130, 300, {}, 3}};
+  for (const Shape& s : shapes) {
+    Problem pr(*cuda_, s, 40, 31);
+    for (int m : {1, 40}) {
+      const std::vector<float> got = pr.run(*cuda_, GemmMode::kExact, m, true);
+      const std::vector<float> want = pr.run_cpu(*cpu_, m);
+      ASSERT_TRUE(
+          same_bits(got, want, 0, size_t(m) * s.n, s.name + " exact m=" + std::to_string(m)));
+    }
+  }
+}
+
+TEST_F(ParityGemmFp8w, FastModeRefusesFp8Weights) {
+  Problem pr(*cuda_, {"small", 64, 256}, 4, 5);
+  testing::expect_error([&] { pr.run(*cuda_, GemmMode::kFast, 4, true); },
+                        ErrorCode::kInvalidArgument, {"fp8 weights", "--gemm invariant"});
+}
+
+}  // namespace
+}  // namespace dsa::parity
