@@ -341,18 +341,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const uint32_t q_base = base + uint32_t(V::kSmem.q);
   float o[kOutTiles][32];
-#pragma unroll
-  for (int nb = 0; nb < kOutTiles; ++nb) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[nb][i] = 0.0f;
-  }
-  auto fence_o = [&] {
-#pragma unroll
-    for (int nb = 0; nb < kOutTiles; ++nb) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) fence_operand(o[nb][i]);
-    }
-  };
+  zero_accumulators(o);
+  auto fence_o = [&] { fence_accumulators(o); };
   auto o_flat = [&]() -> float(&)[kOutTiles * 32] {
     return reinterpret_cast<float(&)[kOutTiles * 32]>(o);
   };

@@ -153,6 +153,24 @@ __device__ __forceinline__ void fence_proxy_async_all() {
 }
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+// Every register of a wgmma accumulator array (kTiles tiles of 32 f32 per thread) zeroed, or
+// fenced.
+template <int kTiles>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kTiles][32]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[t][i] = 0.0f;
+  }
+}
+template <int kTiles>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kTiles][32]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(acc[t][i]);
+  }
+}
 
 // d = A * B + d: one wgmma.mma_async.m64nNk16.f32.bf16.bf16, A and B K-major from shared memory
 // through their descriptors, scale-d = 1 (always accumulate: chains start from registers zeroed
