@@ -1,15 +1,17 @@
 // What the GEMM parity tests share (test_parity_gemm.cpp, test_parity_gemm_fp8w.cpp): inputs
 // hashed from (seed, index), so a row holds the same values whatever m, and device buffers with
-// guard bytes on both sides.
+// guard bytes on both sides; the fixtures' common base.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "dsa/backend.h"
 
 namespace dsa::parity {
@@ -61,6 +63,21 @@ class Guarded {
   Backend& be_;
   size_t bytes_;
   DeviceArray<uint8_t> mem_;
+};
+
+// The GEMM fixtures' base: a CPU and a CUDA backend (skips without a GPU), and the CUDA GEMM's
+// tuning reset to its defaults after each test.
+class GemmParityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the parity tests need a GPU";
+    cpu_ = make_cpu_backend();
+    cuda_ = make_cuda_backend(0);
+  }
+  void TearDown() override {
+    if (cuda_) set_gemm_invariant_tuning(*cuda_, {});
+  }
+  std::unique_ptr<Backend> cpu_, cuda_;
 };
 
 }  // namespace dsa::parity

@@ -243,16 +243,8 @@ std::string kernel_label(cuda::GemmKernel kernel) {
   return std::string(" [") + cuda::gemm_kernel_name(kernel) + "]";
 }
 
-class ParityGemm : public ::testing::Test {
+class ParityGemm : public GemmParityTest {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the parity tests need a GPU";
-    cpu_ = make_cpu_backend();
-    cuda_ = make_cuda_backend(0);
-  }
-  void TearDown() override {
-    if (cuda_) set_gemm_invariant_tuning(*cuda_, {});
-  }
   // Forces `kernel` (the default tile and split plan) for the runs that follow.
   void use(cuda::GemmKernel kernel) {
     cuda::GemmInvariantTuning tuning;
@@ -334,8 +326,6 @@ class ParityGemm : public ::testing::Test {
       }
     }
   }
-
-  std::unique_ptr<Backend> cpu_, cuda_;
 };
 
 // Odd and even k and n, tails of every tile, unaligned rows, both layouts, batches, alpha and

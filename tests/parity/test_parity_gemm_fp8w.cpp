@@ -156,16 +156,8 @@ class Problem {
   return ::testing::AssertionSuccess();
 }
 
-class ParityGemmFp8w : public ::testing::Test {
+class ParityGemmFp8w : public GemmParityTest {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the parity tests need a GPU";
-    cpu_ = make_cpu_backend();
-    cuda_ = make_cuda_backend(0);
-  }
-  void TearDown() override {
-    if (cuda_) set_gemm_invariant_tuning(*cuda_, {});
-  }
   void tune(int tile, int reduce, cuda::GemmKernel kernel) {
     cuda::GemmInvariantTuning t;
     t.tile = tile, t.reduce = reduce, t.kernel = kernel;
@@ -186,7 +178,6 @@ class ParityGemmFp8w : public ::testing::Test {
       ASSERT_TRUE(same_bits(fallback, want, 0, size_t(m) * s.n, what + " [wgmma asked]"));
     }
   }
-  std::unique_ptr<Backend> cpu_, cuda_;
 };
 
 TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/expect_error.h"
+#include "common/prefill_logits.h"
 #include "common/test_util.h"
 #include "dsa/checkpoint.h"
 #include "dsa/error.h"
@@ -55,23 +56,7 @@ class CheckpointTest : public ::testing::Test {
   }
   // The logits of one eager prefill step of a short prompt.
   std::vector<float> step_logits(const ModelConfig& config, Weights w) {
-    Model model(*backend_, config, std::move(w), 16, 128);
-    CacheConfig cc;
-    cc.num_layers = config.num_hidden_layers;
-    cc.num_pages = 4;
-    KvCache cache(*backend_, cc);
-    Runner runner(model, cache, {});
-    PageTable pages;
-    EXPECT_TRUE(pages.reserve(16, cache.allocator()));
-    const std::vector<int32_t> prompt = byte_tokens("checkpoint rows");
-    std::vector<RowInput> rows;
-    for (size_t i = 0; i < prompt.size(); ++i) {
-      const int32_t pos = int32_t(i);
-      rows.push_back({prompt[i], pos, pages.slot(pos), pos + 1, pages.pages()});
-    }
-    StepResult r = runner.step_eager(rows, StepOutputs().with_logits());
-    pages.release_all(cache.allocator());
-    return r.logits;
+    return prefill_logits(*backend_, config, std::move(w), byte_tokens("checkpoint rows"));
   }
   std::vector<int32_t> greedy(const ModelConfig& config, Weights w) {
     Model model(*backend_, config, std::move(w), 16, 128);

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "common/expect_error.h"
+#include "common/prefill_logits.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/checkpoint.h"
@@ -210,23 +211,7 @@ TEST(Fp8Weights, OperandChecksNameTheProblem) {
 
 // The logits of one eager prefill step of a short prompt.
 std::vector<float> step_logits(Backend& be, const ModelConfig& config, Weights w) {
-  Model model(be, config, std::move(w), 16, 128);
-  CacheConfig cc;
-  cc.num_layers = config.num_hidden_layers;
-  cc.num_pages = 4;
-  KvCache cache(be, cc);
-  Runner runner(model, cache, {});
-  PageTable pages;
-  EXPECT_TRUE(pages.reserve(16, cache.allocator()));
-  const std::vector<int32_t> prompt = {3, 141, 59, 26, 53, 58, 97, 93, 238, 46};
-  std::vector<RowInput> rows;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    const int32_t pos = int32_t(i);
-    rows.push_back({prompt[i], pos, pages.slot(pos), pos + 1, pages.pages()});
-  }
-  StepResult r = runner.step_eager(rows, StepOutputs().with_logits());
-  pages.release_all(cache.allocator());
-  return r.logits;
+  return prefill_logits(be, config, std::move(w), {3, 141, 59, 26, 53, 58, 97, 93, 238, 46});
 }
 
 class Fp8WeightModel : public ::testing::TestWithParam<std::string> {};
