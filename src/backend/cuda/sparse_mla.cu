@@ -288,18 +288,21 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
   }
 }
 
-// The kernel family, the one place the default is chosen: the mma.sync kernel of this file or
-// the wgmma kernel (sparse_mla_wgmma.cu). DSA_CUDA_SPARSE_MLA_VARIANT=wgmma|mma forces one (read
-// at every call; anything else: the default). The two give different bits (their f32 sums run
-// in different orders), each batch-invariant on its own: pick one for a whole process.
-// The wgmma kernel is the default: on the H200 it took 297.8 / 1143.6 us at B = 64 / 256 (bf16;
-// mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us at B = 1
-// (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md.
-// DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64 selects a third family, the 64-token, token-split wgmma
-// kernel (sparse_mla_wgmma64.cu; bf16 caches, an fp8 cache runs the wgmma kernel): its own bits,
-// not the default until measured.
+// The kernel family, the one place the default is chosen: the mma.sync kernel of this file, the
+// wgmma kernel (sparse_mla_wgmma.cu) or the 64-token one (sparse_mla_wgmma64.cu).
+// DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64|wgmma|mma forces one (read at every call; anything else:
+// the default). They give different bits (their f32 sums run in different orders), each
+// batch-invariant on its own: pick one for a whole process.
+// The wgmma kernel replaced mma.sync on 2026-12-03: on the H200 it took 297.8 / 1143.6 us at B = 64
+// / 256 (bf16; mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us
+// at B = 1 (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md. The 64-token,
+// token-split wgmma kernel (sparse_mla_wgmma64.cu, DSA_CUDA_SPARSE_MLA_VARIANT= wgmma64) is the
+// default since 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
+// kernel's 31.4 / 271.8 / 1052.8 in the same process (bench/results/2026-12-04-h200-variants.md).
+// It serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma kernel, a
+// choice fixed by the pool, never by the batch.
 enum class MlaKernel { kMma, kWgmma, kWgmma64 };
-constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma;
+constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma64;
 MlaKernel mla_kernel() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;

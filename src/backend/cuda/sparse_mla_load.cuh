@@ -374,15 +374,25 @@ template <class V>
 __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
                                int split, int row, int head0, uint8_t* smem) {
   auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
+  // Every remote load of a phase is issued before the first of them is used: a load behind a
+  // branch on `splits` that follows a use waits out the cluster's round trip once per split (on
+  // the H200, Nsight Compute's source page put about a sixth of a B = 64 launch's stall samples
+  // on that chain of FFMAs, bench/results/2026-12-04-h200-attn.md). The arithmetic after the
+  // loads is the same chain, in split order, as before: the same bits.
   if (threadIdx.x < V::kHeads) {
     const int h = threadIdx.x;
     float ms[kMaxSplits], ls[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits) {
+        ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+        ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+      }
+    }
     float m_max = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s >= splits) break;
-      ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-      ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
       m_max = fmaxf(m_max, ms[s]);
     }
     float l_sum = 0.0f;
@@ -410,15 +420,21 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
     const int h = it / vecs, d = d0 + (it % vecs) * 4;
     if (head0 + h >= p.heads) continue;
+    float4 v[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits) {
+        const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
+        v[s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      }
+    }
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s >= splits) break;
-      const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
-      const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
       const float w = coef[h * kMaxSplits + s];
-      acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
-      acc.z = fmaf(v.z, w, acc.z), acc.w = fmaf(v.w, w, acc.w);
+      acc.x = fmaf(v[s].x, w, acc.x), acc.y = fmaf(v[s].y, w, acc.y);
+      acc.z = fmaf(v[s].z, w, acc.z), acc.w = fmaf(v[s].w, w, acc.w);
     }
     float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
     out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
