@@ -265,11 +265,18 @@ Variant variant_for(KvDtype dtype) {
 }
 
 // Tokens per block: the override, or the largest size that keeps two blocks per SM (every
-// variant holds two blocks per SM).
-int block_tokens_for(const IndexerLogitsParams& p) {
+// variant holds two blocks per SM). The wgmma variants take blocks of whole tiles down to
+// kMinWgmmaBlockTokens; the legacy and resident ones down to kMinBlockTokens (their 8 warps of
+// kGroupTokens). The block size never enters a logit's arithmetic (each token's chain and head
+// sum are the same in any block), so it is free per call.
+constexpr int kMinWgmmaBlockTokens = 128;
+int block_tokens_for(const IndexerLogitsParams& p, Variant variant) {
+  const bool wgmma =
+      variant == Variant::kWgmma || variant == Variant::kWgmmaN64 || variant == Variant::kWgmmaPipe;
+  const int floor = wgmma ? kMinWgmmaBlockTokens : kMinBlockTokens;
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS")) {
     const int forced = std::atoi(v);
-    if (forced >= kMinBlockTokens && forced <= kMaxBlockTokens && (forced & (forced - 1)) == 0) {
+    if (forced >= floor && forced <= kMaxBlockTokens && (forced & (forced - 1)) == 0) {
       return forced;
     }
   }
@@ -284,7 +291,7 @@ int block_tokens_for(const IndexerLogitsParams& p) {
 
 template <KvDtype D>
 cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t stream) {
-  const int block_tokens = block_tokens_for(p);
+  const int block_tokens = block_tokens_for(p, variant);
   if (variant == Variant::kResident) return launch_resident(p, block_tokens, stream);
   if (variant == Variant::kWgmma) {
     return launch_wgmma(p, block_tokens, WgmmaSchedule::kWide, stream);
