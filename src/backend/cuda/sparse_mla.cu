@@ -76,6 +76,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/sparse_mla_load.cuh"
+#include "backend/cuda/sparse_mla_split.cuh"
 #include "dsa/token_codec.h"
 
 namespace dsa::cuda {

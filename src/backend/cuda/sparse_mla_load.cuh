@@ -2,18 +2,17 @@
 // wgmma; their header comments have the designs): the shared-memory layout of each mma.sync
 // variant (m-tiles per CTA, ring depth), the split plan, the selected slots, the latent chunks'
 // copies into shared memory (bf16 rows; fp8 raw bytes and their dequant to bf16) in either
-// kernel's row layout (padded rows, or the 128-byte-swizzled tiles of wgmma), q's distribution
-// over the cluster through distributed shared memory, and the cluster's fixed-order combine.
+// kernel's row layout (padded rows, or the 128-byte-swizzled tiles of wgmma) and the online
+// softmax step. The cluster's side (q's distribution, the combine, the launch) is in
+// sparse_mla_split.cuh.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
@@ -278,177 +277,6 @@ __device__ __forceinline__ void dequantize_chunk(const int64_t* slots, const Sta
   }
 }
 
-// Halves of the cluster barrier (every thread of every CTA of the cluster, in the same order).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// q of the cluster's kHeads heads, rounded to bf16, into q_at (head, dim) of every CTA of the
-// cluster (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte
-// loads when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them
-// in all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA. The
-// caller has arrived at the cluster barrier once; this waits for that phase (every CTA has started,
-// so its shared memory may be written) before the first remote store.
-template <int kHeads, int kThreads, class Rows>
-__device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                              int split, int row, int head0, Rows q_at) {
-  constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
-  constexpr int kBatch = 6;                   // loads in flight per thread
-  const int share = kHeads * kRowPieces / splits, begin = split * share;
-  const float* q = p.q + int64_t(row) * p.ld_q;
-  const bool aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
-  for (int b0 = 0; b0 < share; b0 += kBatch * kThreads) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int at = b0 + i * kThreads + int(threadIdx.x);
-      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
-      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (at >= share || head0 + h >= p.heads) continue;
-      const float* src = q + int64_t(head0 + h) * kLatentDim + d;
-      v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
-                     : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
-    }
-    if (b0 == 0) cluster_wait_acquire();
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int at = b0 + i * kThreads + int(threadIdx.x);
-      if (at >= share) continue;
-      const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
-      const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
-      for (int r = 0; r < splits; ++r) {
-        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_at(h, d), r)) = bf;
-      }
-    }
-  }
-}
-
-// The first half of both kernels' prologue, one memory round trip: arrives at the cluster
-// barrier (this CTA has started), loads the slots of the first kStages chunks (of kChunkTokens)
-// and this CTA's share of q, stores q into every CTA of the cluster (q_at: the kernel's layout;
-// kAsyncProxy: fenced for the async proxy, which reads it with wgmma), arrives again (release:
-// this CTA's q stores are done), stages the checked slots into slots_s [kStages][kChunkTokens]
-// (Slot: int64_t, or int32_t where the host has checked that the pool's capacity fits) and syncs
-// the CTA.
-// The caller waits on the cluster barrier (acquire) before it reads q.
-template <int kHeads, int kThreads, int kStages, bool kAsyncProxy, int kChunkTokens = kChunk,
-          class Rows, class Slot>
-__device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluster_group& cluster,
-                                            const SplitPlan& plan, const CtaWork& w, Rows q_at,
-                                            Slot* slots_s) {
-  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
-  int64_t first_slots[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) {
-    const bool load = threadIdx.x < kChunkTokens && i < w.n_chunks;
-    first_slots[i] =
-        load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x, kChunkTokens) : int64_t(-1);
-  }
-  share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, q_at);
-  if constexpr (kAsyncProxy) fence_proxy_async_all();  // q's stores, in any CTA
-  cluster_arrive_release();                            // this CTA's q stores are done
-  if (threadIdx.x < kChunkTokens) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) {
-      slots_s[i * kChunkTokens + threadIdx.x] = Slot(checked_slot(p, first_slots[i]));
-    }
-  }
-  __syncthreads();  // the staged slots are visible
-}
-
-// The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
-// [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
-// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
-// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
-// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
-// variant.
-// V: the kernel's variant (kHeads, kThreads, kSmem's m, l and coef offsets); smem: the CTA's
-// shared memory base, at the same offset in every CTA of the cluster, where part starts.
-template <class V>
-__device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                               int split, int row, int head0, uint8_t* smem) {
-  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
-  // Every remote load of a phase is issued before the first of them is used: a load behind a
-  // branch on `splits` that follows a use waits out the cluster's round trip once per split (on
-  // the H200, Nsight Compute's source page put about a sixth of a B = 64 launch's stall samples
-  // on that chain of FFMAs, bench/results/2026-12-04-h200-attn.md). The arithmetic after the
-  // loads is the same chain, in split order, as before: the same bits.
-  if (threadIdx.x < V::kHeads) {
-    const int h = threadIdx.x;
-    float ms[kMaxSplits], ls[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) {
-        ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-        ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
-      }
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      m_max = fmaxf(m_max, ms[s]);
-    }
-    float l_sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
-      l_sum += ls[s] * ms[s];
-    }
-    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      coef[h * kMaxSplits + s] = ms[s] * inv;
-    }
-    if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
-      p.lse[int64_t(row) * p.heads + head0 + h] =
-          l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
-    }
-  }
-  __syncthreads();  // coef is complete
-
-  const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
-  const int d0 = split * (kKvLoraRank / splits);
-  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
-    const int h = it / vecs, d = d0 + (it % vecs) * 4;
-    if (head0 + h >= p.heads) continue;
-    float4 v[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) {
-        const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
-        v[s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
-      }
-    }
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      const float w = coef[h * kMaxSplits + s];
-      acc.x = fmaf(v[s].x, w, acc.x), acc.y = fmaf(v[s].y, w, acc.y);
-      acc.z = fmaf(v[s].z, w, acc.z), acc.w = fmaf(v[s].w, w, acc.w);
-    }
-    float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
-    out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
-  }
-}
-
-// The bound on splits per row: 8 (the portable cluster size), or 16 with
-// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
-// changes the bits: set it for a whole process or not at all.
-inline int max_splits() {
-  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
-  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
-}
-
 // One chunk's online-softmax step of a thread that holds rows g and g + 8 (g = lane / 4) of its
 // warp's 16 rows of S over the chunk's 32 tokens in the m16n8 C / wgmma D layout: s[4 n + e] is
 // row g + 8 (e / 2), token 8 n + 2 c + e % 2 (c = lane % 4). Scales s to log2 units (scale_log2 =
@@ -520,96 +348,6 @@ __device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slot
                                              float (&o)[kO]) {
   float alpha[2];
   if (softmax_scores(s, slots, c, scale_log2, m, l, alpha)) rescale_rows(o, alpha);
-}
-
-// The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
-// KiB, clusters past the portable 8) and whether one cluster of 16 fits on the GPU.
-struct LaunchOnce {
-  std::atomic<uint64_t> opted_in{0}, asked{0}, fits{0};
-};
-using SplitKernel = void (*)(SparseMlaParams, SplitPlan);
-
-// Launches `kernel` over rows * ceil(heads / heads_per_cta) * plan.splits CTAs of `threads`, in
-// clusters of plan.splits (a row's head groups side by side, the splits of one (row, group) in
-// one cluster). A cluster past the portable size that the GPU cannot place is refused with
-// cudaErrorInvalidClusterSize and nothing launched (a launch that fails would be sticky in the
-// worst case; this never is).
-inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaParams& p,
-                                         const SplitPlan& plan, int heads_per_cta, int threads,
-                                         size_t smem_bytes, cudaStream_t stream, LaunchOnce& once) {
-  cudaError_t err = once_per_device(once.opted_in, false, [&] {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  const unsigned groups = unsigned((p.heads + heads_per_cta - 1) / heads_per_cta);
-  config.gridDim = dim3(unsigned(p.rows) * groups * unsigned(plan.splits));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = unsigned(plan.splits);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  if (plan.splits > kDefaultSplits) {  // asked once per device
-    int device = 0;
-    err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    const uint64_t bit = uint64_t(1) << (device % 64);
-    if (!(once.asked.load(std::memory_order_relaxed) & bit)) {
-      int clusters = 0;
-      err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-      if (err != cudaSuccess) return err;
-      if (clusters > 0) once.fits.fetch_or(bit, std::memory_order_relaxed);
-      once.asked.fetch_or(bit, std::memory_order_relaxed);
-    }
-    if (!(once.fits.load(std::memory_order_relaxed) & bit)) return cudaErrorInvalidClusterSize;
-  }
-  err = cudaLaunchKernelEx(&config, kernel, p, plan);
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
-}
-
-// The end of both kernels, once the token loop is done (no copy or wgmma in flight): the row
-// sums over the quad, the split's partial into shared memory (o over q and the rings, which
-// every warp is done with after the barrier) and the cluster's combine. The thread holds rows
-// `row0` and row0 + 8 of the CTA's heads and, of each, 256 consecutive output dims starting at
-// dim0 in the m16n8 C layout repeated: o[4 j + e] is row row0 + 8 (e / 2), dim dim0 + 8 j + e % 2
-// (dim0 includes 2 (lane % 4)); writes_ml: this thread stores m and l of its rows.
-template <class V>
-__device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::cluster_group& cluster,
-                                             const SplitPlan& plan, const CtaWork& w, uint8_t* smem,
-                                             const float (&o)[128], const float (&m)[2],
-                                             float (&l)[2], int row0, int dim0, bool writes_ml) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  __syncthreads();
-  auto* part = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = row0 + r * 8;
-    float* dst = part + h * kPartPitch + dim0;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
-    }
-    if (writes_ml) {
-      reinterpret_cast<float*>(smem + V::kSmem.m)[h] = m[r];
-      reinterpret_cast<float*>(smem + V::kSmem.l)[h] = l[r];
-    }
-  }
-  cluster.sync();  // every split's partial is complete and visible to the cluster
-  combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail

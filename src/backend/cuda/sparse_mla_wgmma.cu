@@ -1,7 +1,7 @@
 // Absorbed sparse MLA decode (DESIGN §1.7) on Hopper warpgroup MMA (wgmma, sm_90a): the
 // DSA_CUDA_SPARSE_MLA_VARIANT=wgmma kernel. The split plan, the chunk of 32 selected tokens, the
 // cluster's q distribution and its fixed-order combine are the mma.sync kernel's
-// (sparse_mla.cu, sparse_mla_load.cuh); what changes is the math inside a CTA, which reads each
+// (sparse_mla.cu, sparse_mla_split.cuh); what changes is the math inside a CTA, which reads each
 // latent chunk from shared memory once per 64 heads instead of once per 16.
 //
 // Launch: rows * G * S CTAs of 256 threads (two warpgroups) in clusters of S, G = ceil(heads /
@@ -149,6 +149,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/sparse_mla_load.cuh"
+#include "backend/cuda/sparse_mla_split.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {

@@ -3,7 +3,8 @@
 // latent caches only (fp8 caches under this variant run the wgmma kernel,
 // sparse_mla_wgmma.cu). The split plan (chunks of 64 here), the cluster's q distribution
 // (start_split / share_queries) and its fixed-order combine (finish_split / combine_splits) are
-// the other kernels' (sparse_mla_load.cuh). FlashMLA's sparse decode is the model for the step.
+// the other kernels' (sparse_mla_load.cuh, sparse_mla_split.cuh). FlashMLA's sparse decode is the
+// model for the step.
 //
 // Why: the wgmma kernel's step (32 tokens, S split over the 576 dims between the warpgroups and
 // summed through 16 KiB of f32 in shared memory, both warpgroups redoing one softmax) measures
@@ -132,6 +133,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/sparse_mla_load.cuh"
+#include "backend/cuda/sparse_mla_split.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {
