@@ -10,7 +10,8 @@
 #     on every V3.2 projection at B = 1, 8, 64, 256 against cuBLASLt, each run checked (nmse
 #     against cuBLASLt, row 0 bit for bit against every run of the same split count), in the
 #     time the earlier steps left (--gemm-sweep-budget). KERNEL=wgmma sweeps the wgmma kernel's
-#     tiles (default: mma); the split counts swept are shared by both kernels.
+#     tiles (default: mma); the split counts swept are shared by both kernels. ONLY="q_a o ..."
+#     sweeps those projections alone.
 # Files in $OUT: sweep.log (everything), steps.tsv, parity.json, sweep.json, summary.md (the
 # best configuration per projection and B, its ratio to cuBLASLt, and the kShapeTable lines to
 # paste into src/backend/cuda/gemm_tensor.cu).
@@ -39,6 +40,7 @@ budget=$(( TOTAL_S - SECONDS - 25 ))
 (( budget < 40 )) && budget=40
 step gemm-sweep $(( budget + 25 )) "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --gemm-sweep --gemm-sweep-kernel "$KERNEL" --gemm-sweep-budget "$budget" \
+  ${ONLY:+--gemm-sweep-only $ONLY} \
   --json "$OUT/sweep.json"
 
 {

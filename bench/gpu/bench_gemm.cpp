@@ -347,11 +347,17 @@ std::vector<int> sweep_splits(const Projection& pr) {
 
 // The tiles worth timing at B rows: 16-row tiles for decode, 16- and 64-row tiles and the
 // 128 x 128 ones at 64, the 64-row tiles and up past it.
+// wgmma: the bulk-copy tiles ("tma.", the same bits as its cp.async tiles, faster everywhere
+// measured) up to max(16, B) rows.
 std::vector<int> sweep_tiles(int rows, cuda::GemmKernel kernel) {
   std::vector<int> out;
   for (int t = 0; t < cuda::gemm_invariant_tile_count(kernel); ++t) {
     const int bm = cuda::gemm_invariant_tile_rows(t, kernel);
     const std::string name = cuda::gemm_invariant_tile_name(t, kernel);
+    if (kernel == cuda::GemmKernel::kWgmma) {
+      if (name.rfind("tma.", 0) == 0 && bm <= std::max(16, rows)) out.push_back(t);
+      continue;
+    }
     const bool keep = rows <= 16   ? bm == 16
                       : rows <= 64 ? bm <= 64 || name.rfind("128x128", 0) == 0
                                    : bm >= 64;
@@ -607,13 +613,38 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
       std::printf(" %5.2f %18s", best_ratio[bi], cuda::gemm_invariant_tile_name(t, kernel));
     }
     std::printf("   %5.2f\n", best_worst);
+    // The entry holds a tile per class of m for each kernel: the swept kernel's from the sweep,
+    // the other's as its pick today (at m = 1, 64 and 256, under the new split count).
+    const cuda::GemmKernel other =
+        kernel == cuda::GemmKernel::kWgmma ? cuda::GemmKernel::kMma : cuda::GemmKernel::kWgmma;
+    int kept[3];
+    for (int c = 0; c < 3; ++c) {
+      cuda::GemmInvariantTuning t;
+      t.kernel = other, t.splits = best_splits;
+      kept[c] = cuda::gemm_invariant_tile(c == 0 ? 1 : c == 1 ? 64 : 256, pr.n, pr.k, pr.batch, t);
+    }
+    const bool wgmma = kernel == cuda::GemmKernel::kWgmma;
+    auto list = [](const int* t, bool names) {  // mma tiles by index, wgmma tiles by name
+      std::string out = "{";
+      for (int c = 0; c < 3; ++c) {
+        out += c ? ", " : "";
+        out +=
+            names
+                ? "\"" +
+                      std::string(cuda::gemm_invariant_tile_name(t[c], cuda::GemmKernel::kWgmma)) +
+                      "\""
+                : std::to_string(t[c]);
+      }
+      return out + "}";
+    };
     table.push_back("    {" + std::to_string(pr.n) + ", " + std::to_string(pr.k) + ", " +
-                    std::to_string(pr.batch) + ", " + std::to_string(best_splits) + ", {" +
-                    std::to_string(best_tile[0]) + ", " + std::to_string(best_tile[1]) + ", " +
-                    std::to_string(best_tile[2]) + "}},  // " + pr.name);
+                    std::to_string(pr.batch) + ", " + std::to_string(best_splits) + ", " +
+                    list(wgmma ? kept : best_tile, false) + ", " +
+                    list(wgmma ? best_tile : kept, true) + "},  // " + pr.name);
   }
-  std::printf("\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu (%s tiles)\n",
-              cuda::gemm_kernel_name(kernel));
+  std::printf(
+      "\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu (%s tiles swept)\n",
+      cuda::gemm_kernel_name(kernel));
   for (const std::string& line : table) std::puts(line.c_str());
 }
 

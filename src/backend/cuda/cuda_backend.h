@@ -16,12 +16,14 @@ cudaStream_t cuda_stream(Backend& backend);
 namespace cuda {
 
 // Which batch-invariant GEMM kernel runs. kMma: mma.sync m16n8k16 (gemm_tensor.cu), every
-// layout. kWgmma: Hopper wgmma m64nNk16 (gemm_wgmma.cu) for kNK weights, mma.sync for kKN (the
-// choice follows the layout, never m). kDefault: the backend's choice, from the environment
-// variable DSA_CUDA_GEMM ("mma" or "wgmma") when set, else kDefaultGemmKernel. The two kernels
-// give different bits (each one batch-invariant), so a run keeps one.
+// layout and fp8 weights. kWgmma: Hopper wgmma m64nNk16 (gemm_wgmma.cu, gemm_wgmma_tma.cu) for
+// bf16 kNK weights, mma.sync for kKN and fp8 weights (the choice follows the layout and the
+// weight dtype, never m). kDefault: the backend's choice, from the environment variable
+// DSA_CUDA_GEMM ("mma" or "wgmma") when set, else kDefaultGemmKernel (wgmma: at cuBLASLt's
+// speed at decode sizes on the H200, bench/results/2026-12-04-h200-gemm-tma.md). The two
+// kernels give different bits (each one batch-invariant), so a run keeps one.
 enum class GemmKernel { kDefault = -1, kMma = 0, kWgmma = 1 };
-inline constexpr GemmKernel kDefaultGemmKernel = GemmKernel::kMma;
+inline constexpr GemmKernel kDefaultGemmKernel = GemmKernel::kWgmma;
 const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
 
 // The batch-invariant GEMM's knobs (gemm_tensor.cu, gemm_wgmma.cu), for the sweep of

@@ -71,21 +71,67 @@ __device__ __forceinline__ void store_chain(const TcParams& p, int b, int s, int
 // slice order 0, 1, ..., exactly as reduce_splits_kernel does, so which CTA comes last never
 // changes a bit. Release: every thread fences its partial stores before thread 0 counts the
 // arrival; acquire: the last CTA fences again and reads the partials from L2.
-template <int kThreads>
+// kBarrier 0: every thread of the CTA calls it (kThreads of them); else threads [0, kThreads)
+// do, and synchronize on named barrier kBarrier (the others have left: warp-specialized kernels).
+template <int kThreads, int kBarrier = 0>
 __device__ __forceinline__ void finish_split_tile(const TcParams& p, int b, int64_t tile, int row0,
                                                   int rows, int col0, int cols) {
   __shared__ bool last;
+  auto sync = [] {
+    if constexpr (kBarrier == 0) {
+      __syncthreads();
+    } else {
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kBarrier), "n"(kThreads) : "memory");
+    }
+  };
   __threadfence();
-  __syncthreads();
+  sync();
   unsigned* counter = p.counters + tile;
   if (threadIdx.x == 0) {
     last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
     if (last) *counter = 0;  // every slice has arrived: zero again for the next launch
   }
-  __syncthreads();
+  sync();
   if (!last) return;
   __threadfence();
   const int64_t per_slice = int64_t(p.batch) * p.m * p.n;
+  // Four columns at a time when every address allows 16-byte accesses, each element's slices
+  // still added in slice order, four slices' loads in flight before their additions.
+  const bool vec =
+      ((cols | col0 | p.n) & 3) == 0 && (p.ld_y & 3) == 0 && (p.batch == 1 || (p.bs_y & 3) == 0) &&
+      ((reinterpret_cast<uintptr_t>(p.y) | reinterpret_cast<uintptr_t>(p.partial)) & 15) == 0;
+  if (vec) {
+    auto add4 = [](float4& a, const float4& v) {
+      a.x = __fadd_rn(a.x, v.x), a.y = __fadd_rn(a.y, v.y);
+      a.z = __fadd_rn(a.z, v.z), a.w = __fadd_rn(a.w, v.w);
+    };
+    const int quads = cols / 4;
+    for (int e = threadIdx.x; e < rows * quads; e += kThreads) {
+      const int row = row0 + e / quads, col = col0 + 4 * (e % quads);
+      const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
+      auto slice = [&](int sl) {
+        return __ldcg(reinterpret_cast<const float4*>(part + sl * per_slice));
+      };
+      float4 sum = slice(0);
+      int sl = 1;
+      for (; sl + 3 < p.splits; sl += 4) {
+        const float4 v0 = slice(sl), v1 = slice(sl + 1), v2 = slice(sl + 2), v3 = slice(sl + 3);
+        add4(sum, v0), add4(sum, v1), add4(sum, v2), add4(sum, v3);
+      }
+      for (; sl < p.splits; ++sl) add4(sum, slice(sl));
+      float4* out =
+          reinterpret_cast<float4*>(p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col);
+      float4 scaled = make_float4(__fmul_rn(p.alpha, sum.x), __fmul_rn(p.alpha, sum.y),
+                                  __fmul_rn(p.alpha, sum.z), __fmul_rn(p.alpha, sum.w));
+      if (p.accumulate) {
+        float4 prev = *out;
+        add4(prev, scaled);
+        scaled = prev;
+      }
+      *out = scaled;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < rows * cols; e += kThreads) {
     const int row = row0 + e / cols, col = col0 + e % cols;
     const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
@@ -112,5 +158,13 @@ WgmmaTileInfo wgmma_tile_info(int tile);
 int wgmma_pick_tile(int m, int n, int batch, int splits);
 cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream);
 cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the current device
+
+// ---- gemm_wgmma_tma.cu (the same chains, fed by the bulk copy engine) ----
+int wgmma_tma_tile_count();
+WgmmaTileInfo wgmma_tma_tile_info(int tile);
+// cudaErrorNotSupported, launching nothing, when the operands cannot be described to the copy
+// engine (alignment): the caller then runs a cp.async tile of the same shape.
+cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream);
+cudaError_t wgmma_tma_prepare();
 
 }  // namespace dsa::cuda

@@ -73,7 +73,9 @@
 // pipeline: the standard wait_group(kStages - 2) / __syncthreads / prefetch / compute loop.
 // Shared memory is dynamic (up to 162 KiB per CTA); each kernel opts in once per device.
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <iterator>
 
 #include "backend/cuda/common.cuh"
@@ -93,6 +95,8 @@ constexpr int64_t kMaxPartialCols = 73728;  // splits * batch * n whenever split
 // The arrival counters of the fused split reduction sit at the start of the scratch buffer, one
 // per output tile; a launch with more output tiles reduces with reduce_splits_kernel instead.
 constexpr int kSplitCounters = 16384;
+// The largest output tile (rows x columns) whose split reduction is fused by default.
+constexpr int kFusedReduceMaxTile = 32 * 128;
 // fp8 weights: the most 128-wide k blocks of one slice (slice_k <= 32768) whose scales a CTA
 // keeps in shared memory; gemm_invariant refuses a plan with longer slices.
 constexpr int kFp8MaxSliceBlocks = 256;
@@ -380,32 +384,42 @@ constexpr int kTileCount = int(std::size(kTiles));
 // is per shape, never per class: that is the invariance (header comment, 1.).
 struct ShapeChoice {
   int n, k, batch, splits;
-  int tile[3];
+  int tile[3];             // mma.sync tiles (kTiles below)
+  const char* wg_tile[3];  // wgmma tiles by name (gemm_wgmma.cu), nullptr: wgmma_pick_tile
 };
 constexpr int kClassTile[3] = {
     2, 6, 6};  // 16 x 64 k128, 64 x 128 k64 (the sweep: it beat 128 x 128 at B = 256)
 constexpr ShapeChoice kShapeTable[] = {
-    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them): the sweep of 2026-12-03 on the
-    // H200 (bench/results/2026-12-03-h200-gemm-sweep.md, every run in -gemm-sweep.json). q_a,
-    // kv_a, o, gate / up and down take the split count with the least time summed over the decode
-    // sizes B = 1, 8 and 64, where the worst ratio over B = 1 .. 256 chose before (B = 256 is
-    // compute-bound and far from cuBLASLt with any count): per step, about -25 us at B = 1, -200
-    // us at B = 64 and +90 us at B = 256 (bench/results/2026-12-03-h200-variants.md). The
-    // others keep the worst-ratio count. wk and weights_proj ran out of the sweep's budget: the
-    // formula's split count, the tile that won their B <= 64 runs, and for m > 64 the tile that
-    // won kv_a (the closest shape).
-    {1536, 7168, 1, 10, {4, 6, 6}},       // q_a
-    {128 * 192, 1536, 1, 1, {1, 6, 6}},   // q_b
-    {576, 7168, 1, 14, {2, 0, 6}},        // kv_a
-    {512, 128, 128, 1, {13, 9, 6}},       // kv_b absorb (kKN)
-    {128, 512, 128, 1, {4, 6, 12}},       // kv_b up
-    {7168, 128 * 128, 1, 4, {13, 6, 6}},  // o
-    {64 * 128, 1536, 1, 1, {2, 5, 6}},    // indexer wq_b
-    {128, 7168, 1, 0, {2, 2, 5}},         // indexer wk
-    {64, 7168, 1, 0, {2, 2, 5}},          // indexer weights_proj
-    {18432, 7168, 1, 4, {1, 6, 6}},       // mlp gate / up
-    {7168, 18432, 1, 4, {13, 6, 6}},      // mlp down
-    {32768, 7168, 1, 1, {13, 6, 11}},     // lm_head
+    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them). Split counts: the wgmma
+    // kernel's sweeps of 2026-12-04 on the H200 (bench/results/2026-12-04-h200-gemm-tma.md: the
+    // count with the least worst ratio to cuBLASLt over B = 1, 8, 64, 256, every shape but
+    // kv_b absorb, whose kKN layout runs on mma.sync and keeps the 2026-12-03 sweep's count).
+    // mma tiles: the 2026-12-03 sweep's. wgmma tiles: the 2026-12-04 sweeps' (nullptr would
+    // leave the pick to wgmma_pick_tile).
+    // q_a
+    {1536, 7168, 1, 4, {4, 6, 6}, {"tma.8x64.s8", "tma.16x128.s6", "tma.64x128.s4"}},
+    // q_b
+    {128 * 192, 1536, 1, 1, {1, 6, 6}, {"tma.8x64.s8", "tma.64x128.s4", "tma.64x128.s4"}},
+    // kv_a
+    {576, 7168, 1, 8, {2, 0, 6}, {"tma.8x64.s8", "tma.16x128.s6", "tma.64x128.s4"}},
+    // kv_b absorb (kKN: mma only)
+    {512, 128, 128, 1, {13, 9, 6}, {nullptr, nullptr, nullptr}},
+    // kv_b up
+    {128, 512, 128, 1, {4, 6, 12}, {"tma.8x128.s6", "tma.32x128.s5", "tma.64x128.s4"}},
+    // o
+    {7168, 128 * 128, 1, 2, {13, 6, 6}, {"tma.8x128.s6", "tma.32x128.s5", "tma.256x128.s4"}},
+    // indexer wq_b
+    {64 * 128, 1536, 1, 1, {2, 5, 6}, {"tma.8x64.s8", "tma.64x64.s6", "tma.64x128.s4"}},
+    // indexer wk
+    {128, 7168, 1, 8, {2, 2, 5}, {"tma.8x64.s8", "tma.8x64.s8", "tma.16x128.s6"}},
+    // indexer weights_proj
+    {64, 7168, 1, 8, {2, 2, 5}, {"tma.8x64.s8", "tma.8x64.s8", "tma.8x64.s8"}},
+    // mlp gate / up
+    {18432, 7168, 1, 1, {1, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.128x128.s5"}},
+    // mlp down
+    {7168, 18432, 1, 2, {13, 6, 6}, {"tma.8x128.s6", "tma.32x128.s5", "tma.256x128.s4"}},
+    // lm_head
+    {32768, 7168, 1, 1, {13, 6, 11}, {"tma.8x128.s6", "tma.64x128.s4", "tma.256x128.s4"}},
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
 // bound below relies on it).
@@ -466,6 +480,27 @@ int pick_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning)
   return kClassTile[cls];
 }
 
+// The table's wgmma tile for m rows of (n, k, batch), as an index (names resolved once), or -1.
+int table_wgmma_tile(int m, int n, int k, int batch) {
+  constexpr int kShapes = int(std::size(kShapeTable));
+  static const std::array<std::array<int, 3>, kShapes> resolved = [] {
+    std::array<std::array<int, 3>, kShapes> out{};
+    for (int i = 0; i < kShapes; ++i) {
+      for (int c = 0; c < 3; ++c) {
+        out[i][c] = -1;
+        const char* want = kShapeTable[i].wg_tile[c];
+        for (int t = 0; want && t < wgmma_tile_count(); ++t) {
+          if (std::strcmp(wgmma_tile_info(t).name, want) == 0) out[i][c] = t;
+        }
+      }
+    }
+    return out;
+  }();
+  const ShapeChoice* choice = find_shape(n, k, batch);
+  if (!choice) return -1;
+  return resolved[choice - kShapeTable][m <= 16 ? 0 : m <= 64 ? 1 : 2];
+}
+
 size_t partial_floats(const GemmParams& p, const SplitPlan& plan) {
   return plan.splits == 1 ? 0 : size_t(plan.splits) * p.batch * p.m * p.n;
 }
@@ -513,10 +548,21 @@ int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tu
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
   if (!is_wgmma(tuning.kernel)) return pick_tile(m, n, k, batch, tuning);
   if (tuning.tile >= 0 && tuning.tile < wgmma_tile_count()) return tuning.tile;
-  return wgmma_pick_tile(m, n, batch, split_plan(n, k, batch, tuning).splits);
+  const int tile = table_wgmma_tile(m, n, k, batch);
+  return tile >= 0 ? tile : wgmma_pick_tile(m, n, batch, split_plan(n, k, batch, tuning).splits);
 }
 
 cudaError_t gemm_invariant_prepare() {
+  // Every wgmma tile the table names exists (a misspelt name would quietly fall back to
+  // wgmma_pick_tile): the backend refuses to start otherwise.
+  for (const ShapeChoice& c : kShapeTable) {
+    for (int cls = 0; cls < 3; ++cls) {
+      const int m = cls == 0 ? 1 : cls == 1 ? 64 : 256;
+      if (c.wg_tile[cls] && table_wgmma_tile(m, c.n, c.k, c.batch) < 0) {
+        return cudaErrorInvalidValue;
+      }
+    }
+  }
   for (const TileEntry& tile : kTiles) {
     const cudaError_t err = tile.opt_in(true);
     if (err != cudaSuccess) return err;
@@ -585,8 +631,11 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   t.vec_x = aligned16(x_bf16) && ld_xb % 8 == 0 && (p.batch == 1 || bs_xb % 8 == 0);
   t.vec_w = fp8 ? aligned16(p.w_fp8) && p.ld_w % 16 == 0
                 : aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
-  // The fused reduction needs one counter per output tile; either way gives the same bits.
+  // The fused reduction needs one counter per output tile; either way gives the same bits. By
+  // default it runs for small tiles only: one CTA reducing a large tile waits on L2 round trips
+  // that the separate kernel spreads over the whole GPU.
   t.fused = plan.splits > 1 && tuning.reduce != 0 &&
+            (tuning.reduce == 1 || int64_t(tile_rows) * tile_cols <= kFusedReduceMaxTile) &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
 
   const cudaError_t err = wgmma ? wgmma_launch(t, tile, stream) : kTiles[tile].launch(t, stream);

@@ -52,13 +52,14 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
+#include "backend/cuda/gemm_wgmma.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {
 namespace {
 
-constexpr int kBK = 64;                      // k per stage: one swizzled 128-byte row
+constexpr int kBK = kWgmmaStageK;
 constexpr int kChunksPerRow = kBK * 2 / 16;  // 16-byte chunks per row and stage
 
 template <int kWarpgroups_, int kN_, int kNSub_, int kStages_>
@@ -120,19 +121,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_wgmma_kernel(TcParams p) 
   };
 
   const int wg = int(threadIdx.x) / 128;
-  float acc[C::kNSub][C::kN / 2];
-#pragma unroll
-  for (int j = 0; j < C::kNSub; ++j) {
-#pragma unroll
-    for (int i = 0; i < C::kN / 2; ++i) acc[j][i] = 0.0f;
-  }
-  auto fence_acc = [&] {
-#pragma unroll
-    for (int j = 0; j < C::kNSub; ++j) {
-#pragma unroll
-      for (int i = 0; i < C::kN / 2; ++i) fence_operand(acc[j][i]);
-    }
-  };
+  WgmmaChains<C::kN, C::kNSub> chains;
+  chains.zero();
 
   // Commit group i carries tile i (empty groups past the last tile keep the count regular).
 #pragma unroll
@@ -149,76 +139,32 @@ __global__ void __launch_bounds__(C::kThreads, 1) gemm_wgmma_kernel(TcParams p) 
     cp_async_commit();
 
     const uint32_t stage = smem_base + uint32_t((kt % C::kStages) * C::kStageBytes);
-    const uint32_t a_tile = stage + uint32_t(wg * 64 * kSwizzleRowBytes);
-    const uint32_t b_tile = stage + uint32_t(C::kCols * kSwizzleRowBytes);
-    // The stage's k16 blocks, in ascending order: all four when the slice goes on past the stage
-    // (straight-line code), else the k16 blocks below the slice end (the last stage only).
-    auto issue = [&](int kk) {
-      const uint64_t desc_a = wgmma_desc_sw128(a_tile + 32 * kk);
-#pragma unroll
-      for (int j = 0; j < C::kNSub; ++j) {
-        const uint32_t rows = uint32_t(j * C::kN * kSwizzleRowBytes);
-        wgmma_bf16<C::kN>(acc[j], desc_a, wgmma_desc_sw128(b_tile + rows + 32 * kk));
-      }
-    };
-    const int k_valid = k_len - kt * kBK;  // > 0
-    fence_acc();
-    if (k_valid >= kBK) {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) issue(kk);
-    } else {
-      wgmma_fence();
-      for (int kk = 0; 16 * kk < k_valid; ++kk) issue(kk);
-    }
-    wgmma_commit();
-    fence_acc();
+    chains.stage(stage + uint32_t(wg * 64 * kSwizzleRowBytes),
+                 stage + uint32_t(C::kCols * kSwizzleRowBytes), k_len - kt * kBK);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
-  fence_acc();
+  chains.fence();
   cp_async_wait<0>();  // nothing is in flight past here (the trailing groups are empty)
-
-  // D fragment (wgmma.cuh): feature 16 warp + g (+ 8), batch row 8 block + 2 q (+ 1).
-  const int t = int(threadIdx.x) % 128, warp = t / 32, g = (t % 32) / 4, q = t % 4;
-#pragma unroll
-  for (int j = 0; j < C::kNSub; ++j) {
-#pragma unroll
-    for (int i = 0; i < C::kN / 2; ++i) {
-      const int block = i / 4, e = i % 4;
-      const int col = col0 + wg * 64 + 16 * warp + g + 8 * (e / 2);
-      const int row = row0 + j * C::kN + 8 * block + 2 * q + e % 2;
-      if (row < p.m && col < p.n) store_chain(p, b, s, row, col, acc[j][i]);
-    }
-  }
+  chains.store(p, b, s, row0, col0 + wg * 64);
   if (p.splits == 1 || !p.fused) return;
-  // One counter per (batch entry, feature tile, row tile): the same for every slice of the tile.
-  const int64_t tile = (int64_t(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  finish_split_tile<C::kThreads>(p, b, tile, row0, min(C::kRows, p.m - row0), col0,
-                                 min(C::kCols, p.n - col0));
+  finish_wgmma_tile<C::kThreads>(p, b, row0, C::kRows, col0, C::kCols);
 }
 
 template <class C>
 cudaError_t opt_in(bool force) {
-  static std::atomic<uint64_t> opted_in{0};
-  return opt_in_smem(reinterpret_cast<const void*>(&gemm_wgmma_kernel<C>), C::kSmemBytes, force,
-                     opted_in);
+  return wgmma_opt_in<&gemm_wgmma_kernel<C>, C::kSmemBytes>(force);
 }
 
 template <class C>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
   const cudaError_t err = opt_in<C>(false);
   if (err != cudaSuccess) return err;
-  const dim3 grid(ceil_div(p.m, C::kRows), ceil_div(p.n, C::kCols), unsigned(p.batch * p.splits));
-  gemm_wgmma_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  gemm_wgmma_kernel<C><<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-struct TileEntry {
-  WgmmaTileInfo info;
-  cudaError_t (*launch)(const TcParams&, cudaStream_t);
-  cudaError_t (*opt_in)(bool force);
-};
+using TileEntry = WgmmaTileEntry;
 template <class C>
 constexpr TileEntry entry(const char* name) {
   return {{name, C::kRows, C::kCols}, &launch<C>, &opt_in<C>};
@@ -238,25 +184,48 @@ constexpr TileEntry kTiles[] = {
     entry<WgConfig<2, 128, 2, 4>>("256x128.s4"),  // 8: 256, 193 KiB
     entry<WgConfig<2, 8, 1, 6>>("8x128.s6"),      // 9: 256, 103 KiB
     entry<WgConfig<1, 8, 1, 12>>("8x64.s12"),     // 10: 128, 109 KiB
+    entry<WgConfig<2, 16, 1, 6>>("16x128.s6"),    // 11: 256, 109 KiB
+    entry<WgConfig<2, 32, 1, 6>>("32x128.s6"),    // 12: 256, 121 KiB
 };
 constexpr int kTileCount = int(std::size(kTiles));
+// Tiles kTileCount + i are gemm_wgmma_tma.cu's tile i (the same chains, fed by the bulk copy
+// engine); each has a cp.async tile of its rows x cols above, which runs when the copy engine
+// cannot take the operands.
+constexpr int tma(int i) { return kTileCount + i; }
 
 // Candidates per class of m, preferred first: the first whose grid fills the SMs with at least
 // kMinWaveUse of its last wave wins, else the one with the most CTAs.
 constexpr double kMinWaveUse = 0.7;
+// Narrow shapes (few output features, split K) fall back to smaller tiles for more CTAs.
 struct Candidates {
   int max_m;
-  int tiles[4];
+  int tiles[6];
 };
 constexpr Candidates kCandidates[] = {
-    {8, {0, -1, -1, -1}}, {16, {1, -1, -1, -1}}, {32, {2, -1, -1, -1}},
-    {64, {4, 3, 2, -1}},  {128, {6, 5, -1, -1}}, {1 << 30, {8, 6, 7, 5}},
+    {8, {tma(0), tma(1), -1, -1, -1, -1}},
+    {16, {tma(2), tma(1), -1, -1, -1, -1}},
+    {32, {tma(3), tma(2), tma(1), -1, -1, -1}},
+    {64, {tma(4), tma(5), tma(3), tma(2), tma(1), -1}},
+    {128, {tma(6), tma(7), tma(4), tma(5), tma(3), -1}},
+    {1 << 30, {tma(8), tma(6), tma(7), tma(4), tma(5), -1}},
 };
+
+// The cp.async tile with the rows and columns of TMA tile `tile` (0 when none: never, by the
+// table's construction; the fallback only has to give the same bits, which any tile does).
+int fallback_of(int tile) {
+  const WgmmaTileInfo want = wgmma_tma_tile_info(tile - kTileCount);
+  for (int t = 0; t < kTileCount; ++t) {
+    if (kTiles[t].info.rows == want.rows && kTiles[t].info.cols == want.cols) return t;
+  }
+  return 0;
+}
 
 }  // namespace
 
-int wgmma_tile_count() { return kTileCount; }
+int wgmma_tile_count() { return kTileCount + wgmma_tma_tile_count(); }
 WgmmaTileInfo wgmma_tile_info(int tile) {
+  if (tile >= kTileCount && tile < wgmma_tile_count())
+    return wgmma_tma_tile_info(tile - kTileCount);
   return tile >= 0 && tile < kTileCount ? kTiles[tile].info : WgmmaTileInfo{"default", 0, 0};
 }
 
@@ -268,8 +237,9 @@ int wgmma_pick_tile(int m, int n, int batch, int splits) {
     int64_t most_ctas = 0;
     for (int t : c.tiles) {
       if (t < 0) break;
-      const int64_t ctas = int64_t(ceil_div(m, kTiles[t].info.rows)) *
-                           ceil_div(n, kTiles[t].info.cols) * batch * splits;
+      const WgmmaTileInfo info = wgmma_tile_info(t);
+      const int64_t ctas =
+          int64_t(ceil_div(m, info.rows)) * ceil_div(n, info.cols) * batch * splits;
       const int64_t waves = (ctas + sms - 1) / sms;
       if (ctas >= sms && double(ctas) >= kMinWaveUse * double(waves * sms)) return t;
       if (ctas > most_ctas) most = t, most_ctas = ctas;
@@ -280,7 +250,12 @@ int wgmma_pick_tile(int m, int n, int batch, int splits) {
 }
 
 cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream) {
-  if (tile < 0 || tile >= kTileCount || !p.nk) return cudaErrorInvalidValue;
+  if (tile < 0 || tile >= wgmma_tile_count() || !p.nk) return cudaErrorInvalidValue;
+  if (tile >= kTileCount) {
+    const cudaError_t err = wgmma_tma_launch(p, tile - kTileCount, stream);
+    if (err != cudaErrorNotSupported) return err;
+    tile = fallback_of(tile);
+  }
   return kTiles[tile].launch(p, stream);
 }
 
@@ -289,7 +264,7 @@ cudaError_t wgmma_prepare() {
     const cudaError_t err = tile.opt_in(true);
     if (err != cudaSuccess) return err;
   }
-  return cudaSuccess;
+  return wgmma_tma_prepare();
 }
 
 }  // namespace dsa::cuda
