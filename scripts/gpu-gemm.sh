@@ -27,11 +27,7 @@ PARITY_FILTER='ParityGemm.*:ParityOps.GemmExactIsExact:ParityOps.GemmFast*:Parit
 step parity 240 "$B/tests/dsa_parity_tests" --gtest_filter="$PARITY_FILTER" \
   --gtest_output="json:$OUT/parity.json"
 
-SAN_FILTER='ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
-for tool in memcheck racecheck; do
-  sanitize "sanitizer-$tool" "$tool" 60 "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" \
-    --gtest_brief=1
-done
+sanitize_parity 60 'ParityGemm.RandomShapesWithinTheBound:ParityGemm.GivenBf16CopyGivesTheSameBits'
 
 step gemm-bench 80 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --json "$OUT/gemm_bench.json"

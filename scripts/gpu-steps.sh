@@ -7,6 +7,7 @@
 # (OUT/LOG_NAME) and $STEPS files.
 # sanitize NAME TOOL TIMEOUT_S COMMAND...: COMMAND under compute-sanitizer's TOOL as one step
 # (exit 17 on an error, 30 reports at most; racecheck reports every hazard, not only errors).
+# sanitize_parity TIMEOUT_S FILTER: memcheck and racecheck over those parity tests.
 # attention_summary TITLE: joins $OUT/bench.json and $OUT/torch_attention.json into
 # $OUT/report.md (bench/gpu/report.py, as a step), then writes $OUT/summary.md (the steps' table
 # and the report) and prints it.
@@ -47,6 +48,16 @@ sanitize() {
   local extra=()
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)
   step "$name" "$limit" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 17 --print-limit 30 "$@"
+}
+
+# sanitize_parity TIMEOUT_S FILTER: memcheck, then racecheck, over the parity tests FILTER names,
+# each one step (sanitizer-memcheck, sanitizer-racecheck).
+sanitize_parity() {
+  local limit="$1" filter="$2" tool
+  for tool in memcheck racecheck; do
+    sanitize "sanitizer-$tool" "$tool" "$limit" "$B/tests/dsa_parity_tests" \
+      --gtest_filter="$filter" --gtest_brief=1
+  done
 }
 
 steps_summary() {

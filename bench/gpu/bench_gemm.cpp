@@ -11,12 +11,13 @@
 // order), and a failure is printed as "GEMM CHECK FAILED" and marked "!" in the ratio tables.
 //
 // fp8 weights (`--weights fp8`: e4m3 with 128x128 block scales, GemmParams::w_fp8): the
-// projections the model keeps in fp8 also run the invariant GEMM on fp8 weights (the mma.sync
-// kernel, whatever --gemm-kernels says), gemm/invariant-fp8w/<projection>/B=<rows>. Bytes: the
+// projections the model keeps in fp8 also run the invariant GEMM on fp8 weights, on the mma.sync
+// kernel (gemm/invariant-fp8w/<projection>/B=<rows>) and on the wgmma kernel's fp8 tiles
+// (gemm/invariant-fp8w-wgmma/...), whatever --gemm-kernels says. Bytes: the
 // fp8 weights and their scales once, x and y as above; the floor as above. Weight set 0 of the
 // bf16 rows then holds the dequantized fp8 set 0, so each fp8 run is checked bit for bit against
-// the bf16 mma run on the same values ("FP8W BITS DIFFER" when not); extra.vs_invariant_bf16 is
-// the fp8 time over the bf16 mma time (the hope at B <= 64: near 0.5).
+// the bf16 run of the same kernel on the same values ("FP8W BITS DIFFER" when not);
+// extra.vs_invariant_bf16 is the fp8 time over that bf16 time (the hope at B <= 64: near 0.5).
 //
 // --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
 // (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
@@ -287,39 +288,50 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     }
     add("cublaslt", cublas_us, nlohmann::json::object());
     if (!pr.fp8) continue;
-    // fp8 weights: the mma kernel on set 0 against the bf16 mma run on its dequantized values.
-    cuda::GemmInvariantTuning mma;
-    mma.kernel = cuda::GemmKernel::kMma;
-    set_gemm_invariant_tuning(be, mma);
-    const std::vector<float> want = run_on_zero(be, p, buf);
-    const double bf16_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+    // fp8 weights on set 0, each fp8 kernel against the bf16 run of its kernel on the dequantized
+    // values: mma.sync ("invariant-fp8w") and the wgmma fp8 tiles ("invariant-fp8w-wgmma").
     const GemmParams p8 = with_fp8(p, buf);
-    const std::vector<float> got = run_on_zero(be, p8, buf);
-    const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
-    if (!same) std::printf("  FP8W BITS DIFFER %s B=%d from the bf16 mma run\n", pr.name, rows);
-    const double fp8_us = time_projection(ctx, p8, buf, std::max(2 * buf.sets8, 20));
-    set_gemm_invariant_tuning(be, {});
     const double bytes8 = double(buf.w_elems) + 4.0 * double(buf.scale_elems) + x_bytes + y_bytes;
-    BenchResult r;
-    r.name = std::string("gemm/invariant-fp8w/") + pr.name + "/B=" + std::to_string(rows);
-    r.us = fp8_us;
-    r.bytes = bytes8;
-    r.flops = flops;
-    r.floor_us = std::max(ctx.hbm_floor_us(bytes8), ctx.bf16_floor_us(flops));
-    r.floor_kind = ctx.hbm_floor_us(bytes8) >= ctx.bf16_floor_us(flops) ? "hbm" : "bf16";
-    r.extra = {{"n", pr.n},
-               {"k", pr.k},
-               {"rows", rows},
-               {"sets", buf.sets8},
-               {"bf16_copy", pr.bf16_copy},
-               {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})},
-               {"tile", cuda::gemm_invariant_tile_name(
-                            cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, mma))},
-               {"vs_cublaslt", fp8_us / cublas_us},
-               {"invariant_bf16_mma_us", bf16_us},
-               {"vs_invariant_bf16", fp8_us / bf16_us},
-               {"ok", same}};
-    ctx.add(std::move(r));
+    for (const bool wgmma : {false, true}) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = wgmma ? cuda::GemmKernel::kWgmma : cuda::GemmKernel::kMma;
+      tuning.fp8 = wgmma ? 1 : 0;
+      if (wgmma && !cuda::gemm_invariant_fp8_runs_wgmma(p8, tuning)) continue;
+      set_gemm_invariant_tuning(be, tuning);
+      const std::vector<float> want = run_on_zero(be, p, buf);
+      const double bf16_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+      const std::vector<float> got = run_on_zero(be, p8, buf);
+      const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+      const char* kernel = wgmma ? "wgmma" : "mma";
+      if (!same) {
+        std::printf("  FP8W BITS DIFFER %s B=%d from the bf16 %s run\n", pr.name, rows, kernel);
+      }
+      const double fp8_us = time_projection(ctx, p8, buf, std::max(2 * buf.sets8, 20));
+      set_gemm_invariant_tuning(be, {});
+      BenchResult r;
+      r.name = std::string("gemm/invariant-fp8w") + (wgmma ? "-wgmma/" : "/") + pr.name +
+               "/B=" + std::to_string(rows);
+      r.us = fp8_us;
+      r.bytes = bytes8;
+      r.flops = flops;
+      r.floor_us = std::max(ctx.hbm_floor_us(bytes8), ctx.bf16_floor_us(flops));
+      r.floor_kind = ctx.hbm_floor_us(bytes8) >= ctx.bf16_floor_us(flops) ? "hbm" : "bf16";
+      r.extra = {{"n", pr.n},
+                 {"k", pr.k},
+                 {"rows", rows},
+                 {"sets", buf.sets8},
+                 {"bf16_copy", pr.bf16_copy},
+                 {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})},
+                 {"tile", wgmma ? cuda::gemm_invariant_fp8_tile_name(
+                                      cuda::gemm_invariant_fp8_tile(rows, tuning))
+                                : cuda::gemm_invariant_tile_name(cuda::gemm_invariant_tile(
+                                      rows, pr.n, pr.k, pr.batch, tuning))},
+                 {"vs_cublaslt", fp8_us / cublas_us},
+                 {"invariant_bf16_us", bf16_us},
+                 {"vs_invariant_bf16", fp8_us / bf16_us},
+                 {"ok", same}};
+      ctx.add(std::move(r));
+    }
   }
 }
 
@@ -515,25 +527,28 @@ void run_gemm_benches(BenchContext& ctx) {
     }
   }
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
-  std::puts(
-      "\ngemm: fp8-weight invariant (mma) time / bf16 invariant (mma) time, and fp8 us / "
-      "floor us");
-  std::printf("%-14s", "projection");
-  for (int rows : kRows) std::printf(" %17s", ("B=" + std::to_string(rows)).c_str());
-  std::printf("\n");
-  for (const Projection& pr : kV32) {
-    if (!pr.fp8) continue;
-    std::printf("%-14s", pr.name);
-    for (int rows : kRows) {
-      const std::string want =
-          std::string("gemm/invariant-fp8w/") + pr.name + "/B=" + std::to_string(rows);
-      for (const BenchResult& r : ctx.results()) {
-        if (r.name != want) continue;
-        std::printf(" %5.2f%s %5.1f/%5.1f", r.extra["vs_invariant_bf16"].get<double>(),
-                    r.extra["ok"].get<bool>() ? " " : "!", r.us, r.floor_us);
-      }
-    }
+  for (const char* kernel : {"", "-wgmma"}) {
+    std::printf(
+        "\ngemm: fp8-weight invariant%s time / bf16 invariant time (the same kernel), and fp8 us "
+        "/ floor us\n",
+        kernel);
+    std::printf("%-14s", "projection");
+    for (int rows : kRows) std::printf(" %17s", ("B=" + std::to_string(rows)).c_str());
     std::printf("\n");
+    for (const Projection& pr : kV32) {
+      if (!pr.fp8) continue;
+      std::printf("%-14s", pr.name);
+      for (int rows : kRows) {
+        const std::string want = std::string("gemm/invariant-fp8w") + kernel + "/" + pr.name +
+                                 "/B=" + std::to_string(rows);
+        for (const BenchResult& r : ctx.results()) {
+          if (r.name != want) continue;
+          std::printf(" %5.2f%s %5.1f/%5.1f", r.extra["vs_invariant_bf16"].get<double>(),
+                      r.extra["ok"].get<bool>() ? " " : "!", r.us, r.floor_us);
+        }
+      }
+      std::printf("\n");
+    }
   }
   std::puts(
       "(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "

@@ -6,7 +6,11 @@
 //     reading the dequantized bf16 matrix (the same split plan and reduction): bitwise, for the
 //     V3.2 projection shapes at m = 1, 8, 64, 256 and for odd shapes (n, k off the 128 grid,
 //     unaligned rows: the element-load path), both output modes, every tile and both reductions,
-//     and with DSA_CUDA_GEMM's wgmma asked for (fp8 falls back to mma: the same bits again);
+//     and with the wgmma kernel asked for (fp8 falls back to mma: the same bits again);
+//   - the wgmma kernel's fp8 tiles (GemmInvariantTuning::fp8 = 1, gemm_wgmma_fp8.cu) against the
+//     bf16 wgmma kernel on the dequantized matrix: bitwise, where gemm_invariant_fp8_runs_wgmma
+//     says they run (every V3.2 shape; the odd shapes fall back to mma and its bits), every fp8
+//     tile and both reductions;
 //   - a probe row alone, among 7 and among 255 rows of garbage: the same bits every time;
 //   - kExact: the CPU's bits on the fp8 weights (cpu/gemm.cpp), bitwise;
 //   - kFast: refused with a message.
@@ -158,14 +162,19 @@ class Problem {
 
 class ParityGemmFp8w : public GemmParityTest {
  protected:
-  void tune(int tile, int reduce, cuda::GemmKernel kernel) {
+  // fp8: the fp8 kernel under wgmma (0 mma.sync, 1 the wgmma fp8 tiles); fp8_tile likewise.
+  cuda::GemmInvariantTuning tune(int tile, int reduce, cuda::GemmKernel kernel, int fp8 = 0,
+                                 int fp8_tile = -1) {
     cuda::GemmInvariantTuning t;
-    t.tile = tile, t.reduce = reduce, t.kernel = kernel;
+    t.tile = tile, t.reduce = reduce, t.kernel = kernel, t.fp8 = fp8, t.fp8_tile = fp8_tile;
     set_gemm_invariant_tuning(*cuda_, t);
+    return t;
   }
-  // fp8 against bf16 on the dequantized weights (mma kernel, default plan), every m of ms, and
-  // fp8 again with the wgmma kernel asked for.
-  void check_shape(const Shape& s, const std::vector<int>& ms) {
+  // fp8 against bf16 on the dequantized weights (mma kernel, default plan), every m of ms; fp8
+  // again with the wgmma kernel asked for (mma's bits); and the wgmma fp8 tiles against the bf16
+  // wgmma kernel where they run (expect_wgmma: the shape must be one of those).
+  void check_wgmma_fp8(const Shape& s, const std::vector<int>& ms, bool every_tile);
+  void check_shape(const Shape& s, const std::vector<int>& ms, bool expect_wgmma) {
     Problem pr(*cuda_, s, ms.back(), 77 + uint64_t(s.n) * 3 + uint64_t(s.k));
     for (int m : ms) {
       tune(-1, -1, cuda::GemmKernel::kMma);
@@ -176,9 +185,41 @@ class ParityGemmFp8w : public GemmParityTest {
       tune(-1, -1, cuda::GemmKernel::kWgmma);
       const std::vector<float> fallback = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
       ASSERT_TRUE(same_bits(fallback, want, 0, size_t(m) * s.n, what + " [wgmma asked]"));
+
+      const cuda::GemmInvariantTuning t = tune(-1, -1, cuda::GemmKernel::kWgmma, 1);
+      const bool on_wgmma = cuda::gemm_invariant_fp8_runs_wgmma(pr.params(m, true), t);
+      ASSERT_EQ(on_wgmma, expect_wgmma) << what;
+      const std::vector<float> want_wg =
+          on_wgmma ? pr.run(*cuda_, GemmMode::kBatchInvariant, m, false) : want;
+      const std::vector<float> got_wg = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
+      ASSERT_TRUE(same_bits(got_wg, want_wg, 0, size_t(m) * s.n, what + " [wgmma fp8 tiles]"));
     }
   }
 };
+
+// The wgmma fp8 tiles on s at each m of ms against the bf16 wgmma kernel on the dequantized
+// matrix, bitwise: the default tile and reduction, or every fp8 tile with both reductions.
+void ParityGemmFp8w::check_wgmma_fp8(const Shape& s, const std::vector<int>& ms, bool every_tile) {
+  Problem pr(*cuda_, s, ms.back(), 19 + uint64_t(s.n) + uint64_t(s.k));
+  const int tiles = every_tile ? cuda::gemm_invariant_fp8_tile_count() : 1;
+  for (int m : ms) {
+    tune(-1, -1, cuda::GemmKernel::kWgmma);
+    const std::vector<float> want = pr.run(*cuda_, GemmMode::kBatchInvariant, m, false);
+    for (int tile = 0; tile < tiles; ++tile) {
+      for (int reduce : every_tile ? std::vector<int>{0, 1} : std::vector<int>{-1}) {
+        const cuda::GemmInvariantTuning t =
+            tune(-1, reduce, cuda::GemmKernel::kWgmma, 1, every_tile ? tile : -1);
+        ASSERT_TRUE(cuda::gemm_invariant_fp8_runs_wgmma(pr.params(m, true), t)) << s.name;
+        const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
+        ASSERT_TRUE(
+            same_bits(got, want, 0, size_t(m) * s.n,
+                      s.name + " m=" + std::to_string(m) + " fp8 tile " +
+                          cuda::gemm_invariant_fp8_tile_name(cuda::gemm_invariant_fp8_tile(m, t)) +
+                          " reduce " + std::to_string(reduce)));
+      }
+    }
+  }
+}
 
 TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
   const std::vector<Shape> shapes = {
@@ -187,7 +228,7 @@ TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
       {"wq_b", 64 * 128, 1536}, {"wk", 128, 7168},
       {"gate/up", 18432, 7168}, {"down", 7168, 18432, GemmOutput::kAccumulate},
   };
-  for (const Shape& s : shapes) check_shape(s, {1, 8, 64, 256});
+  for (const Shape& s : shapes) check_shape(s, {1, 8, 64, 256}, true);
 }
 
 TEST_F(ParityGemmFp8w, OddShapesMatchBf16Bits) {
@@ -198,7 +239,7 @@ TEST_F(ParityGemmFp8w, OddShapesMatchBf16Bits) {
       {"n300k1000", 300, 1000, GemmOutput::kOverwrite, 16},
       {"n72k2050", 72, 2050, GemmOutput::kAccumulate, 5},
   };
-  for (const Shape& s : shapes) check_shape(s, {1, 7, 64, 100});
+  for (const Shape& s : shapes) check_shape(s, {1, 7, 64, 100}, false);
 }
 
 // Every mma tile and both split reductions: the same bits as the bf16 default, aligned rows (the
@@ -224,8 +265,24 @@ TEST_F(ParityGemmFp8w, EveryTileAndReductionGiveTheSameBits) {
   }
 }
 
+// Every wgmma fp8 tile and both split reductions: the bits of the bf16 wgmma kernel on the
+// dequantized matrix (kv_a: 8 slices; o: 2 slices and accumulate; q_b: one slice).
+TEST_F(ParityGemmFp8w, EveryWgmmaFp8TileAndReductionGiveTheWgmmaBits) {
+  check_wgmma_fp8({"kv_a", 576, 7168}, {1, 64}, true);
+  check_wgmma_fp8({"o", 7168, 128 * 128, GemmOutput::kAccumulate}, {1, 64}, true);
+  check_wgmma_fp8({"q_b", 128 * 192, 1536}, {1, 64}, true);
+}
+
+// The wgmma fp8 tiles at the edges: n off the 128 grid (rows past n, their scale block absent),
+// K a multiple of 8 but not of 64 or 16 (a last stage cut inside a k16 block), accumulate, rows
+// past the tile; the default tile and reduction. Small enough for the sanitizers.
+TEST_F(ParityGemmFp8w, WgmmaFp8EdgeShapesGiveTheWgmmaBits) {
+  check_wgmma_fp8({"n200k1000", 200, 1000, GemmOutput::kOverwrite, 8}, {1, 9, 70}, false);
+  check_wgmma_fp8({"n136k520", 136, 520, GemmOutput::kAccumulate, 8}, {1, 9, 70}, false);
+}
+
 // The probe row (row 0 of the clean x) alone, among 7 and among 255 rows of garbage, at several
-// positions: the same bits every time.
+// positions: the same bits every time, on mma.sync and on the wgmma fp8 tiles.
 TEST_F(ParityGemmFp8w, ProbeRowIsBitwiseInvariantToItsBatch) {
   const std::vector<Shape> shapes = {
       {"q_a", 1536, 7168}, {"o", 7168, 128 * 128}, {"n130k300", 130, 300, {}, 3}};
@@ -233,30 +290,33 @@ TEST_F(ParityGemmFp8w, ProbeRowIsBitwiseInvariantToItsBatch) {
     int m, position;
   };
   const Placement placements[] = {{1, 0}, {8, 0}, {8, 3}, {8, 7}, {256, 0}, {256, 100}, {256, 255}};
-  for (const Shape& s : shapes) {
-    Problem pr(*cuda_, s, 256, 4242);
-    const std::vector<float> clean = pr.x();
-    std::vector<float> probe;
-    for (const Placement& at : placements) {
-      std::vector<float>& x = pr.x();
-      for (int r = 0; r < at.m; ++r) {
-        for (int k = 0; k < s.k; ++k) {
-          const size_t i = size_t(r) * s.k + k;
-          x[i] = r == at.position ? clean[k] : hashed(9 + r, i, r % 2 ? 1e4f : 3.0f);
+  for (int fp8 : {0, 1}) {
+    for (const Shape& s : shapes) {
+      tune(-1, -1, cuda::GemmKernel::kWgmma, fp8);
+      Problem pr(*cuda_, s, 256, 4242);
+      const std::vector<float> clean = pr.x();
+      std::vector<float> probe;
+      for (const Placement& at : placements) {
+        std::vector<float>& x = pr.x();
+        for (int r = 0; r < at.m; ++r) {
+          for (int k = 0; k < s.k; ++k) {
+            const size_t i = size_t(r) * s.k + k;
+            x[i] = r == at.position ? clean[k] : hashed(9 + r, i, r % 2 ? 1e4f : 3.0f);
+          }
         }
+        const std::vector<float> y = pr.run(*cuda_, GemmMode::kBatchInvariant, at.m, true);
+        const std::vector<float> row(y.begin() + size_t(at.position) * s.n,
+                                     y.begin() + size_t(at.position + 1) * s.n);
+        if (probe.empty()) {
+          probe = row;
+          continue;
+        }
+        ASSERT_TRUE(same_bits(row, probe, 0, size_t(s.n),
+                              s.name + " fp8 kernel " + std::to_string(fp8) + " probe at " +
+                                  std::to_string(at.position) + " of " + std::to_string(at.m)));
       }
-      const std::vector<float> y = pr.run(*cuda_, GemmMode::kBatchInvariant, at.m, true);
-      const std::vector<float> row(y.begin() + size_t(at.position) * s.n,
-                                   y.begin() + size_t(at.position + 1) * s.n);
-      if (probe.empty()) {
-        probe = row;
-        continue;
-      }
-      ASSERT_TRUE(same_bits(
-          row, probe, 0, size_t(s.n),
-          s.name + " probe at " + std::to_string(at.position) + " of " + std::to_string(at.m)));
+      pr.x() = clean;
     }
-    pr.x() = clean;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <source_location>
 #include <string>
@@ -32,6 +33,18 @@ cuda::GemmKernel gemm_kernel_from_env() {
   if (value == "wgmma") return cuda::GemmKernel::kWgmma;
   fail(ErrorCode::kInvalidArgument, "DSA_CUDA_GEMM '{}' must be 'mma' or 'wgmma' (unset: '{}')",
        value, cuda::gemm_kernel_name(cuda::kDefaultGemmKernel));
+}
+
+// Which kernel runs fp8 weights under the wgmma kernel: DSA_CUDA_GEMM_FP8=mma|wgmma (unset:
+// mma), as GemmInvariantTuning::fp8 (0 or 1). Any other value is refused, naming it.
+int gemm_fp8_from_env() {
+  const char* v = std::getenv("DSA_CUDA_GEMM_FP8");
+  if (v == nullptr || *v == '\0') return 0;
+  const std::string value(v);
+  if (value == "mma") return 0;
+  if (value == "wgmma") return 1;
+  fail(ErrorCode::kInvalidArgument,
+       "DSA_CUDA_GEMM_FP8 '{}' must be 'mma' or 'wgmma' (unset: 'mma')", value);
 }
 
 std::string device_label(int device) {
@@ -134,7 +147,10 @@ class CudaFence final : public Fence {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device)
-      : device_(device), label_(device_label(device)), gemm_kernel_(gemm_kernel_from_env()) {
+      : device_(device),
+        label_(device_label(device)),
+        gemm_kernel_(gemm_kernel_from_env()),
+        gemm_fp8_(gemm_fp8_from_env()) {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
@@ -145,7 +161,10 @@ class CudaBackend final : public Backend {
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
   // the thread's current device is given back as it was found.
   CudaBackend(int device, cudaStream_t caller_stream)
-      : device_(device), stream_(caller_stream), gemm_kernel_(gemm_kernel_from_env()) {
+      : device_(device),
+        stream_(caller_stream),
+        gemm_kernel_(gemm_kernel_from_env()),
+        gemm_fp8_(gemm_fp8_from_env()) {
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }
@@ -172,6 +191,11 @@ class CudaBackend final : public Backend {
             tuning.splits);
     require(tuning.reduce >= -1 && tuning.reduce <= 1, ErrorCode::kInvalidArgument,
             "gemm tuning: reduce {} must be -1, 0 or 1", tuning.reduce);
+    require(tuning.fp8 >= -1 && tuning.fp8 <= 1, ErrorCode::kInvalidArgument,
+            "gemm tuning: fp8 {} must be -1, 0 or 1", tuning.fp8);
+    require(tuning.fp8_tile >= -1 && tuning.fp8_tile < cuda::gemm_invariant_fp8_tile_count(),
+            ErrorCode::kInvalidArgument, "gemm tuning: fp8_tile {} must be -1 or in [0, {})",
+            tuning.fp8_tile, cuda::gemm_invariant_fp8_tile_count());
     gemm_tuning_ = tuning;
   }
 
@@ -420,8 +444,13 @@ class CudaBackend final : public Backend {
     const Bf16* data;
     int64_t ld, batch_stride;
   };
-  XBf16 x_as_bf16(const GemmParams& p) {
-    if (p.x_bf16 != nullptr && p.batch == 1) {
+  // x as bf16: the caller's copy when it gave one, else converted into scratch (dense, 16-byte
+  // aligned rows when k is a multiple of 8). `aligned`: the fp8 wgmma tiles will read it, which
+  // needs 16-byte rows; a caller's copy without them is converted too (the same bits).
+  XBf16 x_as_bf16(const GemmParams& p, bool aligned = false) {
+    const bool usable =
+        !aligned || ((reinterpret_cast<uintptr_t>(p.x_bf16) & 15u) == 0 && p.ld_x_bf16 % 8 == 0);
+    if (p.x_bf16 != nullptr && p.batch == 1 && usable) {
       require(p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument, "gemm: ld_x_bf16 {} must be >= k {}",
               p.ld_x_bf16, p.k);
       return {p.x_bf16, p.ld_x_bf16, 0};
@@ -438,15 +467,17 @@ class CudaBackend final : public Backend {
     require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
             "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
     if (p.m == 0 || p.batch == 0) return;
-    const XBf16 xb = x_as_bf16(p);
     const cuda::GemmInvariantTuning tuning = resolved(gemm_tuning_);
+    const XBf16 xb = x_as_bf16(p, cuda::gemm_invariant_fp8_runs_wgmma(p, tuning));
     float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
     launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, tuning, stream_),
              "gemm_invariant");
   }
-  // The tuning with its kernel named: the tuning's own, else this backend's (DSA_CUDA_GEMM).
+  // The tuning with its kernels named: the tuning's own, else this backend's (DSA_CUDA_GEMM,
+  // DSA_CUDA_GEMM_FP8).
   cuda::GemmInvariantTuning resolved(cuda::GemmInvariantTuning tuning) const {
     if (tuning.kernel == cuda::GemmKernel::kDefault) tuning.kernel = gemm_kernel_;
+    if (tuning.fp8 < 0) tuning.fp8 = gemm_fp8_;
     return tuning;
   }
 
@@ -476,6 +507,7 @@ class CudaBackend final : public Backend {
   size_t gemm_partial_bytes_ = 0;
   cuda::GemmInvariantTuning gemm_tuning_;
   cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
+  int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
 };
 
 // y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is

@@ -34,11 +34,18 @@ const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
 // batch-invariant under any tuning (a different split count gives different bits, the same for
 // every m). reduce: -1 default, 0 the separate reduce kernel, 1 the fused last-CTA reduction
 // (when the output tiles fit its counters); the same bits.
+// fp8: which kernel runs fp8 weights (GemmParams::w_fp8) when `kernel` is wgmma: -1 the backend's
+// choice (DSA_CUDA_GEMM_FP8=mma|wgmma, unset: mma), 0 mma.sync, 1 the wgmma kernel's fp8 tiles
+// (gemm_wgmma_fp8.cu: the bits of the wgmma kernel on the dequantized matrix), where
+// gemm_invariant_fp8_runs_wgmma holds, else mma.sync. fp8_tile: one of those tiles for every call
+// (-1: by m). Opt-in until measured on a GPU.
 struct GemmInvariantTuning {
   int tile = -1;
   int splits = 0;
   int reduce = -1;
   GemmKernel kernel = GemmKernel::kDefault;
+  int fp8 = -1;
+  int fp8_tile = -1;
 };
 // Tile configurations of a kernel (kDefault: kDefaultGemmKernel's).
 int gemm_invariant_tile_count(GemmKernel kernel = GemmKernel::kMma);
@@ -51,6 +58,15 @@ int gemm_invariant_tile_rows(int tile, GemmKernel kernel = GemmKernel::kMma);
 // the kernel the tuning names; kDefault: kDefaultGemmKernel).
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning);
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning);
+// fp8 weights on the wgmma kernel: the tuning (kernel wgmma, fp8 1) asks for it, the weights are
+// kNK, one batch entry, 16-byte aligned with a row stride of a multiple of 16 bytes, and K is a
+// multiple of 8 (x then has 16-byte rows: the backend stages a bf16 copy that has not). A
+// function of the weights and K alone, never of m: the fp8 bits of a shape never change with the
+// batch. The fp8 tiles' count and names.
+bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning);
+int gemm_invariant_fp8_tile_count();
+const char* gemm_invariant_fp8_tile_name(int tile);
+int gemm_invariant_fp8_tile(int m, const GemmInvariantTuning& tuning);  // the one m rows use
 
 }  // namespace cuda
 

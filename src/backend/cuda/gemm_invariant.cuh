@@ -167,4 +167,13 @@ WgmmaTileInfo wgmma_tma_tile_info(int tile);
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream);
 cudaError_t wgmma_tma_prepare();
 
+// ---- gemm_wgmma_fp8.cu (fp8 weights dequantized in shared memory, the bf16 wgmma chains) ----
+int wgmma_fp8_tile_count();
+WgmmaTileInfo wgmma_fp8_tile_info(int tile);
+int wgmma_fp8_pick_tile(int m);
+// cudaErrorNotSupported, launching nothing, when an operand cannot be described to the copy
+// engine (gemm_invariant_fp8_runs_wgmma's conditions rule that out).
+cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream);
+cudaError_t wgmma_fp8_prepare();
+
 }  // namespace dsa::cuda

@@ -552,6 +552,18 @@ int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTunin
   return tile >= 0 ? tile : wgmma_pick_tile(m, n, batch, split_plan(n, k, batch, tuning).splits);
 }
 
+bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning) {
+  return p.w_fp8 != nullptr && is_wgmma(tuning.kernel) && tuning.fp8 == 1 &&
+         p.layout == WeightLayout::kNK && p.batch == 1 && aligned16(p.w_fp8) && p.ld_w % 16 == 0 &&
+         p.k % 8 == 0;
+}
+int gemm_invariant_fp8_tile_count() { return wgmma_fp8_tile_count(); }
+const char* gemm_invariant_fp8_tile_name(int tile) { return wgmma_fp8_tile_info(tile).name; }
+int gemm_invariant_fp8_tile(int m, const GemmInvariantTuning& tuning) {
+  return tuning.fp8_tile >= 0 && tuning.fp8_tile < wgmma_fp8_tile_count() ? tuning.fp8_tile
+                                                                          : wgmma_fp8_pick_tile(m);
+}
+
 cudaError_t gemm_invariant_prepare() {
   // Every wgmma tile the table names exists (a misspelt name would quietly fall back to
   // wgmma_pick_tile): the backend refuses to start otherwise.
@@ -567,7 +579,8 @@ cudaError_t gemm_invariant_prepare() {
     const cudaError_t err = tile.opt_in(true);
     if (err != cudaSuccess) return err;
   }
-  return wgmma_prepare();
+  if (const cudaError_t err = wgmma_prepare(); err != cudaSuccess) return err;
+  return wgmma_fp8_prepare();
 }
 
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning) {
@@ -596,14 +609,26 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   }
   const SplitPlan plan = split_plan(p.n, p.k, p.batch, tuning);
   if (fp8 && plan.slice_k / kGemmFp8Block > kFp8MaxSliceBlocks) return cudaErrorInvalidValue;
-  // The kernel follows the tuning, the layout and the weight dtype, never m (gemm_invariant.cuh):
-  // fp8 weights run on the mma.sync kernel.
+  // The kernel follows the tuning, the layout and the weights (dtype, alignment, K), never m
+  // (gemm_invariant.cuh): fp8 weights run on the mma.sync kernel unless the tuning asks for the
+  // wgmma kernel's fp8 tiles and gemm_invariant_fp8_runs_wgmma holds.
+  const bool wgmma_fp8 = fp8 && gemm_invariant_fp8_runs_wgmma(p, tuning);
   const bool wgmma = p.layout == WeightLayout::kNK && !fp8 && is_wgmma(tuning.kernel);
-  const int tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, wgmma ? tuning : mma_tuning(tuning));
+  int tile = 0;
+  WgmmaTileInfo shape{};
+  if (wgmma_fp8) {
+    tile = gemm_invariant_fp8_tile(p.m, tuning);
+    shape = wgmma_fp8_tile_info(tile);
+  } else if (wgmma) {
+    tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, tuning);
+    shape = wgmma_tile_info(tile);
+  } else {
+    tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, mma_tuning(tuning));
+    shape = {kTiles[tile].name, kTiles[tile].bm, kTiles[tile].bn};
+  }
   static_assert(kSliceGranule == kGemmFp8Block, "fp8: a slice starts on a scale block");
   // Output tiles: rows of x (and y) by columns of y (output features).
-  const int tile_rows = wgmma ? wgmma_tile_info(tile).rows : kTiles[tile].bm;
-  const int tile_cols = wgmma ? wgmma_tile_info(tile).cols : kTiles[tile].bn;
+  const int tile_rows = shape.rows, tile_cols = shape.cols;
   const int64_t tiles_n = ceil_div(p.n, tile_cols), tiles_m = ceil_div(p.m, tile_rows);
   if (int64_t(p.batch) * plan.splits > 65535 || tiles_n > 65535) {
     return cudaErrorInvalidValue;  // grid.z and grid.y limits
@@ -638,7 +663,9 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
             (tuning.reduce == 1 || int64_t(tile_rows) * tile_cols <= kFusedReduceMaxTile) &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
 
-  const cudaError_t err = wgmma ? wgmma_launch(t, tile, stream) : kTiles[tile].launch(t, stream);
+  const cudaError_t err = wgmma_fp8 ? wgmma_fp8_launch(t, tile, stream)
+                          : wgmma   ? wgmma_launch(t, tile, stream)
+                                    : kTiles[tile].launch(t, stream);
   if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
   const int64_t total = int64_t(p.batch) * p.m * p.n;
   constexpr int kThreads = 256;

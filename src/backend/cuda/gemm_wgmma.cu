@@ -260,10 +260,7 @@ cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream) {
 }
 
 cudaError_t wgmma_prepare() {
-  for (const TileEntry& tile : kTiles) {
-    const cudaError_t err = tile.opt_in(true);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = opt_in_all(kTiles); err != cudaSuccess) return err;
   return wgmma_tma_prepare();
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {
@@ -26,6 +27,36 @@ struct WgmmaTileEntry {
 template <class C>
 dim3 wgmma_grid(const TcParams& p) {
   return dim3(ceil_div(p.m, C::kRows), ceil_div(p.n, C::kCols), unsigned(p.batch * p.splits));
+}
+
+// The tensor map of x [batch][m][k] for C's x tiles (kRows rows of 64 k, swizzled): rows past m
+// and k past K read as +0. False when the copy engine cannot take x (alignment).
+template <class C>
+bool encode_x_map(CUtensorMap* map, const TcParams& p) {
+  return p.vec_x && encode_tile_map(map, TileMap::kBf16Swizzle128, p.x, p.k, p.m, p.batch, p.ld_x,
+                                    p.bs_x, kWgmmaStageK, C::kRows);
+}
+
+// A bulk-copy kernel instance on its two tensor maps: the opt-in, then the launch on C's grid.
+template <class C, class Kernel>
+cudaError_t launch_on_maps(cudaError_t (*opt_in)(bool), Kernel kernel, const CUtensorMap& a,
+                           const CUtensorMap& b, const TcParams& p, cudaStream_t stream) {
+  if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
+  kernel<<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(a, b, p);
+  return cudaGetLastError();
+}
+
+// A family's tile table: the info of an index ("default" past the end), every opt-in.
+template <size_t kCount>
+WgmmaTileInfo tile_info_in(const WgmmaTileEntry (&tiles)[kCount], int tile) {
+  return tile >= 0 && tile < int(kCount) ? tiles[tile].info : WgmmaTileInfo{"default", 0, 0};
+}
+template <size_t kCount>
+cudaError_t opt_in_all(const WgmmaTileEntry (&tiles)[kCount]) {
+  for (const WgmmaTileEntry& tile : tiles) {
+    if (const cudaError_t err = tile.opt_in(true); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 // The shared-memory opt-in of a kernel instance, once per device (force: again).
@@ -107,5 +138,87 @@ struct WgmmaChains {
     }
   }
 };
+
+// What a CTA of the bulk-copy kernels works on (grid: wgmma_grid): batch entry b, K slice s, rows
+// [row0, row0 + C::kRows) (row tiles are the fastest grid index: the CTAs that share a weight
+// tile run side by side), features [col0, col0 + C::kCols), k [k_begin, k_begin + k_len) in
+// `tiles` stages; and this thread's warpgroup wg, read through a shuffle so that the compiler
+// knows it is warp-uniform (else it serializes the consumers' wgmma as if the role could
+// diverge).
+struct WgmmaCta {
+  int b, s, row0, col0, k_begin, k_len, tiles, wg;
+  template <class C>
+  __device__ __forceinline__ static WgmmaCta of(const TcParams& p) {
+    WgmmaCta c;
+    c.b = int(blockIdx.z) % p.batch, c.s = int(blockIdx.z) / p.batch;
+    c.row0 = int(blockIdx.x) * C::kRows, c.col0 = int(blockIdx.y) * C::kCols;
+    c.k_begin = c.s * p.slice_k;
+    c.k_len = min(p.k, c.k_begin + p.slice_k) - c.k_begin;
+    c.tiles = (c.k_len + kWgmmaStageK - 1) / kWgmmaStageK;
+    c.wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+    return c;
+  }
+};
+
+// Thread 0 sets the ring's barriers up (full: one arrival plus the copies' bytes; empty: one
+// arrival per consumer warpgroup; ready, when given: ready_count arrivals) and prefetches the two
+// tensor maps; every thread of the CTA calls it and leaves after the setup.
+template <class C>
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, uint64_t* ready,
+                                          int ready_count, const CUtensorMap* a,
+                                          const CUtensorMap* b) {
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < C::kStages; ++st) {
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], C::kConsumers);
+      if (ready) mbar_init(&ready[st], unsigned(ready_count));
+    }
+    mbar_init_fence();
+    tma_prefetch_map(a);
+    tma_prefetch_map(b);
+  }
+  __syncthreads();
+}
+
+// The producer's claim on stage st for tile kt: the stage's previous use released (empty), then
+// `bytes` of copies expected on full[st]; returns st.
+template <class C>
+__device__ __forceinline__ int claim_stage(uint64_t* full, uint64_t* empty, int kt,
+                                           uint32_t bytes) {
+  const int st = kt % C::kStages, use = kt / C::kStages;
+  if (use > 0) mbar_wait(&empty[st], uint32_t(use - 1) & 1u);
+  mbar_arrive_expect_tx(&full[st], bytes);
+  return st;
+}
+
+// A consumer warpgroup of the bulk-copy kernels (gemm_wgmma_tma.cu, gemm_wgmma_fp8.cu), all of
+// it: per stage, wait(st, parity) until the stage may be read, run the chains over this
+// warpgroup's 64 weight rows (the stage starts with the weight tile, C::kWBytes long, then the x
+// tile), and release the stage before on empty (one arrival per warpgroup, once its wgmma group
+// has completed); then the store, and the fused reduction among the consumers alone (named
+// barrier 1: the producer warpgroup has left).
+template <class C, class Wait>
+__device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta& cta,
+                                              uint32_t smem_base, uint64_t* empty, Wait&& wait) {
+  const int b = cta.b, s = cta.s, row0 = cta.row0, col0 = cta.col0, wg = cta.wg;
+  const int k_len = cta.k_len;
+  WgmmaChains<C::kN, C::kNSub> chains;
+  chains.zero();
+  const bool leader = threadIdx.x % 128 == 0;
+  for (int kt = 0; kt < cta.tiles; ++kt) {
+    const int st = kt % C::kStages;
+    wait(st, uint32_t(kt / C::kStages) & 1u);
+    const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
+    chains.stage(stage + uint32_t(wg * 64 * kSwizzleRowBytes), stage + uint32_t(C::kWBytes),
+                 k_len - kt * kWgmmaStageK);
+    wgmma_wait<1>();  // the group of stage kt - 1 has completed: release its stage
+    if (kt > 0 && leader) mbar_arrive(&empty[(kt - 1) % C::kStages]);
+  }
+  wgmma_wait<0>();
+  chains.fence();
+  chains.store(p, b, s, row0, col0 + wg * 64);
+  if (p.splits == 1 || !p.fused) return;
+  finish_wgmma_tile<128 * C::kConsumers, 1>(p, b, row0, C::kRows, col0, C::kCols);
+}
 
 }  // namespace dsa::cuda

@@ -68,87 +68,47 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* smem = align_to_atom(smem_raw);  // the swizzle atoms need 1024-byte alignment
   const uint32_t smem_base = smem_addr(smem);
 
-  const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
-  // Row tiles are the fastest grid index: the CTAs that share a weight tile run side by side.
-  const int row0 = int(blockIdx.x) * C::kRows, col0 = int(blockIdx.y) * C::kCols;
-  const int k_begin = s * p.slice_k;
-  const int k_len = min(p.k, k_begin + p.slice_k) - k_begin;
-  const int tiles = (k_len + kBK - 1) / kBK;
-  // The role, read through a shuffle so that the compiler knows it is warp-uniform (else it
-  // serializes the wgmma of the consumer branch as if it could diverge).
-  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+  const WgmmaCta cta = WgmmaCta::of<C>(p);
 
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < C::kStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], C::kConsumers);
-    }
-    mbar_init_fence();
-    tma_prefetch_map(&map_w);
-    tma_prefetch_map(&map_x);
-  }
-  __syncthreads();
+  init_ring<C>(full, empty, nullptr, 0, &map_w, &map_x);
 
-  if (wg == C::kConsumers) {
+  if (cta.wg == C::kConsumers) {
     // The producer warpgroup: one thread issues every copy.
     if constexpr (C::kRebalance) warpgroup_reg_dealloc<40>();
     if (threadIdx.x % 128 == 0) {
-      for (int kt = 0; kt < tiles; ++kt) {
-        const int st = kt % C::kStages, use = kt / C::kStages;
-        if (use > 0) mbar_wait(&empty[st], uint32_t(use - 1) & 1u);
+      for (int kt = 0; kt < cta.tiles; ++kt) {
+        const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kStageBytes));
         uint8_t* ws = smem + st * C::kStageBytes;
-        mbar_arrive_expect_tx(&full[st], uint32_t(C::kStageBytes));
-        const int k0 = k_begin + kt * kBK;
-        tma_load_3d(ws, &map_w, k0, col0, b, &full[st]);
-        tma_load_3d(ws + C::kWBytes, &map_x, k0, row0, b, &full[st]);
+        const int k0 = cta.k_begin + kt * kBK;
+        tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
+        tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
       }
     }
   } else {
     if constexpr (C::kRebalance) warpgroup_reg_alloc<232>();
-    WgmmaChains<C::kN, C::kNSub> chains;
-    chains.zero();
-    const bool leader = threadIdx.x % 128 == 0;
-    for (int kt = 0; kt < tiles; ++kt) {
-      const int st = kt % C::kStages;
-      mbar_wait(&full[st], uint32_t(kt / C::kStages) & 1u);
-      const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
-      chains.stage(stage + uint32_t(wg * 64 * kSwizzleRowBytes), stage + uint32_t(C::kWBytes),
-                   k_len - kt * kBK);
-      wgmma_wait<1>();  // the group of stage kt - 1 has completed: release its stage
-      if (kt > 0 && leader) mbar_arrive(&empty[(kt - 1) % C::kStages]);
-    }
-    wgmma_wait<0>();
-    chains.fence();
-    chains.store(p, b, s, row0, col0 + wg * 64);
-    if (p.splits == 1 || !p.fused) return;
-    // The consumers alone reduce (named barrier 1): the producer has left.
-    finish_wgmma_tile<128 * C::kConsumers, 1>(p, b, row0, C::kRows, col0, C::kCols);
+    wgmma_consume<C>(p, cta, smem_base, empty,
+                     [&](int st, uint32_t parity) { mbar_wait(&full[st], parity); });
   }
-}
-
-template <class C>
-cudaError_t opt_in(bool force) {
-  return wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>(force);
 }
 
 template <class C>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
-  if (!p.vec_x || !p.vec_w) return cudaErrorNotSupported;
+  // Weights [batch][n][k]: rows past n and k past K read as +0.
   CUtensorMap map_w, map_x;
-  // Weights [batch][n][k], x [batch][m][k]: rows past n or m and k past K read as +0.
-  if (!encode_bf16_map_sw128(&map_w, p.w, p.k, p.n, p.batch, p.ld_w, p.bs_w, kBK, C::kCols) ||
-      !encode_bf16_map_sw128(&map_x, p.x, p.k, p.m, p.batch, p.ld_x, p.bs_x, kBK, C::kRows)) {
-    return cudaErrorNotSupported;
-  }
-  if (const cudaError_t err = opt_in<C>(false); err != cudaSuccess) return err;
-  gemm_wgmma_tma_kernel<C>
-      <<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(map_w, map_x, p);
-  return cudaGetLastError();
+  const bool mapped = p.vec_w &&
+                      encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.k, p.n, p.batch,
+                                      p.ld_w, p.bs_w, kBK, C::kCols) &&
+                      encode_x_map<C>(&map_x, p);
+  if (!mapped) return cudaErrorNotSupported;
+  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>,
+                           &gemm_wgmma_tma_kernel<C>, map_w, map_x, p, stream);
 }
 
 template <class C>
 constexpr WgmmaTileEntry entry(const char* name) {
-  return {{name, C::kRows, C::kCols}, &launch<C>, &opt_in<C>};
+  return {{name, C::kRows, C::kCols},
+          &launch<C>,
+          &wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>};
 }
 // Name: "tma.", rows of x x output features per CTA, stages; then threads, shared memory per CTA
 // and the CTAs per SM that fit. gemm_wgmma.cu keeps a cp.async tile of each rows x cols.
@@ -168,65 +128,13 @@ constexpr WgmmaTileEntry kTiles[] = {
 
 int wgmma_tma_tile_count() { return int(std::size(kTiles)); }
 
-WgmmaTileInfo wgmma_tma_tile_info(int tile) {
-  return tile >= 0 && tile < wgmma_tma_tile_count() ? kTiles[tile].info
-                                                    : WgmmaTileInfo{"default", 0, 0};
-}
+WgmmaTileInfo wgmma_tma_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= wgmma_tma_tile_count() || !p.nk) return cudaErrorInvalidValue;
   return kTiles[tile].launch(p, stream);
 }
 
-cudaError_t wgmma_tma_prepare() {
-  for (const WgmmaTileEntry& tile : kTiles) {
-    const cudaError_t err = tile.opt_in(true);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
-}
-
-// ---- tma.cuh's host side ----
-
-namespace {
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's cuTensorMapEncodeTiled, looked up once through the runtime (no link to libcuda).
-EncodeTiled encoder() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return EncodeTiled(nullptr);
-    }
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-}  // namespace
-
-bool encode_bf16_map_sw128(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-                           int64_t batch, int64_t row_stride, int64_t batch_stride, int box_cols,
-                           int box_rows) {
-  const EncodeTiled encode = encoder();
-  if (!encode || box_cols * 2 != kSwizzleRowBytes || cols <= 0 || rows <= 0 || batch <= 0) {
-    return false;
-  }
-  // One batch entry: the batch stride is never stepped; any valid one (the whole matrix) serves.
-  if (batch == 1) batch_stride = row_stride * rows;
-  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batch)};
-  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, cuuint64_t(batch_stride) * 2};
-  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides,
-                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
+cudaError_t wgmma_tma_prepare() { return opt_in_all(kTiles); }
 
 }  // namespace dsa::cuda

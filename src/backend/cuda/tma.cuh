@@ -90,12 +90,16 @@ __device__ __forceinline__ void warpgroup_reg_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Host: the tensor map of a bf16 tensor [batch][rows][cols] (cols contiguous; row and batch
-// strides in elements) read in boxes of box_cols x box_rows x 1 with the 128-byte swizzle
-// (box_cols * 2 must be 128). False when the driver cannot encode it (an address or stride not
-// 16-byte aligned, a box too large, no driver entry point): the caller then takes another path.
-bool encode_bf16_map_sw128(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-                           int64_t batch, int64_t row_stride, int64_t batch_stride, int box_cols,
-                           int box_rows);
+// Host (tma.cu): the tensor map of a tensor [batch][rows][cols] (cols contiguous; row and batch
+// strides in elements) read in boxes of box_cols x box_rows x 1:
+//   kBf16Swizzle128: bf16, box_cols = 64 (128-byte rows), the 128-byte swizzle of wgmma.cuh;
+//   kBytesPlain: one-byte elements (fp8 codes), box_cols * 1 a multiple of 16, no swizzle (the
+//     box lands as rows of box_cols bytes, back to back).
+// False when the driver cannot encode it (an address or stride not 16-byte aligned, a box too
+// large, no driver entry point): the caller then takes another path.
+enum class TileMap { kBf16Swizzle128, kBytesPlain };
+bool encode_tile_map(CUtensorMap* map, TileMap kind, const void* base, int64_t cols, int64_t rows,
+                     int64_t batch, int64_t row_stride, int64_t batch_stride, int box_cols,
+                     int box_rows);
 
 }  // namespace dsa::cuda
