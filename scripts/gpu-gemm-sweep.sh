@@ -14,7 +14,7 @@
 #     sweeps those projections alone.
 # Files in $OUT: sweep.log (everything), steps.tsv, parity.json, sweep.json, summary.md (the
 # best configuration per projection and B, its ratio to cuBLASLt, and the kShapeTable lines to
-# paste into src/backend/cuda/gemm_tensor.cu).
+# paste into src/backend/cuda/gemm_invariant.cu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

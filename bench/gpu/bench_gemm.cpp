@@ -22,7 +22,7 @@
 // --gemm-sweep instead times every tile configuration and split count of the invariant GEMM
 // (GemmInvariantTuning) per projection and B, each run checked before it counts, and prints per
 // projection the split count (one for all B) and tiles with the least worst ratio to cuBLASLt,
-// as kShapeTable lines for src/backend/cuda/gemm_tensor.cu:
+// as kShapeTable lines for src/backend/cuda/gemm_invariant.cu:
 //   gemm-sweep/<projection>/B=<rows>/<tile>/s=<splits>[/reduce-kernel]
 #include <algorithm>
 #include <cmath>
@@ -338,7 +338,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
 // ---- The sweep (--gemm-sweep): every tile configuration and split count of the invariant GEMM
 // on every projection and B, each checked before it counts: nmse against cuBLASLt on the same
 // bf16 inputs, and row 0 bit for bit against every other run of the same split count (any tile,
-// any B: the invariance argument of gemm_tensor.cu, tested).
+// any B: the invariance argument of gemm_invariant.cu, tested).
 
 // 1, the default count and powers of two, while slices keep 128 columns of k and the CTAs at 64
 // columns stay under 2048 (deduplicated by the count split_plan makes of them).
@@ -658,7 +658,7 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
                     list(wgmma ? best_tile : kept, true) + "},  // " + pr.name);
   }
   std::printf(
-      "\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_tensor.cu (%s tiles swept)\n",
+      "\ngemm sweep: kShapeTable entries for src/backend/cuda/gemm_invariant.cu (%s tiles swept)\n",
       cuda::gemm_kernel_name(kernel));
   for (const std::string& line : table) std::puts(line.c_str());
 }

@@ -389,7 +389,7 @@ TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
 }
 
 // The tile configuration and the way split partials are reduced never change a bit (the
-// invariance arguments of gemm_tensor.cu, 2. and 3., and gemm_wgmma.cu, 3.): for each kernel,
+// invariance arguments of gemm_invariant.cu, 2. and 3., and gemm_wgmma.cu, 3.): for each kernel,
 // every tile, with the fused reduction and with the reduce kernel, gives the default's bytes, at
 // m = 1, 70 and 130, for a split shape with a ragged last slice, an unaligned one, batched
 // n-contiguous weights (the mma kernel under either) and a shape with one slice. The wgmma tiles

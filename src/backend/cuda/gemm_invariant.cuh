@@ -1,8 +1,10 @@
-// What the two batch-invariant GEMM kernels share: gemm_tensor.cu (mma.sync, any layout, the
-// entry point gemm_invariant and the split-K plan) and gemm_wgmma.cu (Hopper wgmma, kNK weights).
-// Both run the contract of gemm_tensor.cu's header: y[m, n] is one chain of k16 tensor-core
-// steps per K slice, from +0, in ascending k, the slices from split_plan (K, N, batch only) added
-// in slice order; which kernel runs is chosen from the layout and the tuning, never from m.
+// What the batch-invariant GEMM kernels share: gemm_tensor.cu (mma.sync, any layout),
+// gemm_wgmma.cu, gemm_wgmma_tma.cu and gemm_wgmma_fp8.cu (Hopper wgmma, kNK weights), and
+// gemm_invariant.cu (the entry point gemm_invariant, the split-K plan and the shape table, the
+// reduction kernel). All run the contract of gemm_invariant.cu's header: y[m, n] is one chain of
+// k16 tensor-core steps per K slice, from +0, in ascending k, the slices from split_plan (K, N,
+// batch only) added in slice order; which kernel runs is chosen from the layout and the tuning,
+// never from m.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -143,16 +145,47 @@ __device__ __forceinline__ void finish_split_tile(const TcParams& p, int b, int6
   }
 }
 
-// ---- gemm_wgmma.cu (kNK weights only; gemm_invariant dispatches) ----
+// Slices of K start on multiples of kGemmSliceGranule (split_plan), which is also the fp8 scale
+// block: a slice starts on a scale block, and every kernel's k per stage divides it.
+inline constexpr int kGemmSliceGranule = 128;
+// fp8 weights on mma.sync: the most 128-wide k blocks of one slice (slice_k <= 32768) whose
+// scales a CTA keeps in shared memory; gemm_invariant refuses a plan with longer slices.
+inline constexpr int kGemmFp8MaxSliceBlocks = 256;
 
-// A wgmma tile configuration: `rows` of x (the wgmma N side) by `cols` output features (64 per
-// consumer warpgroup) per CTA.
-struct WgmmaTileInfo {
+// A tile configuration of one of the kernels: `rows` of x by `cols` output features per CTA,
+// its launcher and its shared-memory opt-in (once per device; force: again).
+struct GemmTileInfo {
   const char* name;
   int rows, cols;
 };
+struct GemmTileEntry {
+  GemmTileInfo info;
+  cudaError_t (*launch)(const TcParams&, cudaStream_t);
+  cudaError_t (*opt_in)(bool force);
+};
+// A kernel's tile table: the info of an index ("default" past the end), every opt-in.
+template <size_t kCount>
+GemmTileInfo tile_info_in(const GemmTileEntry (&tiles)[kCount], int tile) {
+  return tile >= 0 && tile < int(kCount) ? tiles[tile].info : GemmTileInfo{"default", 0, 0};
+}
+template <size_t kCount>
+cudaError_t opt_in_all(const GemmTileEntry (&tiles)[kCount]) {
+  for (const GemmTileEntry& tile : tiles) {
+    if (const cudaError_t err = tile.opt_in(true); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// ---- gemm_tensor.cu (mma.sync: every layout, fp8 weights) ----
+int mma_tile_count();
+GemmTileInfo mma_tile_info(int tile);
+cudaError_t mma_launch(const TcParams& p, int tile, cudaStream_t stream);
+cudaError_t mma_prepare();
+
+// ---- gemm_wgmma.cu (kNK weights only; gemm_invariant dispatches) ----
+
 int wgmma_tile_count();
-WgmmaTileInfo wgmma_tile_info(int tile);
+GemmTileInfo wgmma_tile_info(int tile);
 // The tile for m rows of a shape whose plan has `splits` slices (any function of anything: the
 // tile never changes a bit; gemm_wgmma.cu's header).
 int wgmma_pick_tile(int m, int n, int batch, int splits);
@@ -161,7 +194,7 @@ cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the curre
 
 // ---- gemm_wgmma_tma.cu (the same chains, fed by the bulk copy engine) ----
 int wgmma_tma_tile_count();
-WgmmaTileInfo wgmma_tma_tile_info(int tile);
+GemmTileInfo wgmma_tma_tile_info(int tile);
 // cudaErrorNotSupported, launching nothing, when the operands cannot be described to the copy
 // engine (alignment): the caller then runs a cp.async tile of the same shape.
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream);
@@ -169,7 +202,7 @@ cudaError_t wgmma_tma_prepare();
 
 // ---- gemm_wgmma_fp8.cu (fp8 weights dequantized in shared memory, the bf16 wgmma chains) ----
 int wgmma_fp8_tile_count();
-WgmmaTileInfo wgmma_fp8_tile_info(int tile);
+GemmTileInfo wgmma_fp8_tile_info(int tile);
 int wgmma_fp8_pick_tile(int m);
 // cudaErrorNotSupported, launching nothing, when an operand cannot be described to the copy
 // engine (gemm_invariant_fp8_runs_wgmma's conditions rule that out).

@@ -2,7 +2,7 @@
 //
 //   y_b[m, n] (+)= alpha * sum_k bf16(x_b[m, k]) * w_b[n, k]
 //
-// the contract of gemm_tensor.cu (x rounded to bf16, f32 tensor-core accumulation, the bound of
+// the contract of gemm_invariant.cu (x rounded to bf16, f32 tensor-core accumulation, the bound of
 // tests/parity/test_parity_gemm), computed with wgmma.mma_async m64nNk16 (wgmma.cuh) instead of
 // mma.sync. The two kernels give different bits; each is batch-invariant on its own.
 //
@@ -13,7 +13,7 @@
 //
 // Batch invariance: y[r, f] is a fixed function of row r of x, row f of w, K, N and the batch
 // count, never of m or of the other rows:
-//   1. K is cut into slices by split_plan (gemm_tensor.cu; from K, N and batch only), exactly as
+//   1. K is cut into slices by split_plan (gemm_invariant.cu; from K, N and batch only), exactly as
 //      for the mma.sync kernel, and the slices are added in slice order by the same fused or
 //      separate reduction (gemm_invariant.cuh, reduce_splits_kernel).
 //   2. Within a slice, the warpgroup that owns feature f runs one chain of wgmma over the slice's
@@ -31,7 +31,7 @@
 //      and its accumulate in a datapath that sees only row i of A, column j of B and D[i][j];
 //      N only sets how many columns are computed side by side. The other columns of B (other
 //      rows of the batch, zero fill, garbage) never meet column j. This is the same argument as
-//      for mma.sync m16n8k16 (gemm_tensor.cu, 2.); the parity tests check it bit for bit
+//      for mma.sync m16n8k16 (gemm_tensor.cu's header); the parity tests check it bit for bit
 //      (ParityGemm: every tile, so every N from 8 to 128, at m = 1 and m = 70, against one
 //      another; the probe row alone, among 7, among 255 and at every graph bucket).
 // Rows of x at or beyond m are never read (zero-filled in shared memory) and rows of y beyond m
@@ -164,7 +164,7 @@ cudaError_t launch(const TcParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-using TileEntry = WgmmaTileEntry;
+using TileEntry = GemmTileEntry;
 template <class C>
 constexpr TileEntry entry(const char* name) {
   return {{name, C::kRows, C::kCols}, &launch<C>, &opt_in<C>};
@@ -213,7 +213,7 @@ constexpr Candidates kCandidates[] = {
 // The cp.async tile with the rows and columns of TMA tile `tile` (0 when none: never, by the
 // table's construction; the fallback only has to give the same bits, which any tile does).
 int fallback_of(int tile) {
-  const WgmmaTileInfo want = wgmma_tma_tile_info(tile - kTileCount);
+  const GemmTileInfo want = wgmma_tma_tile_info(tile - kTileCount);
   for (int t = 0; t < kTileCount; ++t) {
     if (kTiles[t].info.rows == want.rows && kTiles[t].info.cols == want.cols) return t;
   }
@@ -223,10 +223,10 @@ int fallback_of(int tile) {
 }  // namespace
 
 int wgmma_tile_count() { return kTileCount + wgmma_tma_tile_count(); }
-WgmmaTileInfo wgmma_tile_info(int tile) {
+GemmTileInfo wgmma_tile_info(int tile) {
   if (tile >= kTileCount && tile < wgmma_tile_count())
     return wgmma_tma_tile_info(tile - kTileCount);
-  return tile >= 0 && tile < kTileCount ? kTiles[tile].info : WgmmaTileInfo{"default", 0, 0};
+  return tile >= 0 && tile < kTileCount ? kTiles[tile].info : GemmTileInfo{"default", 0, 0};
 }
 
 int wgmma_pick_tile(int m, int n, int batch, int splits) {
@@ -237,7 +237,7 @@ int wgmma_pick_tile(int m, int n, int batch, int splits) {
     int64_t most_ctas = 0;
     for (int t : c.tiles) {
       if (t < 0) break;
-      const WgmmaTileInfo info = wgmma_tile_info(t);
+      const GemmTileInfo info = wgmma_tile_info(t);
       const int64_t ctas =
           int64_t(ceil_div(m, info.rows)) * ceil_div(n, info.cols) * batch * splits;
       const int64_t waves = (ctas + sms - 1) / sms;

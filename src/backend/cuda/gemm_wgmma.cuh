@@ -16,13 +16,6 @@ namespace dsa::cuda {
 
 inline constexpr int kWgmmaStageK = 64;  // k per stage: one 128-byte swizzled row
 
-// A tile configuration of either kernel: its shape, its launcher and its shared-memory opt-in.
-struct WgmmaTileEntry {
-  WgmmaTileInfo info;
-  cudaError_t (*launch)(const TcParams&, cudaStream_t);
-  cudaError_t (*opt_in)(bool force);
-};
-
 // The grid of a tile configuration C: x row tiles, y feature tiles, z batch entries x slices.
 template <class C>
 dim3 wgmma_grid(const TcParams& p) {
@@ -44,19 +37,6 @@ cudaError_t launch_on_maps(cudaError_t (*opt_in)(bool), Kernel kernel, const CUt
   if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
   kernel<<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(a, b, p);
   return cudaGetLastError();
-}
-
-// A family's tile table: the info of an index ("default" past the end), every opt-in.
-template <size_t kCount>
-WgmmaTileInfo tile_info_in(const WgmmaTileEntry (&tiles)[kCount], int tile) {
-  return tile >= 0 && tile < int(kCount) ? tiles[tile].info : WgmmaTileInfo{"default", 0, 0};
-}
-template <size_t kCount>
-cudaError_t opt_in_all(const WgmmaTileEntry (&tiles)[kCount]) {
-  for (const WgmmaTileEntry& tile : tiles) {
-    if (const cudaError_t err = tile.opt_in(true); err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
 }
 
 // The shared-memory opt-in of a kernel instance, once per device (force: again).

@@ -148,14 +148,14 @@ cudaError_t launch(const TcParams& p, cudaStream_t stream) {
 }
 
 template <class C>
-constexpr WgmmaTileEntry entry(const char* name) {
+constexpr GemmTileEntry entry(const char* name) {
   return {{name, C::kRows, C::kCols},
           &launch<C>,
           &wgmma_opt_in<&gemm_wgmma_fp8_kernel<C>, C::kSmemBytes>};
 }
 // Name: "fp8.", rows of x x output features per CTA, stages; then shared memory per CTA (one CTA
 // per SM, 384 threads each).
-constexpr WgmmaTileEntry kTiles[] = {
+constexpr GemmTileEntry kTiles[] = {
     entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),      // 0: 151 KiB
     entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),    // 1: 157 KiB
     entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),    // 2: 129 KiB
@@ -166,7 +166,7 @@ constexpr WgmmaTileEntry kTiles[] = {
 
 int wgmma_fp8_tile_count() { return int(std::size(kTiles)); }
 
-WgmmaTileInfo wgmma_fp8_tile_info(int tile) { return tile_info_in(kTiles, tile); }
+GemmTileInfo wgmma_fp8_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 int wgmma_fp8_pick_tile(int m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 64 ? 2 : 3; }
 

@@ -14,7 +14,7 @@
 // barrier in the main loop, so the copies of the next kStages - 1 stages are in flight while the
 // tensor cores run, and no thread of a consumer spends an instruction on loads.
 //
-// A slice never straddles a copy: slices start on multiples of 128 (gemm_tensor.cu), stages on
+// A slice never straddles a copy: slices start on multiples of 128 (gemm_invariant.cu), stages on
 // multiples of 64 within them, and only the last slice ends short of a stage, at K, where the
 // copy engine's zero fill stands in for gemm_wgmma.cu's. The consumers issue the k16 blocks below
 // the slice end only, as there, so the zero fill is never multiplied.
@@ -105,14 +105,14 @@ cudaError_t launch(const TcParams& p, cudaStream_t stream) {
 }
 
 template <class C>
-constexpr WgmmaTileEntry entry(const char* name) {
+constexpr GemmTileEntry entry(const char* name) {
   return {{name, C::kRows, C::kCols},
           &launch<C>,
           &wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>};
 }
 // Name: "tma.", rows of x x output features per CTA, stages; then threads, shared memory per CTA
 // and the CTAs per SM that fit. gemm_wgmma.cu keeps a cp.async tile of each rows x cols.
-constexpr WgmmaTileEntry kTiles[] = {
+constexpr GemmTileEntry kTiles[] = {
     entry<TmaConfig<2, 8, 1, 6, 2>>("tma.8x128.s6"),      // 0: 384, 103 KiB, 2
     entry<TmaConfig<1, 8, 1, 8, 3>>("tma.8x64.s8"),       // 1: 256, 73 KiB, 3
     entry<TmaConfig<2, 16, 1, 6, 2>>("tma.16x128.s6"),    // 2: 384, 109 KiB, 2
@@ -128,7 +128,7 @@ constexpr WgmmaTileEntry kTiles[] = {
 
 int wgmma_tma_tile_count() { return int(std::size(kTiles)); }
 
-WgmmaTileInfo wgmma_tma_tile_info(int tile) { return tile_info_in(kTiles, tile); }
+GemmTileInfo wgmma_tma_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= wgmma_tma_tile_count() || !p.nk) return cudaErrorInvalidValue;
