@@ -99,7 +99,7 @@ struct GemmSweepOptions {
   std::vector<std::string> only;
   std::string kernel = "mma";  // the invariant kernel whose tiles are swept: "mma" or "wgmma"
 };
-void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options);
+void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options);  // bench_gemm_sweep.cpp
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).
 void run_attention_benches(BenchContext& ctx);
 

@@ -81,7 +81,7 @@ struct ShapeChoice {
 constexpr int kClassTile[3] = {
     2, 6, 6};  // 16 x 64 k128, 64 x 128 k64 (the sweep: it beat 128 x 128 at B = 256)
 constexpr ShapeChoice kShapeTable[] = {
-    // The V3.2 projections (bench/gpu/bench_gemm.cpp names them). Split counts: the wgmma
+    // The V3.2 projections (bench/gpu/bench_gemm.h names them). Split counts: the wgmma
     // kernel's sweeps of 2026-12-04 on the H200 (bench/results/2026-12-04-h200-gemm-tma.md: the
     // count with the least worst ratio to cuBLASLt over B = 1, 8, 64, 256, every shape but
     // kv_b absorb, whose kKN layout runs on mma.sync and keeps the 2026-12-03 sweep's count).
