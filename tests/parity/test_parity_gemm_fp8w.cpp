@@ -334,6 +334,34 @@ TEST_F(ParityGemmFp8w, ExactModeMatchesTheCpuBits) {
   }
 }
 
+// DSA_CUDA_GEMM_FP8 picks the fp8 kernel of a backend made after it is set: "mma" and "wgmma" give
+// the bits of the tuning that forces each; another value is refused with a message naming it.
+TEST_F(ParityGemmFp8w, EnvironmentPicksTheFp8Kernel) {
+  struct Restore {  // both variables as they were, however the test ends
+    std::string names[2] = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8"};
+    const char* before[2] = {std::getenv("DSA_CUDA_GEMM"), std::getenv("DSA_CUDA_GEMM_FP8")};
+    std::string saved[2] = {before[0] ? before[0] : "", before[1] ? before[1] : ""};
+    ~Restore() {
+      for (int i = 0; i < 2; ++i) {
+        before[i] ? setenv(names[i].c_str(), saved[i].c_str(), 1) : unsetenv(names[i].c_str());
+      }
+    }
+  } restore;
+  setenv("DSA_CUDA_GEMM", "wgmma", 1);
+  Problem pr(*cuda_, {"n256k1024", 256, 1024}, 9, 41);
+  for (int fp8 : {0, 1}) {
+    tune(-1, -1, cuda::GemmKernel::kWgmma, fp8);
+    const std::vector<float> forced = pr.run(*cuda_, GemmMode::kBatchInvariant, 9, true);
+    setenv("DSA_CUDA_GEMM_FP8", fp8 ? "wgmma" : "mma", 1);
+    const std::unique_ptr<Backend> picked = make_cuda_backend(0);
+    const std::vector<float> got = pr.run(*picked, GemmMode::kBatchInvariant, 9, true);
+    EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * 4), 0) << "fp8 kernel " << fp8;
+  }
+  setenv("DSA_CUDA_GEMM_FP8", "fp8", 1);
+  testing::expect_error([&] { make_cuda_backend(0); }, ErrorCode::kInvalidArgument,
+                        {"DSA_CUDA_GEMM_FP8", "'fp8'"});
+}
+
 TEST_F(ParityGemmFp8w, FastModeRefusesFp8Weights) {
   Problem pr(*cuda_, {"small", 64, 256}, 4, 5);
   testing::expect_error([&] { pr.run(*cuda_, GemmMode::kFast, 4, true); },

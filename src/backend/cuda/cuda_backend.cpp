@@ -23,28 +23,26 @@ namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
-// The batch-invariant GEMM kernel the environment asks for: DSA_CUDA_GEMM=mma|wgmma, else
-// cuda::kDefaultGemmKernel. Any other value is refused, naming it.
-cuda::GemmKernel gemm_kernel_from_env() {
-  const char* v = std::getenv("DSA_CUDA_GEMM");
-  if (v == nullptr || *v == '\0') return cuda::kDefaultGemmKernel;
+// A GEMM kernel the environment names: `var` = "mma" or "wgmma", else (unset or empty) `unset`.
+// Any other value is refused, naming it.
+cuda::GemmKernel gemm_kernel_env(const char* var, cuda::GemmKernel unset) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return unset;
   const std::string value(v);
   if (value == "mma") return cuda::GemmKernel::kMma;
   if (value == "wgmma") return cuda::GemmKernel::kWgmma;
-  fail(ErrorCode::kInvalidArgument, "DSA_CUDA_GEMM '{}' must be 'mma' or 'wgmma' (unset: '{}')",
-       value, cuda::gemm_kernel_name(cuda::kDefaultGemmKernel));
+  fail(ErrorCode::kInvalidArgument, "{} '{}' must be 'mma' or 'wgmma' (unset: '{}')", var, value,
+       cuda::gemm_kernel_name(unset));
 }
 
-// Which kernel runs fp8 weights under the wgmma kernel: DSA_CUDA_GEMM_FP8=mma|wgmma (unset:
-// mma), as GemmInvariantTuning::fp8 (0 or 1). Any other value is refused, naming it.
+// The batch-invariant GEMM's kernel: DSA_CUDA_GEMM, else cuda::kDefaultGemmKernel.
+cuda::GemmKernel gemm_kernel_from_env() {
+  return gemm_kernel_env("DSA_CUDA_GEMM", cuda::kDefaultGemmKernel);
+}
+// Which kernel runs fp8 weights under the wgmma kernel, as GemmInvariantTuning::fp8 (0 mma.sync,
+// 1 wgmma): DSA_CUDA_GEMM_FP8, else mma.sync.
 int gemm_fp8_from_env() {
-  const char* v = std::getenv("DSA_CUDA_GEMM_FP8");
-  if (v == nullptr || *v == '\0') return 0;
-  const std::string value(v);
-  if (value == "mma") return 0;
-  if (value == "wgmma") return 1;
-  fail(ErrorCode::kInvalidArgument,
-       "DSA_CUDA_GEMM_FP8 '{}' must be 'mma' or 'wgmma' (unset: 'mma')", value);
+  return gemm_kernel_env("DSA_CUDA_GEMM_FP8", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
 }
 
 std::string device_label(int device) {
