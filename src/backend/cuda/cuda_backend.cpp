@@ -15,13 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
 #include "dsa/error.h"
 
 namespace dsa {
 namespace {
 
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+using cuda::check_cuda;
 
 // A GEMM kernel the environment names: `var` = "mma" or "wgmma", else (unset or empty) `unset`.
 // Any other value is refused, naming it.
@@ -49,23 +51,6 @@ std::string device_label(int device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return fmt::format("cuda:{}", device);
   return fmt::format("cuda:{} ({})", device, prop.name);
-}
-
-void check_cuda(cudaError_t err, const char* statement, int device,
-                std::source_location loc = std::source_location::current()) {
-  if (err == cudaSuccess) return;
-  throw_error(ErrorCode::kBackend,
-              fmt::format("{} failed on cuda:{}: {} ({})", statement, device,
-                          cudaGetErrorString(err), cudaGetErrorName(err)),
-              loc);
-}
-
-void check_cublas(cublasStatus_t status, const char* statement, int device,
-                  std::source_location loc = std::source_location::current()) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw_error(ErrorCode::kBackend,
-              fmt::format("{} failed on cuda:{}: cuBLAS status {}", statement, device, int(status)),
-              loc);
 }
 
 class CudaGraph final : public Graph {
@@ -153,7 +138,7 @@ class CudaBackend final : public Backend {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
     owns_stream_ = true;
-    create_cublas();
+    cublas_.create();
   }
   // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
@@ -170,8 +155,7 @@ class CudaBackend final : public Backend {
     if (owns_stream_) cudaStreamSynchronize(stream_);
     if (gemm_scratch_) cudaFree(gemm_scratch_);
     if (gemm_partials_) cudaFree(gemm_partials_);
-    if (cublas_workspace_) cudaFree(cublas_workspace_);
-    if (cublas_) cublasLtDestroy(cublas_);
+    cublas_.release();
     if (owns_stream_) cudaStreamDestroy(stream_);
     if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
   }
@@ -479,12 +463,17 @@ class CudaBackend final : public Backend {
     return tuning;
   }
 
-  void gemm_cublaslt(const GemmParams& p);
-
-  void create_cublas() {
-    check_cublas(cublasLtCreate(&cublas_), "cublasLtCreate(&cublas_)", device_);
-    check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
-          "cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes)");
+  void gemm_cublaslt(const GemmParams& p) {
+    require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
+            "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
+    if (p.m == 0 || p.batch == 0) return;
+    // cuBLASLt's bf16 GEMM has no block-scaled fp8 operand of this kind; fp8 weights would need a
+    // dequantized copy per call, which defeats them. Refused: they run with invariant or exact.
+    require(p.w_fp8 == nullptr, ErrorCode::kInvalidArgument,
+            "gemm: --gemm fast (cuBLASLt) takes bf16 weights only; fp8 weights (--weights fp8) "
+            "run with --gemm invariant or exact");
+    const XBf16 x = x_as_bf16(p);
+    cublas_.run(p, x.data, x.ld, x.batch_stride, stream_, label());
   }
   // The device's name, asked for only when a message or a report needs it.
   const std::string& label() const {
@@ -497,8 +486,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
-  cublasLtHandle_t cublas_ = nullptr;
-  void* cublas_workspace_ = nullptr;
+  cuda::CublasLtGemm cublas_{device_};  // the fast GEMM mode's handle and workspace
   void* gemm_scratch_ = nullptr;
   size_t gemm_scratch_bytes_ = 0;
   void* gemm_partials_ = nullptr;
@@ -507,92 +495,6 @@ class CudaBackend final : public Backend {
   cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
   int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
 };
-
-// y (+)= alpha * x * w with bf16 operands and f32 accumulation and output. cuBLASLt is
-// column-major, so it computes y^T [n, m] = op(w) [n, k] * x^T [k, m]: a row-major [m, k] matrix
-// is a column-major [k, m] one.
-void CudaBackend::gemm_cublaslt(const GemmParams& p) {
-  require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
-          "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
-  if (p.m == 0 || p.batch == 0) return;
-  // cuBLASLt's bf16 GEMM has no block-scaled fp8 operand of this kind; fp8 weights would need a
-  // dequantized copy per call, which defeats them. Refused: they run with invariant or exact.
-  require(p.w_fp8 == nullptr, ErrorCode::kInvalidArgument,
-          "gemm: --gemm fast (cuBLASLt) takes bf16 weights only; fp8 weights (--weights fp8) run "
-          "with --gemm invariant or exact");
-  if (!cublas_) create_cublas();
-  const XBf16 x = x_as_bf16(p);
-  const Bf16* xb = x.data;
-
-  const int dev = device_;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  auto release = [&] {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  };
-  try {
-    check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                 "cublasLtMatmulDescCreate", dev);
-    const cublasOperation_t op_w = p.layout == WeightLayout::kNK ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_x = CUBLAS_OP_N;
-    check_cublas(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)),
-        "cublasLtMatmulDescSetAttribute(TRANSA)", dev);
-    check_cublas(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)),
-        "cublasLtMatmulDescSetAttribute(TRANSB)", dev);
-    // w as stored, column-major: kNK is [k, n] (transposed by op_w), kKN is [n, k].
-    const bool nk = p.layout == WeightLayout::kNK;
-    check_cublas(
-        cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, nk ? p.k : p.n, nk ? p.n : p.k, p.ld_w),
-        "cublasLtMatrixLayoutCreate(w)", dev);
-    check_cublas(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, p.k, p.m, x.ld),
-                 "cublasLtMatrixLayoutCreate(x)", dev);
-    check_cublas(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, p.n, p.m, p.ld_y),
-                 "cublasLtMatrixLayoutCreate(y)", dev);
-    if (p.batch > 1) {
-      const int32_t count = p.batch;
-      const int64_t strides[3] = {p.batch_stride_w, x.batch_stride, p.batch_stride_y};
-      cublasLtMatrixLayout_t layouts[3] = {a, b, d};
-      for (int i = 0; i < 3; ++i) {
-        check_cublas(cublasLtMatrixLayoutSetAttribute(
-                         layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-                     "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", dev);
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layouts[i],
-                                                      CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                      &strides[i], sizeof(strides[i])),
-                     "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", dev);
-      }
-    }
-    check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", dev);
-    const uint64_t ws = kCublasWorkspaceBytes;
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(
-                     pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-                 "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", dev);
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    check_cublas(
-        cublasLtMatmulAlgoGetHeuristic(cublas_, desc, a, b, d, d, pref, 1, &heuristic, &found),
-        "cublasLtMatmulAlgoGetHeuristic", dev);
-    require(found > 0, ErrorCode::kBackend,
-            "cuBLASLt has no bf16 algorithm on {} for m {} n {} k {} batch {}", label(), p.m, p.n,
-            p.k, p.batch);
-    const float alpha = p.alpha;
-    const float beta = p.output == GemmOutput::kAccumulate ? 1.0f : 0.0f;
-    check_cublas(cublasLtMatmul(cublas_, desc, &alpha, p.w, a, xb, b, &beta, p.y, d, p.y, d,
-                                &heuristic.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_),
-                 "cublasLtMatmul", dev);
-  } catch (...) {
-    release();
-    throw;
-  }
-  release();
-}
 
 }  // namespace
 
