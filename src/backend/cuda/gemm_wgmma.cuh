@@ -141,17 +141,15 @@ struct WgmmaCta {
 };
 
 // Thread 0 sets the ring's barriers up (full: one arrival plus the copies' bytes; empty: one
-// arrival per consumer warpgroup; ready, when given: ready_count arrivals) and prefetches the two
+// arrival per consumer warpgroup) and prefetches the two
 // tensor maps; every thread of the CTA calls it and leaves after the setup.
 template <class C>
-__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, uint64_t* ready,
-                                          int ready_count, const CUtensorMap* a,
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, const CUtensorMap* a,
                                           const CUtensorMap* b) {
   if (threadIdx.x == 0) {
     for (int st = 0; st < C::kStages; ++st) {
       mbar_init(&full[st], 1);
       mbar_init(&empty[st], C::kConsumers);
-      if (ready) mbar_init(&ready[st], unsigned(ready_count));
     }
     mbar_init_fence();
     tma_prefetch_map(a);
@@ -172,9 +170,9 @@ __device__ __forceinline__ int claim_stage(uint64_t* full, uint64_t* empty, int 
 }
 
 // A consumer warpgroup of the bulk-copy kernels (gemm_wgmma_tma.cu, gemm_wgmma_fp8.cu), all of
-// it: per stage, wait(st, parity) until the stage may be read, run the chains over this
-// warpgroup's 64 weight rows (the stage starts with the weight tile, C::kWBytes long, then the x
-// tile), and release the stage before on empty (one arrival per warpgroup, once its wgmma group
+// it: per stage, wait(kt, st, parity) until stage st (tile kt) may be read, run the chains over
+// this warpgroup's 64 weight rows (the stage starts with the weight tile, C::kWBytes long, then the
+// x tile), and release the stage before on empty (one arrival per warpgroup, once its wgmma group
 // has completed); then the store, and the fused reduction among the consumers alone (named
 // barrier 1: the producer warpgroup has left).
 template <class C, class Wait>
@@ -187,7 +185,7 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
   const bool leader = threadIdx.x % 128 == 0;
   for (int kt = 0; kt < cta.tiles; ++kt) {
     const int st = kt % C::kStages;
-    wait(st, uint32_t(kt / C::kStages) & 1u);
+    wait(kt, st, uint32_t(kt / C::kStages) & 1u);
     const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
     chains.stage(stage + uint32_t(wg * 64 * kSwizzleRowBytes), stage + uint32_t(C::kWBytes),
                  k_len - kt * kWgmmaStageK);

@@ -9,21 +9,21 @@
 // the chains see the operands the bf16 kernel's chains see, in the same places, and the split
 // plan and the reduction are the same.
 //
-// Roles (three warpgroups): kConsumers consumer warpgroups (64 features each); the producer
-// warpgroup, whose warp 0 lane 0 issues the copies (the fp8 tile [kCols][64 k] as plain bytes,
-// the x tile [kRows][64 k] bf16 swizzled) and whose warps 1..3 are the converters. Per stage s:
+// Roles (three warpgroups): kConsumers consumer warpgroups (64 features each), and the producer
+// warpgroup, whose first thread issues the copies (the fp8 tile [kCols][64 k] as plain bytes,
+// the x tile [kRows][64 k] bf16 swizzled). Each consumer warpgroup dequantizes its own 64 rows of
+// a stage into the bf16 tile, then runs its chains on them; its wgmma of the stage before runs
+// meanwhile. Per stage s:
 //   full[s]  (count 1 + bytes): the copies landed;
-//   ready[s] (count 3, one per converter warp): the bf16 weight tile of s is written and fenced
-//            to the async proxy (fence.proxy.async by every writing thread, then the arrive);
 //   empty[s] (count kConsumers): the consumers' wgmma of s completed; the producer may refill it.
-// The converters write stage s's bf16 tile after full[s] of that use, which the producer issued
-// after empty[s] of the use before: nobody reads the tile then. They read the fp8 bytes of s
-// before arriving on ready[s], which the consumers wait for before they release empty[s], which
-// the producer waits for before it overwrites the bytes.
+// A warpgroup writes the rows of stage s's bf16 tile that only its own wgmma reads, after its
+// wgmma of the stage's previous use completed (it released empty[s] only then), and fences them
+// to the async proxy (fence.proxy.async by every writing thread, then the warpgroup's named
+// barrier) before its wgmma of s.
 //
 // One stage of 64 k lies in one 128-wide scale block along k (slices start on multiples of 128;
-// stages on multiples of 64 within them), and a row's scale block is its feature / 128: one f32
-// scale per row and stage, read from global memory (L1-resident across the CTA's rows).
+// stages on multiples of 64 within them), and the CTA's kCols = 128 features lie in one 128-row
+// scale block: one f32 scale per stage, read from global memory.
 //
 // Runs when gemm_invariant_fp8_runs_wgmma says so (the weights 16-byte aligned with a row stride
 // of a multiple of 16 bytes, K a multiple of 8); the backend then hands x over 16-byte aligned.
@@ -42,7 +42,6 @@ namespace dsa::cuda {
 namespace {
 
 constexpr int kBK = kWgmmaStageK;
-constexpr int kConverterWarps = 3;
 
 template <int kConsumers_, int kN_, int kStages_>
 struct Fp8Config {
@@ -62,27 +61,33 @@ struct Fp8Config {
   static constexpr int kSmemBytes = kStages * kStageBytes + kSwizzleAtomBytes;
   static_assert(kN % 8 == 0 && kN >= 8 && kN <= 128, "wgmma.cuh instantiates N = 8 .. 128");
   static_assert(kCols <= 256, "a tensor map box has at most 256 rows");
+  static_assert(128 % kCols == 0, "a CTA's features lie in one 128-row scale block");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
-// The fp8 codes of stage `raw` ([kCols][64] bytes) as bf16 into the swizzled tile `w`: 8 codes
-// (16 bytes of bf16) per item, converter thread ct of kConverterWarps * 32.
+// This warpgroup's 64 rows (from wg_row0 = 64 wg) of the fp8 codes of a stage (raw: [kCols][64]
+// bytes) as bf16 into the swizzled tile w: 8 codes (16 bytes of bf16) per item, four items per
+// thread t of the warpgroup, all four loaded before any is converted. Rows at or past n (row
+// index within the warpgroup >= rows_left) get +0, as the bf16 kernel's zero fill.
 template <class C>
-__device__ __forceinline__ void dequantize_stage(uint8_t* w, const uint8_t* raw, const TcParams& p,
-                                                 int col0, int k0, int ct) {
-  constexpr int kChunks = kBK / 8;
-  const int64_t kblock = k0 / 128;
-  for (int e = ct; e < C::kCols * kChunks; e += kConverterWarps * 32) {
-    const int r = e / kChunks, c = e % kChunks;
-    const int col = col0 + r;
-    uint4 out = make_uint4(0, 0, 0, 0);  // rows past n: +0, as the bf16 kernel's zero fill
-    if (col < p.n) {
-      const float scale = __ldg(p.w8_scale + int64_t(col / 128) * p.ld_w8_scale + kblock);
-      const uint2 q = *reinterpret_cast<const uint2*>(raw + r * kBK + c * 8);
-      out.x = dequant_fp8x2(uint16_t(q.x & 0xFFFFu), scale);
-      out.y = dequant_fp8x2(uint16_t(q.x >> 16), scale);
-      out.z = dequant_fp8x2(uint16_t(q.y & 0xFFFFu), scale);
-      out.w = dequant_fp8x2(uint16_t(q.y >> 16), scale);
+__device__ __forceinline__ void dequantize_rows(uint8_t* w, const uint8_t* raw, int wg_row0,
+                                                int rows_left, float scale, int t) {
+  constexpr int kChunks = kBK / 8, kItems = 64 * kChunks / 128;
+  uint2 q[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int r = wg_row0 + t / kChunks + i * (128 / kChunks), c = t % kChunks;
+    q[i] = *reinterpret_cast<const uint2*>(raw + r * kBK + c * 8);
+  }
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int r = wg_row0 + t / kChunks + i * (128 / kChunks), c = t % kChunks;
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (r - wg_row0 < rows_left) {
+      out.x = dequant_fp8x2(uint16_t(q[i].x & 0xFFFFu), scale);
+      out.y = dequant_fp8x2(uint16_t(q[i].x >> 16), scale);
+      out.z = dequant_fp8x2(uint16_t(q[i].y & 0xFFFFu), scale);
+      out.w = dequant_fp8x2(uint16_t(q[i].y >> 16), scale);
     }
     *reinterpret_cast<uint4*>(w + swizzle128_offset(r, c)) = out;
   }
@@ -93,43 +98,35 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_w8,
                           const __grid_constant__ CUtensorMap map_x, TcParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __shared__ uint64_t full[C::kStages], ready[C::kStages], empty[C::kStages];
+  __shared__ uint64_t full[C::kStages], empty[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);
   const uint32_t smem_base = smem_addr(smem);
 
   const WgmmaCta cta = WgmmaCta::of<C>(p);
 
-  init_ring<C>(full, empty, ready, kConverterWarps, &map_w8, &map_x);
+  init_ring<C>(full, empty, &map_w8, &map_x);
 
   if (cta.wg == C::kConsumers) {
-    const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
-    if (warp == 0) {
-      if (lane == 0) {  // the producer: the x tile and the fp8 codes of each stage
-        for (int kt = 0; kt < cta.tiles; ++kt) {
-          const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kXBytes + C::kRawBytes));
-          uint8_t* stage = smem + st * C::kStageBytes;
-          const int k0 = cta.k_begin + kt * kBK;
-          tma_load_3d(stage + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
-          tma_load_3d(stage + C::kWBytes + C::kXBytes, &map_w8, k0, cta.col0, 0, &full[st]);
-        }
-      }
-    } else {  // the converters
-      const int ct = int(threadIdx.x % 128) - 32;
+    if (threadIdx.x % 128 == 0) {  // the producer: the x tile and the fp8 codes of each stage
       for (int kt = 0; kt < cta.tiles; ++kt) {
-        const int st = kt % C::kStages;
-        mbar_wait(&full[st], uint32_t(kt / C::kStages) & 1u);
+        const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kXBytes + C::kRawBytes));
         uint8_t* stage = smem + st * C::kStageBytes;
-        dequantize_stage<C>(stage, stage + C::kWBytes + C::kXBytes, p, cta.col0,
-                            cta.k_begin + kt * kBK, ct);
-        fence_proxy_async();  // this thread's tile stores, to the tensor cores' reads
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&ready[st]);
+        const int k0 = cta.k_begin + kt * kBK;
+        tma_load_3d(stage + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
+        tma_load_3d(stage + C::kWBytes + C::kXBytes, &map_w8, k0, cta.col0, 0, &full[st]);
       }
     }
   } else {
-    wgmma_consume<C>(p, cta, smem_base, empty, [&](int st, uint32_t parity) {
-      mbar_wait(&full[st], parity);   // x landed (and the codes)
-      mbar_wait(&ready[st], parity);  // the weights dequantized
+    const int t = int(threadIdx.x % 128), wg_row0 = 64 * cta.wg;
+    const int rows_left = p.n - (cta.col0 + wg_row0);
+    const float* scales = p.w8_scale + int64_t(cta.col0 / 128) * p.ld_w8_scale;
+    wgmma_consume<C>(p, cta, smem_base, empty, [&](int kt, int st, uint32_t parity) {
+      const float scale = __ldg(scales + (cta.k_begin + kt * kBK) / 128);
+      mbar_wait(&full[st], parity);  // x and the codes landed
+      uint8_t* stage = smem + st * C::kStageBytes;
+      dequantize_rows<C>(stage, stage + C::kWBytes + C::kXBytes, wg_row0, rows_left, scale, t);
+      fence_proxy_async();  // this thread's tile stores, to the tensor cores' reads
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cta.wg) : "memory");
     });
   }
 }

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 
   const WgmmaCta cta = WgmmaCta::of<C>(p);
 
-  init_ring<C>(full, empty, nullptr, 0, &map_w, &map_x);
+  init_ring<C>(full, empty, &map_w, &map_x);
 
   if (cta.wg == C::kConsumers) {
     // The producer warpgroup: one thread issues every copy.
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   } else {
     if constexpr (C::kRebalance) warpgroup_reg_alloc<232>();
     wgmma_consume<C>(p, cta, smem_base, empty,
-                     [&](int st, uint32_t parity) { mbar_wait(&full[st], parity); });
+                     [&](int, int st, uint32_t parity) { mbar_wait(&full[st], parity); });
   }
 }
 
