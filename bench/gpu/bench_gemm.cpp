@@ -138,7 +138,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  {"bf16_copy", pr.bf16_copy},
                  {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})},
                  {"tile", wgmma ? cuda::gemm_invariant_fp8_tile_name(
-                                      cuda::gemm_invariant_fp8_tile(rows, tuning))
+                                      cuda::gemm_invariant_fp8_tile(rows, pr.n, pr.k, tuning))
                                 : cuda::gemm_invariant_tile_name(cuda::gemm_invariant_tile(
                                       rows, pr.n, pr.k, pr.batch, tuning))},
                  {"vs_cublaslt", fp8_us / cublas_us},

@@ -211,11 +211,11 @@ void ParityGemmFp8w::check_wgmma_fp8(const Shape& s, const std::vector<int>& ms,
             tune(-1, reduce, cuda::GemmKernel::kWgmma, 1, every_tile ? tile : -1);
         ASSERT_TRUE(cuda::gemm_invariant_fp8_runs_wgmma(pr.params(m, true), t)) << s.name;
         const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true);
-        ASSERT_TRUE(
-            same_bits(got, want, 0, size_t(m) * s.n,
-                      s.name + " m=" + std::to_string(m) + " fp8 tile " +
-                          cuda::gemm_invariant_fp8_tile_name(cuda::gemm_invariant_fp8_tile(m, t)) +
-                          " reduce " + std::to_string(reduce)));
+        ASSERT_TRUE(same_bits(
+            got, want, 0, size_t(m) * s.n,
+            s.name + " m=" + std::to_string(m) + " fp8 tile " +
+                cuda::gemm_invariant_fp8_tile_name(cuda::gemm_invariant_fp8_tile(m, s.n, s.k, t)) +
+                " reduce " + std::to_string(reduce)));
       }
     }
   }

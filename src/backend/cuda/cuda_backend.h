@@ -66,7 +66,8 @@ int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTunin
 bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning);
 int gemm_invariant_fp8_tile_count();
 const char* gemm_invariant_fp8_tile_name(int tile);
-int gemm_invariant_fp8_tile(int m, const GemmInvariantTuning& tuning);  // the one m rows use
+int gemm_invariant_fp8_tile(int m, int n, int k,
+                            const GemmInvariantTuning& tuning);  // m rows' tile
 
 }  // namespace cuda
 

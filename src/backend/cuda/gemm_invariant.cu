@@ -247,9 +247,9 @@ bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTunin
 }
 int gemm_invariant_fp8_tile_count() { return wgmma_fp8_tile_count(); }
 const char* gemm_invariant_fp8_tile_name(int tile) { return wgmma_fp8_tile_info(tile).name; }
-int gemm_invariant_fp8_tile(int m, const GemmInvariantTuning& tuning) {
-  return tuning.fp8_tile >= 0 && tuning.fp8_tile < wgmma_fp8_tile_count() ? tuning.fp8_tile
-                                                                          : wgmma_fp8_pick_tile(m);
+int gemm_invariant_fp8_tile(int m, int n, int k, const GemmInvariantTuning& tuning) {
+  if (tuning.fp8_tile >= 0 && tuning.fp8_tile < wgmma_fp8_tile_count()) return tuning.fp8_tile;
+  return wgmma_fp8_pick_tile(m, n, split_plan(n, k, 1, tuning).splits);
 }
 
 cudaError_t gemm_invariant_prepare() {
@@ -303,7 +303,7 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   int tile = 0;
   GemmTileInfo shape{};
   if (wgmma_fp8) {
-    tile = gemm_invariant_fp8_tile(p.m, tuning);
+    tile = gemm_invariant_fp8_tile(p.m, p.n, p.k, tuning);
     shape = wgmma_fp8_tile_info(tile);
   } else if (wgmma) {
     tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, tuning);

@@ -203,7 +203,9 @@ cudaError_t wgmma_tma_prepare();
 // ---- gemm_wgmma_fp8.cu (fp8 weights dequantized in shared memory, the bf16 wgmma chains) ----
 int wgmma_fp8_tile_count();
 GemmTileInfo wgmma_fp8_tile_info(int tile);
-int wgmma_fp8_pick_tile(int m);
+// The tile m rows of an n-feature product in `splits` K slices take (any tile gives the same
+// bits).
+int wgmma_fp8_pick_tile(int m, int n, int splits);
 // cudaErrorNotSupported, launching nothing, when an operand cannot be described to the copy
 // engine (gemm_invariant_fp8_runs_wgmma's conditions rule that out).
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream);

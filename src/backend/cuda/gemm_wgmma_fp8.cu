@@ -9,11 +9,11 @@
 // the chains see the operands the bf16 kernel's chains see, in the same places, and the split
 // plan and the reduction are the same.
 //
-// Roles (three warpgroups): kConsumers consumer warpgroups (64 features each), and the producer
-// warpgroup, whose first thread issues the copies (the fp8 tile [kCols][64 k] as plain bytes,
-// the x tile [kRows][64 k] bf16 swizzled). Each consumer warpgroup dequantizes its own 64 rows of
-// a stage into the bf16 tile, then runs its chains on them; its wgmma of the stage before runs
-// meanwhile. Per stage s:
+// Roles (kConsumers + 1 warpgroups): kConsumers consumer warpgroups (64 features each; two or
+// three), and the producer warpgroup, whose first thread issues the copies (the fp8 tile
+// [kCols][64 k] as plain bytes, the x tile [kRows][64 k] bf16 swizzled). Each consumer warpgroup
+// dequantizes its own 64 rows of a stage into the bf16 tile, then runs its chains on them; its
+// wgmma of the stage before runs meanwhile. Per stage s:
 //   full[s]  (count 1 + bytes): the copies landed;
 //   empty[s] (count kConsumers): the consumers' wgmma of s completed; the producer may refill it.
 // A warpgroup writes the rows of stage s's bf16 tile that only its own wgmma reads, after its
@@ -22,8 +22,9 @@
 // barrier) before its wgmma of s.
 //
 // One stage of 64 k lies in one 128-wide scale block along k (slices start on multiples of 128;
-// stages on multiples of 64 within them), and the CTA's kCols = 128 features lie in one 128-row
-// scale block: one f32 scale per stage, read from global memory.
+// stages on multiples of 64 within them), and a warpgroup's 64 features in one 128-row scale
+// block (they start on a multiple of 64): one f32 scale per warpgroup and stage, read from
+// global memory.
 //
 // Runs when gemm_invariant_fp8_runs_wgmma says so (the weights 16-byte aligned with a row stride
 // of a multiple of 16 bytes, K a multiple of 8); the backend then hands x over 16-byte aligned.
@@ -61,37 +62,57 @@ struct Fp8Config {
   static constexpr int kSmemBytes = kStages * kStageBytes + kSwizzleAtomBytes;
   static_assert(kN % 8 == 0 && kN >= 8 && kN <= 128, "wgmma.cuh instantiates N = 8 .. 128");
   static_assert(kCols <= 256, "a tensor map box has at most 256 rows");
-  static_assert(128 % kCols == 0, "a CTA's features lie in one 128-row scale block");
+  static_assert(kConsumers <= 3, "the named barriers 2 .. 4 are the consumers'");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
-// This warpgroup's 64 rows (from wg_row0 = 64 wg) of the fp8 codes of a stage (raw: [kCols][64]
-// bytes) as bf16 into the swizzled tile w: 8 codes (16 bytes of bf16) per item, four items per
-// thread t of the warpgroup, all four loaded before any is converted. Rows at or past n (row
-// index within the warpgroup >= rows_left) get +0, as the bf16 kernel's zero fill.
+// A consumer thread's part of the dequantization (thread t of its warpgroup, whose rows of the
+// CTA's tile start at wg_row0 = 64 wg): four items of 8 codes, item i being row wg_row0 + t / 8 +
+// 16 i, codes [8 (t % 8), 8 (t % 8) + 8) of the stage's 64 k. Their shared-memory offsets within a
+// stage (the fp8 codes as copied: rows of 64 bytes; the bf16 tile: 128-byte swizzled rows) are
+// the same in every stage, so they are computed once.
 template <class C>
-__device__ __forceinline__ void dequantize_rows(uint8_t* w, const uint8_t* raw, int wg_row0,
-                                                int rows_left, float scale, int t) {
-  constexpr int kChunks = kBK / 8, kItems = 64 * kChunks / 128;
-  uint2 q[kItems];
+struct Fp8Items {
+  static constexpr int kItems = 4;
+  uint32_t raw[kItems], tile[kItems];
+
+  __device__ __forceinline__ Fp8Items(int wg_row0, int t) {
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int r = wg_row0 + t / kChunks + i * (128 / kChunks), c = t % kChunks;
-    q[i] = *reinterpret_cast<const uint2*>(raw + r * kBK + c * 8);
-  }
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int r = wg_row0 + t / kChunks + i * (128 / kChunks), c = t % kChunks;
-    uint4 out = make_uint4(0, 0, 0, 0);
-    if (r - wg_row0 < rows_left) {
-      out.x = dequant_fp8x2(uint16_t(q[i].x & 0xFFFFu), scale);
-      out.y = dequant_fp8x2(uint16_t(q[i].x >> 16), scale);
-      out.z = dequant_fp8x2(uint16_t(q[i].y & 0xFFFFu), scale);
-      out.w = dequant_fp8x2(uint16_t(q[i].y >> 16), scale);
+    for (int i = 0; i < kItems; ++i) {
+      const int r = wg_row0 + t / 8 + 16 * i, c = t % 8;
+      raw[i] = uint32_t(C::kWBytes + C::kXBytes + r * kBK + 8 * c);
+      tile[i] = uint32_t(swizzle128_offset(r, c));
     }
-    *reinterpret_cast<uint4*>(w + swizzle128_offset(r, c)) = out;
   }
-}
+  // Stage `stage` (its shared address): the four items' codes, all loaded before any is
+  // converted, as bf16 into the tile. kAllRows: every row of the warpgroup is below n; else
+  // rows at or past n (row index within the warpgroup >= rows_left) get +0, as the bf16
+  // kernel's zero fill.
+  template <bool kAllRows>
+  __device__ __forceinline__ void dequantize(uint32_t stage, float scale, int rows_left,
+                                             int t) const {
+    uint32_t q[kItems][2];
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                   : "=r"(q[i][0]), "=r"(q[i][1])
+                   : "r"(stage + raw[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      uint32_t out[4] = {0u, 0u, 0u, 0u};
+      if (kAllRows || t / 8 + 16 * i < rows_left) {
+        out[0] = dequant_fp8x2(uint16_t(q[i][0] & 0xFFFFu), scale);
+        out[1] = dequant_fp8x2(uint16_t(q[i][0] >> 16), scale);
+        out[2] = dequant_fp8x2(uint16_t(q[i][1] & 0xFFFFu), scale);
+        out[3] = dequant_fp8x2(uint16_t(q[i][1] >> 16), scale);
+      }
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + tile[i]), "r"(out[0]),
+                   "r"(out[1]), "r"(out[2]), "r"(out[3])
+                   : "memory");
+    }
+  }
+};
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
@@ -119,14 +140,23 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   } else {
     const int t = int(threadIdx.x % 128), wg_row0 = 64 * cta.wg;
     const int rows_left = p.n - (cta.col0 + wg_row0);
-    const float* scales = p.w8_scale + int64_t(cta.col0 / 128) * p.ld_w8_scale;
+    const bool all_rows = rows_left >= 64;
+    // This warpgroup's 64 rows lie in one 128-row scale block (col0 and wg_row0 are multiples
+    // of 64); the stage's 64 k in one 128-wide block.
+    const float* scales = p.w8_scale + int64_t((cta.col0 + wg_row0) / 128) * p.ld_w8_scale;
+    const Fp8Items<C> items(wg_row0, t);
+    const uint32_t barrier = uint32_t(2 + cta.wg);
     wgmma_consume<C>(p, cta, smem_base, empty, [&](int kt, int st, uint32_t parity) {
-      const float scale = __ldg(scales + (cta.k_begin + kt * kBK) / 128);
+      const float scale = __ldg(scales + (unsigned(cta.k_begin + kt * kBK) >> 7));
       mbar_wait(&full[st], parity);  // x and the codes landed
-      uint8_t* stage = smem + st * C::kStageBytes;
-      dequantize_rows<C>(stage, stage + C::kWBytes + C::kXBytes, wg_row0, rows_left, scale, t);
+      const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
+      if (all_rows) {
+        items.template dequantize<true>(stage, scale, rows_left, t);
+      } else {
+        items.template dequantize<false>(stage, scale, rows_left, t);
+      }
       fence_proxy_async();  // this thread's tile stores, to the tensor cores' reads
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cta.wg) : "memory");
+      asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
     });
   }
 }
@@ -151,12 +181,14 @@ constexpr GemmTileEntry entry(const char* name) {
           &wgmma_opt_in<&gemm_wgmma_fp8_kernel<C>, C::kSmemBytes>};
 }
 // Name: "fp8.", rows of x x output features per CTA, stages; then shared memory per CTA (one CTA
-// per SM, 384 threads each).
+// per SM, 384 or 512 threads).
 constexpr GemmTileEntry kTiles[] = {
     entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),      // 0: 151 KiB
     entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),    // 1: 157 KiB
     entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),    // 2: 129 KiB
     entry<Fp8Config<2, 128, 4>>("fp8.128x128.s4"),  // 3: 161 KiB
+    entry<Fp8Config<3, 8, 5>>("fp8.8x192.s5"),      // 4: 186 KiB
+    entry<Fp8Config<3, 16, 5>>("fp8.16x192.s5"),    // 5: 191 KiB
 };
 
 }  // namespace
@@ -165,7 +197,15 @@ int wgmma_fp8_tile_count() { return int(std::size(kTiles)); }
 
 GemmTileInfo wgmma_fp8_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
-int wgmma_fp8_pick_tile(int m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 64 ? 2 : 3; }
+int wgmma_fp8_pick_tile(int m, int n, int splits) {
+  const int tile = m <= 8 ? 0 : m <= 16 ? 1 : m <= 64 ? 2 : 3;
+  // Few rows: the dequantization bounds a CTA, so a grid of 128-feature tiles a little over one
+  // wave (gate/up: 144 CTAs on 132 SMs) takes two CTA times; 192-feature tiles fit it in one.
+  const int64_t sms = std::max(device_sm_count(), 1);
+  const auto ctas = [&](int cols) { return int64_t(ceil_div(n, cols)) * splits; };
+  if (tile <= 1 && ctas(128) > sms && ctas(192) <= sms) return tile + 4;
+  return tile;
+}
 
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= wgmma_fp8_tile_count() || !p.nk || !p.w8) return cudaErrorInvalidValue;
