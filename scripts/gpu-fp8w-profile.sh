@@ -5,7 +5,8 @@
 # warp-state and scheduler sections and the per-line stall samples. Runs ON the device, from the
 # repository root, with the build of scripts/gpu-build.sh carried; about 2 minutes. Files in
 # $OUT: profile.log, fp8w-o.ncu-rep, fp8w-o-source.csv (the CUDA line beside each SASS
-# instruction, with its stall samples), summary.md.
+# instruction, with its stall samples), fp8w-o-stalls.txt (bench/gpu/ncu_stalls.py over it: the
+# lines with the most stall samples and their three largest reasons), summary.md.
 # Environment: OUT (default ./gpu-out), NCU (default: ncu on PATH, else /usr/local/cuda/bin/ncu),
 # SKIP (launches of the kernel to skip; default 5, the o projection).
 set -uo pipefail
@@ -24,4 +25,6 @@ step ncu-fp8w-o 120 env DSA_CUDA_GEMM_FP8=wgmma "$NCU" --kernel-name-base mangle
 step ncu-details 30 "$NCU" -i "$OUT/fp8w-o.ncu-rep" --page details
 step ncu-source-csv 60 bash -c "'$NCU' -i '$OUT/fp8w-o.ncu-rep' --page source --csv \
   --print-source cuda,sass > '$OUT/fp8w-o-source.csv'"
+step ncu-stalls 30 bash -c "python3 bench/gpu/ncu_stalls.py '$OUT/fp8w-o-source.csv' 30 \
+  > '$OUT/fp8w-o-stalls.txt'"
 steps_summary "fp8-weight wgmma GEMM profile" | tee "$OUT/summary.md"
