@@ -18,6 +18,8 @@
 // bf16 rows then holds the dequantized fp8 set 0, so each fp8 run is checked bit for bit against
 // the bf16 run of the same kernel on the same values ("FP8W BITS DIFFER" when not);
 // extra.vs_invariant_bf16 is the fp8 time over that bf16 time (the hope at B <= 64: near 0.5).
+// At B = 1 every fp8 tile of the wgmma kernel is also timed by name
+// (gemm/invariant-fp8w-tile/<tile>/...), the same check on each.
 //
 // --gemm-sweep runs bench_gemm_sweep.cpp instead.
 #include "bench_gemm.h"
@@ -36,6 +38,53 @@ namespace dsa::bench {
 namespace {
 
 using namespace gemm;
+
+// A result row over the fp8 weights' bytes (the codes, their scales, x and y).
+BenchResult fp8_result(const BenchContext& ctx, std::string name, double us, double bytes8,
+                       double flops) {
+  BenchResult r;
+  r.name = std::move(name);
+  r.us = us;
+  r.bytes = bytes8;
+  r.flops = flops;
+  r.floor_us = std::max(ctx.hbm_floor_us(bytes8), ctx.bf16_floor_us(flops));
+  r.floor_kind = ctx.hbm_floor_us(bytes8) >= ctx.bf16_floor_us(flops) ? "hbm" : "bf16";
+  return r;
+}
+
+// Every fp8 tile of the wgmma kernel named in turn (GemmInvariantTuning::fp8_tile), B = 1:
+// gemm/invariant-fp8w-tile/<tile>/<projection>/B=1, each checked bit for bit against the bf16
+// wgmma run on the dequantized values (`want`); extra.vs_invariant_bf16 as above.
+void bench_fp8_tiles(BenchContext& ctx, const Projection& pr, const GemmParams& p8,
+                     const ProjectionBuffers& buf, const std::vector<float>& want, double bf16_us,
+                     double bytes8, double flops) {
+  Backend& be = ctx.backend;
+  for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
+    cuda::GemmInvariantTuning tuning;
+    tuning.kernel = cuda::GemmKernel::kWgmma;
+    tuning.fp8 = 1;
+    tuning.fp8_tile = tile;
+    set_gemm_invariant_tuning(be, tuning);
+    const std::vector<float> got = run_on_zero(be, p8, buf);
+    const bool same = got.size() == want.size() &&
+                      std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+    const char* name = cuda::gemm_invariant_fp8_tile_name(tile);
+    if (!same) std::printf("  FP8W BITS DIFFER %s B=1 tile %s from the bf16 run\n", pr.name, name);
+    const double us = time_projection(ctx, p8, buf, std::max(2 * buf.sets8, 20));
+    BenchResult r =
+        fp8_result(ctx, std::string("gemm/invariant-fp8w-tile/") + name + "/" + pr.name + "/B=1",
+                   us, bytes8, flops);
+    r.extra = {{"n", pr.n},
+               {"k", pr.k},
+               {"rows", 1},
+               {"tile", name},
+               {"ok", same},
+               {"invariant_bf16_us", bf16_us},
+               {"vs_invariant_bf16", us / bf16_us}};
+    ctx.add(std::move(r));
+  }
+  set_gemm_invariant_tuning(be, {});
+}
 
 void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen) {
   Backend& be = ctx.backend;
@@ -123,14 +172,10 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       }
       const double fp8_us = time_projection(ctx, p8, buf, std::max(2 * buf.sets8, 20));
       set_gemm_invariant_tuning(be, {});
-      BenchResult r;
-      r.name = std::string("gemm/invariant-fp8w") + (wgmma ? "-wgmma/" : "/") + pr.name +
-               "/B=" + std::to_string(rows);
-      r.us = fp8_us;
-      r.bytes = bytes8;
-      r.flops = flops;
-      r.floor_us = std::max(ctx.hbm_floor_us(bytes8), ctx.bf16_floor_us(flops));
-      r.floor_kind = ctx.hbm_floor_us(bytes8) >= ctx.bf16_floor_us(flops) ? "hbm" : "bf16";
+      BenchResult r = fp8_result(ctx,
+                                 std::string("gemm/invariant-fp8w") + (wgmma ? "-wgmma/" : "/") +
+                                     pr.name + "/B=" + std::to_string(rows),
+                                 fp8_us, bytes8, flops);
       r.extra = {{"n", pr.n},
                  {"k", pr.k},
                  {"rows", rows},
@@ -146,6 +191,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                  {"vs_invariant_bf16", fp8_us / bf16_us},
                  {"ok", same}};
       ctx.add(std::move(r));
+      if (wgmma && rows == 1) bench_fp8_tiles(ctx, pr, p8, buf, want, bf16_us, bytes8, flops);
     }
   }
 }
@@ -205,6 +251,26 @@ void run_gemm_benches(BenchContext& ctx) {
   std::puts(
       "(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "
       "weights)");
+  std::puts("\ngemm: fp8-weight wgmma time / bf16 wgmma time per fp8 tile, B = 1");
+  std::printf("%-14s", "projection");
+  for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
+    std::printf(" %15s", cuda::gemm_invariant_fp8_tile_name(tile));
+  }
+  std::printf("\n");
+  for (const Projection& pr : kV32) {
+    if (!pr.fp8) continue;
+    std::printf("%-14s", pr.name);
+    for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
+      const std::string want = std::string("gemm/invariant-fp8w-tile/") +
+                               cuda::gemm_invariant_fp8_tile_name(tile) + "/" + pr.name + "/B=1";
+      for (const BenchResult& r : ctx.results()) {
+        if (r.name != want) continue;
+        std::printf(" %14.2f%s", r.extra["vs_invariant_bf16"].get<double>(),
+                    r.extra["ok"].get<bool>() ? " " : "!");
+      }
+    }
+    std::printf("\n");
+  }
 }
 
 }  // namespace dsa::bench

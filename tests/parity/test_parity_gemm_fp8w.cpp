@@ -275,10 +275,11 @@ TEST_F(ParityGemmFp8w, EveryWgmmaFp8TileAndReductionGiveTheWgmmaBits) {
 
 // The wgmma fp8 tiles at the edges: n off the 128 grid (rows past n, their scale block absent),
 // K a multiple of 8 but not of 64 or 16 (a last stage cut inside a k16 block), accumulate, rows
-// past the tile; the default tile and reduction. Small enough for the sanitizers.
+// past the tile; every fp8 tile with both reductions, so the tiles the default never picks (fp8r)
+// run under scripts/gpu-fp8w.sh's sanitizers too. Small enough for them.
 TEST_F(ParityGemmFp8w, WgmmaFp8EdgeShapesGiveTheWgmmaBits) {
-  check_wgmma_fp8({"n200k1000", 200, 1000, GemmOutput::kOverwrite, 8}, {1, 9, 70}, false);
-  check_wgmma_fp8({"n136k520", 136, 520, GemmOutput::kAccumulate, 8}, {1, 9, 70}, false);
+  check_wgmma_fp8({"n200k1000", 200, 1000, GemmOutput::kOverwrite, 8}, {1, 9, 70}, true);
+  check_wgmma_fp8({"n136k520", 136, 520, GemmOutput::kAccumulate, 8}, {1, 9, 70}, true);
 }
 
 // The probe row (row 0 of the clean x) alone, among 7 and among 255 rows of garbage, at several

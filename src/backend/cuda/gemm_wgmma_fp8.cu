@@ -44,17 +44,17 @@ namespace {
 
 constexpr int kBK = kWgmmaStageK;
 
-template <int kConsumers_, int kN_, int kStages_>
-struct Fp8Config {
-  static constexpr int kConsumers = kConsumers_;
+// The stage layout both kernels share: kGroups groups of 64 features (kCols), kN rows of x. A
+// stage: the bf16 weight tile [kCols][64] and the x tile [kRows][64], both swizzled, then the
+// fp8 codes [kCols][64] as copied; every part a multiple of 1024 bytes.
+template <int kGroups_, int kN_, int kStages_>
+struct Fp8Stages {
+  static constexpr int kGroups = kGroups_;
   static constexpr int kN = kN_;
   static constexpr int kNSub = 1;
   static constexpr int kStages = kStages_;
-  static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kCols = 64 * kConsumers;
+  static constexpr int kCols = 64 * kGroups;
   static constexpr int kRows = kN;
-  // A stage: the bf16 weight tile [kCols][64] and the x tile [kRows][64], both swizzled, then
-  // the fp8 codes [kCols][64] as copied; every part a multiple of 1024 bytes.
   static constexpr int kWBytes = kCols * kSwizzleRowBytes;
   static constexpr int kXBytes = kRows * kSwizzleRowBytes;
   static constexpr int kRawBytes = kCols * kBK;
@@ -62,35 +62,62 @@ struct Fp8Config {
   static constexpr int kSmemBytes = kStages * kStageBytes + kSwizzleAtomBytes;
   static_assert(kN % 8 == 0 && kN >= 8 && kN <= 128, "wgmma.cuh instantiates N = 8 .. 128");
   static_assert(kCols <= 256, "a tensor map box has at most 256 rows");
-  static_assert(kConsumers <= 3, "the named barriers 2 .. 4 are the consumers'");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
-// A consumer thread's part of the dequantization (thread t of its warpgroup, whose rows of the
-// CTA's tile start at wg_row0 = 64 wg): four items of 8 codes, item i being row wg_row0 + t / 8 +
-// 16 i, codes [8 (t % 8), 8 (t % 8) + 8) of the stage's 64 k. Their shared-memory offsets within a
-// stage (the fp8 codes as copied: rows of 64 bytes; the bf16 tile: 128-byte swizzled rows) are
-// the same in every stage, so they are computed once.
+// The consumer kernel's: kConsumers consumer warpgroups (one per group) and the producer's.
+template <int kConsumers_, int kN_, int kStages_>
+struct Fp8Config : Fp8Stages<kConsumers_, kN_, kStages_> {
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static_assert(kConsumers <= 3, "the named barriers 2 .. 4 are the consumers'");
+};
+
+// One thread's part of the dequantization of a group of 64 rows (thread t of the warpgroup that
+// converts them; the group's rows of the CTA's tile start at row0, a multiple of 64): four items
+// of 8 codes, item i being row row0 + t / 8 + 16 i, codes [8 (t % 8), 8 (t % 8) + 8) of the
+// stage's 64 k. Their shared-memory offsets within a stage (the fp8 codes as copied: rows of 64
+// bytes; the bf16 tile: 128-byte swizzled rows) are the same in every stage, so they are
+// computed once, as are the group's rows below n (rows_left) and its scales: the group's 64 rows
+// lie in one 128-row scale block, a stage's 64 k in one 128-wide block.
 template <class C>
-struct Fp8Items {
+struct Fp8Rows {
   static constexpr int kItems = 4;
   uint32_t raw[kItems], tile[kItems];
+  int t, rows_left;
+  const float* scales;
 
-  __device__ __forceinline__ Fp8Items(int wg_row0, int t) {
+  __device__ __forceinline__ Fp8Rows(const TcParams& p, const WgmmaCta& cta, int row0, int t_)
+      : t(t_),
+        rows_left(p.n - (cta.col0 + row0)),
+        scales(p.w8_scale + int64_t((cta.col0 + row0) / 128) * p.ld_w8_scale) {
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
-      const int r = wg_row0 + t / 8 + 16 * i, c = t % 8;
+      const int r = row0 + t / 8 + 16 * i, c = t % 8;
       raw[i] = uint32_t(C::kWBytes + C::kXBytes + r * kBK + 8 * c);
       tile[i] = uint32_t(swizzle128_offset(r, c));
     }
+  }
+  // Stage st (tile kt of the CTA, its shared address `stage`): wait for its copies (full),
+  // dequantize this thread's items, and fence the stores to the async proxy; the caller then
+  // tells the tensor cores' side (a barrier or an arrival).
+  __device__ __forceinline__ void convert(uint64_t* full, const WgmmaCta& cta, int kt, int st,
+                                          uint32_t parity, uint32_t stage) const {
+    const float scale = __ldg(scales + (unsigned(cta.k_begin + kt * kBK) >> 7));
+    mbar_wait(&full[st], parity);  // x and the codes landed
+    if (rows_left >= 64) {
+      dequantize<true>(stage, scale);
+    } else {
+      dequantize<false>(stage, scale);
+    }
+    fence_proxy_async();  // this thread's tile stores, to the tensor cores' reads
   }
   // Stage `stage` (its shared address): the four items' codes, all loaded before any is
   // converted, as bf16 into the tile. kAllRows: every row of the warpgroup is below n; else
   // rows at or past n (row index within the warpgroup >= rows_left) get +0, as the bf16
   // kernel's zero fill.
   template <bool kAllRows>
-  __device__ __forceinline__ void dequantize(uint32_t stage, float scale, int rows_left,
-                                             int t) const {
+  __device__ __forceinline__ void dequantize(uint32_t stage, float scale) const {
     uint32_t q[kItems][2];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
@@ -114,6 +141,20 @@ struct Fp8Items {
   }
 };
 
+// The producer's loop (one thread): each stage's x tile and fp8 codes, as the ring frees them.
+template <class C>
+__device__ __forceinline__ void produce_fp8(uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                            const WgmmaCta& cta, const CUtensorMap* map_w8,
+                                            const CUtensorMap* map_x) {
+  for (int kt = 0; kt < cta.tiles; ++kt) {
+    const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kXBytes + C::kRawBytes));
+    uint8_t* stage = smem + st * C::kStageBytes;
+    const int k0 = cta.k_begin + kt * kBK;
+    tma_load_3d(stage + C::kWBytes, map_x, k0, cta.row0, cta.b, &full[st]);
+    tma_load_3d(stage + C::kWBytes + C::kXBytes, map_w8, k0, cta.col0, 0, &full[st]);
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_w8,
@@ -128,40 +169,95 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   init_ring<C>(full, empty, &map_w8, &map_x);
 
   if (cta.wg == C::kConsumers) {
-    if (threadIdx.x % 128 == 0) {  // the producer: the x tile and the fp8 codes of each stage
-      for (int kt = 0; kt < cta.tiles; ++kt) {
-        const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kXBytes + C::kRawBytes));
-        uint8_t* stage = smem + st * C::kStageBytes;
-        const int k0 = cta.k_begin + kt * kBK;
-        tma_load_3d(stage + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
-        tma_load_3d(stage + C::kWBytes + C::kXBytes, &map_w8, k0, cta.col0, 0, &full[st]);
-      }
-    }
+    if (threadIdx.x % 128 == 0) produce_fp8<C>(smem, full, empty, cta, &map_w8, &map_x);
   } else {
-    const int t = int(threadIdx.x % 128), wg_row0 = 64 * cta.wg;
-    const int rows_left = p.n - (cta.col0 + wg_row0);
-    const bool all_rows = rows_left >= 64;
-    // This warpgroup's 64 rows lie in one 128-row scale block (col0 and wg_row0 are multiples
-    // of 64); the stage's 64 k in one 128-wide block.
-    const float* scales = p.w8_scale + int64_t((cta.col0 + wg_row0) / 128) * p.ld_w8_scale;
-    const Fp8Items<C> items(wg_row0, t);
+    const Fp8Rows<C> rows(p, cta, 64 * cta.wg, int(threadIdx.x % 128));
     const uint32_t barrier = uint32_t(2 + cta.wg);
     wgmma_consume<C>(p, cta, smem_base, empty, [&](int kt, int st, uint32_t parity) {
-      const float scale = __ldg(scales + (unsigned(cta.k_begin + kt * kBK) >> 7));
-      mbar_wait(&full[st], parity);  // x and the codes landed
-      const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
-      if (all_rows) {
-        items.template dequantize<true>(stage, scale, rows_left, t);
-      } else {
-        items.template dequantize<false>(stage, scale, rows_left, t);
-      }
-      fence_proxy_async();  // this thread's tile stores, to the tensor cores' reads
+      rows.convert(full, cta, kt, st, parity, smem_base + uint32_t(st * C::kStageBytes));
       asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
     });
   }
 }
 
+// The same stages with the roles split (the "fp8r." tiles): two converter warpgroups dequantize
+// the stage (each its 64 rows, Fp8Rows as above) and signal ready[s] (count 8, one arrival per
+// converter warp, after every thread of it fenced its stores to the async proxy), while one MMA
+// warpgroup runs the chains of both 64-row halves (two accumulator sets) and alone releases
+// empty[s]. The converters wait on nothing but the copies, so they run up to kStages - 1 stages
+// ahead of the tensor cores, and none of their instructions is a wgmma, a fence on the
+// accumulators or a barrier. The converters of stage s's next use write its bf16 tile after
+// full[s] of that use, which the producer issued after empty[s] of this one, which the MMA
+// warpgroup arrives at after the wgmma that read the tile completed. Each element's chain is the
+// consumer kernel's, so the bits are too.
+template <int kN_, int kStages_>
+struct RolesConfig : Fp8Stages<2, kN_, kStages_> {
+  static constexpr int kConsumers = 1;      // warpgroups that release a stage (the MMA warpgroup)
+  static constexpr int kThreads = 128 * 4;  // MMA, two converters, producer
+  static_assert(kN_ <= 64, "two accumulator sets of kN / 2 registers");
+};
+
 template <class C>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    gemm_wgmma_fp8_roles_kernel(const __grid_constant__ CUtensorMap map_w8,
+                                const __grid_constant__ CUtensorMap map_x, TcParams p) {
+  constexpr int kConverterWarps = 4 * C::kGroups;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ uint64_t full[C::kStages], empty[C::kStages], ready[C::kStages];
+  uint8_t* smem = align_to_atom(smem_raw);
+  const uint32_t smem_base = smem_addr(smem);
+
+  const WgmmaCta cta = WgmmaCta::of<C>(p);
+  if (threadIdx.x == 0) {  // init_ring's fence and barrier publish these too
+    for (int st = 0; st < C::kStages; ++st) mbar_init(&ready[st], kConverterWarps);
+  }
+  init_ring<C>(full, empty, &map_w8, &map_x);
+
+  const int t = int(threadIdx.x % 128);
+  if (cta.wg == 1 + C::kGroups) {
+    if (t == 0) produce_fp8<C>(smem, full, empty, cta, &map_w8, &map_x);
+    return;
+  }
+  if (cta.wg >= 1) {  // a converter warpgroup: rows [64 g, 64 g + 64) of every stage
+    const Fp8Rows<C> rows(p, cta, 64 * (cta.wg - 1), t);
+    for (int kt = 0; kt < cta.tiles; ++kt) {
+      const int st = kt % C::kStages;
+      rows.convert(full, cta, kt, st, uint32_t(kt / C::kStages) & 1u,
+                   smem_base + uint32_t(st * C::kStageBytes));
+      __syncwarp();
+      if (t % 32 == 0) mbar_arrive(&ready[st]);
+    }
+    return;
+  }
+  // The MMA warpgroup: per stage, both halves' chains, then the stage before released.
+  WgmmaChains<C::kN, 1> chains[C::kGroups];
+#pragma unroll
+  for (int h = 0; h < C::kGroups; ++h) chains[h].zero();
+  for (int kt = 0; kt < cta.tiles; ++kt) {
+    const int st = kt % C::kStages;
+    const uint32_t parity = uint32_t(kt / C::kStages) & 1u;
+    mbar_wait(&full[st], parity);   // x landed
+    mbar_wait(&ready[st], parity);  // the weights dequantized
+    const uint32_t stage = smem_base + uint32_t(st * C::kStageBytes);
+#pragma unroll
+    for (int h = 0; h < C::kGroups; ++h) {
+      chains[h].stage(stage + uint32_t(h * 64 * kSwizzleRowBytes), stage + uint32_t(C::kWBytes),
+                      cta.k_len - kt * kBK);
+    }
+    wgmma_wait<C::kGroups>();  // stage kt - 1's groups have completed: release it
+    if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % C::kStages]);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int h = 0; h < C::kGroups; ++h) {
+    chains[h].fence();
+    chains[h].store(p, cta.b, cta.s, cta.row0, cta.col0 + 64 * h);
+  }
+  if (p.splits == 1 || !p.fused) return;
+  finish_wgmma_tile<128, 1>(p, cta.b, cta.row0, C::kRows, cta.col0, C::kCols);
+}
+
+template <class C, auto kKernel>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
   // fp8 codes [n][k] of one batch entry: rows past n and k past K read as 0.
   CUtensorMap map_w8, map_x;
@@ -170,25 +266,34 @@ cudaError_t launch(const TcParams& p, cudaStream_t stream) {
                        C::kCols)) {
     return cudaErrorNotSupported;
   }
-  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_fp8_kernel<C>, C::kSmemBytes>,
-                           &gemm_wgmma_fp8_kernel<C>, map_w8, map_x, p, stream);
+  return launch_on_maps<C>(&wgmma_opt_in<kKernel, C::kSmemBytes>, kKernel, map_w8, map_x, p,
+                           stream);
 }
 
+template <class C, auto kKernel>
+constexpr GemmTileEntry entry_of(const char* name) {
+  return {{name, C::kRows, C::kCols}, &launch<C, kKernel>, &wgmma_opt_in<kKernel, C::kSmemBytes>};
+}
 template <class C>
 constexpr GemmTileEntry entry(const char* name) {
-  return {{name, C::kRows, C::kCols},
-          &launch<C>,
-          &wgmma_opt_in<&gemm_wgmma_fp8_kernel<C>, C::kSmemBytes>};
+  return entry_of<C, &gemm_wgmma_fp8_kernel<C>>(name);
 }
-// Name: "fp8.", rows of x x output features per CTA, stages; then shared memory per CTA (one CTA
-// per SM, 384 or 512 threads).
+template <class C>
+constexpr GemmTileEntry roles_entry(const char* name) {
+  return entry_of<C, &gemm_wgmma_fp8_roles_kernel<C>>(name);
+}
+// Name: "fp8." (consumers convert) or "fp8r." (split roles), rows of x x output features per
+// CTA, stages; then shared memory per CTA (one CTA per SM, 384 or 512 threads). The fp8r tiles
+// are picked only when named (GemmInvariantTuning::fp8_tile) until a device run has timed them.
 constexpr GemmTileEntry kTiles[] = {
-    entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),      // 0: 151 KiB
-    entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),    // 1: 157 KiB
-    entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),    // 2: 129 KiB
-    entry<Fp8Config<2, 128, 4>>("fp8.128x128.s4"),  // 3: 161 KiB
-    entry<Fp8Config<3, 8, 5>>("fp8.8x192.s5"),      // 4: 186 KiB
-    entry<Fp8Config<3, 16, 5>>("fp8.16x192.s5"),    // 5: 191 KiB
+    entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),          // 0: 151 KiB
+    entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),        // 1: 157 KiB
+    entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),        // 2: 129 KiB
+    entry<Fp8Config<2, 128, 4>>("fp8.128x128.s4"),      // 3: 161 KiB
+    entry<Fp8Config<3, 8, 5>>("fp8.8x192.s5"),          // 4: 186 KiB
+    entry<Fp8Config<3, 16, 5>>("fp8.16x192.s5"),        // 5: 191 KiB
+    roles_entry<RolesConfig<8, 6>>("fp8r.8x128.s6"),    // 6: 151 KiB
+    roles_entry<RolesConfig<16, 6>>("fp8r.16x128.s6"),  // 7: 157 KiB
 };
 
 }  // namespace
