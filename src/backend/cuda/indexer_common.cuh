@@ -297,9 +297,10 @@ __device__ __forceinline__ int64_t clamped_seq_len(const IndexerLogitsParams& p,
 
 // The resident variant (indexer_resident.cu) for p.heads heads in blocks of block_tokens tokens.
 cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
-// The wgmma variants (indexer_wgmma.cu): 64 heads x a tile of tokens on warpgroup MMA. Their fp8
-// schedules: kWide tiles of 128 tokens (two blocks per SM), kNarrow of 64 (three), kPipe the keys
-// widened into wgmma's A registers while the previous tile's wgmma run (three blocks per SM).
+// The wgmma variants (indexer_wgmma.cu, indexer_wgmma_pipe.cu): 64 heads x a tile of tokens on
+// warpgroup MMA. Their fp8 schedules: kWide tiles of 128 tokens (two blocks per SM), kNarrow of
+// 64 (three), kPipe the keys widened into wgmma's A registers while the previous tile's wgmma run
+// (three blocks per SM).
 // bf16 caches run the one bf16 kernel whatever the schedule.
 enum class WgmmaSchedule { kWide, kNarrow, kPipe };
 cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, WgmmaSchedule schedule,

@@ -1,0 +1,153 @@
+// What the wgmma indexer-logits kernels share (indexer_wgmma.cu: "wgmma" and "wgmma-n64";
+// indexer_wgmma_pipe.cu: "wgmma-pipe"): one warpgroup per CTA, the copies of a tile of tokens
+// into a ring stage, the block's span and page ids, the query in the swizzled layout, and the
+// launch over the blocks of every row.
+#pragma once
+
+#include <atomic>
+
+#include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsa::cuda::indexer_detail {
+constexpr int kWgThreads = 128;  // one warpgroup
+constexpr int kWgWarps = kWgThreads / 32;
+constexpr int kQueryKBlockBytes = kMaxHeads * kSwizzleRowBytes;  // 64 heads x 64 dims, 8 KiB
+
+// Queues the copies of the tile of tokens [t0, t0 + kN) of the block into `stage`, one commit
+// group either way (empty past the block). Tokens at or past `end` and pages outside the pool are
+// zero-filled, never read. kSwizzledRaw (fp8): chunk c of row r at 16-byte position c ^ (r % 8).
+template <class T, bool kSwizzledRaw = false>
+__device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const int32_t* pages,
+                                           int64_t block_t0, int64_t end, int64_t t0,
+                                           uint8_t* stage) {
+  constexpr KvDtype D = T::kFp8 ? KvDtype::kFp8 : KvDtype::kBf16;
+  const int tid = threadIdx.x;
+  if (t0 >= end) {  // past the block: an empty group
+    cp_async_commit();
+    return;
+  }
+#pragma unroll
+  for (int kp = 0; kp < T::kPages; ++kp) {
+    const int64_t page_t0 = t0 + kp * kPageSize;
+    int valid = 0;
+    const uint8_t* base = p.pool.data;  // the source of zero-byte copies
+    if (page_t0 < end) {
+      const int32_t page = pages[(page_t0 - block_t0) / kPageSize];
+      if (valid_page(p, page)) {
+        valid = int(min(int64_t(kPageSize), end - page_t0));
+        base = page_base_of<D>(p, page);
+      }
+    }
+    if constexpr (T::kFp8) {
+      // Keys: 64 rows of 128 bytes, 4 chunks of 16 per thread; row kp * 64 + token of the stage.
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int idx = u * kWgThreads + tid, token = idx / 8, c = idx % 8;
+        const int bytes = token < valid ? 16 : 0;
+        const uint8_t* src = bytes ? base + token * kIndexHeadDim + c * 16 : base;
+        const int r = kp * kPageSize + token;
+        const int pos = kSwizzledRaw ? c ^ (r & 7) : c;
+        cp_async16_zfill(stage + r * kIndexHeadDim + pos * 16, src, bytes);
+      }
+      // Scales: 16 chunks of 4 tokens per page.
+      if (tid / 16 == kp) {
+        const int k = tid % 16;
+        const int bytes = 4 * max(0, min(4, valid - 4 * k));
+        const uint8_t* src = bytes ? base + kPageSize * kIndexHeadDim + k * 16 : base;
+        cp_async16_zfill(stage + T::kRawKeyBytes + (kp * kPageSize + 4 * k) * 4, src, bytes);
+      }
+    } else {
+      // Keys: 64 rows of 256 bytes into the two swizzled K blocks, 8 chunks of 16 per thread.
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int idx = u * kWgThreads + tid, token = idx / 16, c16 = idx % 16;
+        const int bytes = token < valid ? 16 : 0;
+        const uint8_t* src = bytes ? base + token * 256 + c16 * 16 : base;
+        const int row = kp * kPageSize + token;
+        cp_async16_zfill(stage + (c16 / 8) * T::kKBlockBytes + swizzle128_offset(row, c16 % 8), src,
+                         bytes);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+// The block's tokens [t0, end) of its row (end <= t0: the block lies past seq_len) and this
+// thread's page id among the block's (-1 past them). The page ids are loaded beside seq_len (one
+// round trip before the first copy, not two): entries of the row's table, whose pages past
+// seq_len are never dereferenced.
+struct BlockSpan {
+  int64_t t0, end;
+  int32_t page_id;
+};
+__device__ __forceinline__ BlockSpan block_span(const IndexerLogitsParams& p, int block_tokens) {
+  static_assert(kMaxBlockTokens / kPageSize <= kWgThreads, "one page id per thread");
+  const int row = blockIdx.y, tid = threadIdx.x;
+  BlockSpan span{int64_t(blockIdx.x) * block_tokens, 0, -1};
+  const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
+  const int64_t page_index = span.t0 / kPageSize + tid;
+  if (tid < block_tokens / kPageSize && page_index < p.ld_page_table) {
+    span.page_id = pages[page_index];
+  }
+  span.end = min(clamped_seq_len(p, row), span.t0 + block_tokens);
+  return span;
+}
+
+// The first 1024-aligned byte of dynamic shared memory (the swizzle atoms need that alignment;
+// dynamic shared memory promises 16), and its shared address in `addr`.
+__device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& addr) {
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad =
+      (kSwizzleAtomBytes - (raw_addr & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1);
+  addr = raw_addr + pad;
+  return smem_raw + pad;
+}
+
+// The loaded query into the two 128-byte-swizzled K blocks at `query` (rows = heads, K-major; bf16,
+// or f16 holding the e4m3 values for fp8) and the weights: lane holds dims [4 lane, 4 lane + 4)
+// of head warp + 4 i, i.e. K block lane / 16, f16 chunk (lane % 16) / 2, bytes (lane % 2) * 8 of
+// it. Ends with the proxy fence: the stores are visible to wgmma after the next barrier.
+template <KvDtype D>
+__device__ __forceinline__ void store_query(const QueryLoad<kWgWarps>& q, uint8_t* query,
+                                            float* weight) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < QueryLoad<kWgWarps>::kHeadsPerWarp; ++i) {
+    const int h = warp + i * kWgWarps;
+    uint2 e;
+    const float w = encode_head<D, true>(q.x[i], q.w[i], e);
+    if constexpr (D == KvDtype::kFp8) {
+      e = e4m3x4_to_f16x4(e.x);
+    }
+    uint8_t* dst = query + (lane / 16) * kQueryKBlockBytes + swizzle128_offset(h, (lane % 16) / 2) +
+                   (lane % 2) * 8;
+    *reinterpret_cast<uint2*>(dst) = e;
+    if (lane == 0) weight[h] = w;
+  }
+  fence_proxy_async();
+}
+
+// Opts `kernel` in to its dynamic shared memory past 48 KiB and to the largest carveout (so that
+// its blocks per SM fit), once per device, then launches it over the blocks of every row.
+template <class Kernel>
+cudaError_t launch_blocks(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& opted,
+                          const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  const cudaError_t e = once_per_device(opted, false, [&] {
+    const void* k = reinterpret_cast<const void*>(kernel);
+    const cudaError_t err =
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return err;
+    return cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                int(cudaSharedmemCarveoutMaxShared));
+  });
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
+  kernel<<<grid, kWgThreads, smem_bytes, stream>>>(p, block_tokens);
+  return cudaGetLastError();
+}
+
+// "wgmma-pipe" over every row's blocks (indexer_wgmma_pipe.cu).
+cudaError_t launch_wgmma_pipe(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
+
+}  // namespace dsa::cuda::indexer_detail
