@@ -350,4 +350,26 @@ __device__ __forceinline__ void softmax_step(float (&s)[16], const int64_t* slot
   if (softmax_scores(s, slots, c, scale_log2, m, l, alpha)) rescale_rows(o, alpha);
 }
 
+// O += P V over kSteps k16 steps of the chunk's tokens (ascending) and this warpgroup's kOutTiles
+// n64 tiles of O: A = P from registers (a[kk], wgmma.cuh's register-A layout), B = V MN-major,
+// the 64-dim tile wg * kOutTiles + nb of the chunk at `tile` (kTileBytes apart), k16 step kk two
+// swizzle atoms further; fenced and committed as one group. The caller has fenced o and a where
+// it last wrote them, and waits for the group.
+template <int kSteps, int kOutTiles, int kTileBytes>
+__device__ __forceinline__ void issue_pv_group(float (&o)[kOutTiles][32],
+                                               const uint32_t (&a)[kSteps][4], uint32_t tile,
+                                               int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+    for (int nb = 0; nb < kOutTiles; ++nb) {
+      const uint32_t v =
+          tile + uint32_t((wg * kOutTiles + nb) * kTileBytes + kk * 2 * kSwizzleAtomBytes);
+      wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kTileBytes));
+    }
+  }
+  wgmma_commit();
+}
+
 }  // namespace dsa::cuda::sparse_mla_detail

@@ -440,19 +440,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   // lies before the S group's issue, so nothing between the two groups defines their registers
   // (which would make ptxas serialize the wgmma, C7513).
   auto issue_pv = [&](int k, const uint32_t(&a)[2][4]) {
-    const uint32_t tile = base + tile_offset(k);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-      for (int nb = 0; nb < kOutTiles; ++nb) {
-        // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile wg * 4 + nb.
-        const uint32_t v =
-            tile + uint32_t((wg * kOutTiles + nb) * kKvTileBytes + kk * 2 * kSwizzleAtomBytes);
-        wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kKvTileBytes));
-      }
-    }
-    wgmma_commit();
+    issue_pv_group<2, kOutTiles, kKvTileBytes>(o, a, base + tile_offset(k), wg);
   };
 
   if constexpr (!kOverlap) {

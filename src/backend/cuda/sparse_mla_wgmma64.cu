@@ -350,18 +350,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
     // 6. O_w += P V, one group: 4 k16 steps (tokens ascending) x 4 n64 tiles, waited here (a
     // group left pending across the loop's back edge makes ptxas serialize every wgmma, C7515).
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) {
-#pragma unroll
-      for (int nb = 0; nb < kOutTiles; ++nb) {
-        // V rows [16 kk, 16 kk + 16) (two atoms) of the 64-dim tile 4 wg + nb.
-        const uint32_t v =
-            tile + uint32_t((wg * kOutTiles + nb) * kTileBytes + kk * 2 * kSwizzleAtomBytes);
-        wgmma_bf16_rs_mn64(o[nb], a[kk], wgmma_desc_sw128_mn(v, kTileBytes));
-      }
-    }
-    wgmma_commit();
+    issue_pv_group<kPvSteps, kOutTiles, kTileBytes>(o, a, tile, wg);
     wgmma_wait<0>();
     fence_o();
 #pragma unroll
