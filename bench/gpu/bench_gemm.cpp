@@ -21,6 +21,10 @@
 // At B = 1 every fp8 tile of the wgmma kernel is also timed by name
 // (gemm/invariant-fp8w-tile/<tile>/...), the same check on each.
 //
+// kKN projections (kv_b absorb) also run on the wgmma kernel's bulk-copy tiles read MN-major
+// (GemmInvariantTuning::kn, opt-in): gemm/invariant-wgmma-kn/<projection>/B=<rows>, the same
+// check against cuBLASLt, a "*" line under the ratio tables.
+//
 // --gemm-sweep runs bench_gemm_sweep.cpp instead.
 #include "bench_gemm.h"
 
@@ -151,6 +155,28 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
                 : "mma fallback (kKN)"}});
     }
     add("cublaslt", cublas_us, nlohmann::json::object());
+    if (pr.layout == WeightLayout::kKN) {
+      // kKN weights on the wgmma kernel's bulk-copy tiles (opt-in, GemmInvariantTuning::kn).
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = cuda::GemmKernel::kWgmma;
+      tuning.kn = 1;
+      if (cuda::gemm_invariant_kn_runs_wgmma(p, tuning)) {
+        set_gemm_invariant_tuning(be, tuning);
+        const double e = nmse(run_once(), ref);
+        const double t = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+        set_gemm_invariant_tuning(be, {});
+        if (!(e <= kSweepNmse)) {
+          std::printf("  GEMM CHECK FAILED %s B=%d wgmma kKN: nmse %.3g against cuBLASLt\n",
+                      pr.name, rows, e);
+        }
+        add("invariant-wgmma-kn", t,
+            {{"vs_cublaslt", t / cublas_us},
+             {"nmse_vs_cublaslt", e},
+             {"ok", e <= kSweepNmse},
+             {"tile",
+              cuda::gemm_invariant_kn_tile_name(cuda::gemm_invariant_kn_tile(rows, tuning))}});
+      }
+    }
     if (!pr.fp8) continue;
     // fp8 weights on set 0, each fp8 kernel against the bf16 run of its kernel on the dequantized
     // values: mma.sync ("invariant-fp8w") and the wgmma fp8 tiles ("invariant-fp8w-wgmma").
@@ -202,6 +228,21 @@ void run_gemm_benches(BenchContext& ctx) {
   std::mt19937_64 gen(77);
   std::puts("gemm benches: invariant (tensor cores, bf16 x; mma.sync and wgmma) vs cuBLASLt");
   for (const Projection& pr : kV32) bench_projection(ctx, pr, gen);
+  // One line of a ratio table: the projection's rows of `mode`, then their tiles.
+  auto ratio_line = [&](const std::string& mode, const Projection& pr, const std::string& label) {
+    std::printf("%-14s", label.c_str());
+    std::string tiles;
+    for (int rows : kRows) {
+      const std::string want = "gemm/" + mode + "/" + pr.name + "/B=" + std::to_string(rows);
+      for (const BenchResult& r : ctx.results()) {
+        if (r.name != want) continue;
+        std::printf(" %8.2f%s", r.extra["vs_cublaslt"].get<double>(),
+                    r.extra["ok"].get<bool>() ? " " : "!");
+        tiles += (tiles.empty() ? "" : ", ") + r.extra["tile"].get<std::string>();
+      }
+    }
+    std::printf("   %s\n", tiles.c_str());
+  };
   for (cuda::GemmKernel kernel : benched_kernels(ctx)) {
     const std::string mode = std::string("invariant-") + cuda::gemm_kernel_name(kernel);
     std::printf("\ngemm: invariant time / cuBLASLt time, %s kernel (target <= 1.3)\n",
@@ -209,21 +250,14 @@ void run_gemm_benches(BenchContext& ctx) {
     std::printf("%-14s", "projection");
     for (int rows : kRows) std::printf(" %9s", ("B=" + std::to_string(rows)).c_str());
     std::printf("   %s\n", "tiles (B=1 .. 256)");
-    for (const Projection& pr : kV32) {
-      std::printf("%-14s", pr.name);
-      std::string tiles;
-      for (int rows : kRows) {
-        const std::string want = "gemm/" + mode + "/" + pr.name + "/B=" + std::to_string(rows);
-        for (const BenchResult& r : ctx.results()) {
-          if (r.name != want) continue;
-          std::printf(" %8.2f%s", r.extra["vs_cublaslt"].get<double>(),
-                      r.extra["ok"].get<bool>() ? " " : "!");
-          tiles += (tiles.empty() ? "" : ", ") + r.extra["tile"].get<std::string>();
-        }
-      }
-      std::printf("   %s\n", tiles.c_str());
+    for (const Projection& pr : kV32) ratio_line(mode, pr, pr.name);
+  }
+  for (const Projection& pr : kV32) {
+    if (pr.layout == WeightLayout::kKN) {
+      ratio_line("invariant-wgmma-kn", pr, std::string(pr.name) + "*");
     }
   }
+  std::puts("(* kKN weights on the wgmma kernel's bulk-copy tiles, DSA_CUDA_GEMM_KN=wgmma)");
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
   for (const char* kernel : {"", "-wgmma"}) {
     std::printf(

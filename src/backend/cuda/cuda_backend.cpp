@@ -46,6 +46,12 @@ cuda::GemmKernel gemm_kernel_from_env() {
 int gemm_fp8_from_env() {
   return gemm_kernel_env("DSA_CUDA_GEMM_FP8", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
 }
+// Which kernel runs kKN weights (kv_b's absorb) under the wgmma kernel, as
+// GemmInvariantTuning::kn (0 mma.sync, 1 the wgmma bulk-copy tiles): DSA_CUDA_GEMM_KN, else
+// mma.sync.
+int gemm_kn_from_env() {
+  return gemm_kernel_env("DSA_CUDA_GEMM_KN", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
+}
 
 std::string device_label(int device) {
   cudaDeviceProp prop{};
@@ -133,7 +139,8 @@ class CudaBackend final : public Backend {
       : device_(device),
         label_(device_label(device)),
         gemm_kernel_(gemm_kernel_from_env()),
-        gemm_fp8_(gemm_fp8_from_env()) {
+        gemm_fp8_(gemm_fp8_from_env()),
+        gemm_kn_(gemm_kn_from_env()) {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
@@ -147,7 +154,8 @@ class CudaBackend final : public Backend {
       : device_(device),
         stream_(caller_stream),
         gemm_kernel_(gemm_kernel_from_env()),
-        gemm_fp8_(gemm_fp8_from_env()) {
+        gemm_fp8_(gemm_fp8_from_env()),
+        gemm_kn_(gemm_kn_from_env()) {
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }
@@ -456,10 +464,11 @@ class CudaBackend final : public Backend {
              "gemm_invariant");
   }
   // The tuning with its kernels named: the tuning's own, else this backend's (DSA_CUDA_GEMM,
-  // DSA_CUDA_GEMM_FP8).
+  // DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_KN).
   cuda::GemmInvariantTuning resolved(cuda::GemmInvariantTuning tuning) const {
     if (tuning.kernel == cuda::GemmKernel::kDefault) tuning.kernel = gemm_kernel_;
     if (tuning.fp8 < 0) tuning.fp8 = gemm_fp8_;
+    if (tuning.kn < 0) tuning.kn = gemm_kn_;
     return tuning;
   }
 
@@ -494,6 +503,7 @@ class CudaBackend final : public Backend {
   cuda::GemmInvariantTuning gemm_tuning_;
   cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
   int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
+  int gemm_kn_;                   // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
 };
 
 }  // namespace

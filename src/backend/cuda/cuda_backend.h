@@ -46,6 +46,11 @@ struct GemmInvariantTuning {
   GemmKernel kernel = GemmKernel::kDefault;
   int fp8 = -1;
   int fp8_tile = -1;
+  // kKN weights (kv_b's absorb) under the wgmma kernel: 0 (-1 unset: the backend's,
+  // DSA_CUDA_GEMM_KN) on mma.sync, 1 on the wgmma kernel's bulk-copy tiles read MN-major; kn_tile
+  // names one of those tiles.
+  int kn = -1;
+  int kn_tile = -1;
 };
 // Tile configurations of a kernel (kDefault: kDefaultGemmKernel's).
 int gemm_invariant_tile_count(GemmKernel kernel = GemmKernel::kMma);
@@ -68,6 +73,15 @@ int gemm_invariant_fp8_tile_count();
 const char* gemm_invariant_fp8_tile_name(int tile);
 int gemm_invariant_fp8_tile(int m, int n, int k,
                             const GemmInvariantTuning& tuning);  // m rows' tile
+// kKN weights on the wgmma kernel: the tuning (kernel wgmma, kn 1) asks for it, the weights are
+// bf16 kKN that the copy engine can read (16-byte aligned, row and batch strides multiples of 8)
+// and K is a multiple of 8 (the bf16 x the backend stages then has 16-byte rows). A function of
+// the weights and K alone, never of m. The tile m rows take (an index among the bulk-copy
+// tiles) and its name.
+bool gemm_invariant_kn_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning);
+int gemm_invariant_kn_tile(int m, const GemmInvariantTuning& tuning);
+int gemm_invariant_kn_tile_count();
+const char* gemm_invariant_kn_tile_name(int tile);
 
 }  // namespace cuda
 

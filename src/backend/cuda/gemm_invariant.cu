@@ -189,6 +189,12 @@ int table_wgmma_tile(int m, int n, int k, int batch) {
   return resolved[choice - kShapeTable][m <= 16 ? 0 : m <= 64 ? 1 : 2];
 }
 
+// What the copy engine needs of a bf16 operand (tma.cu): a 16-byte aligned base, row and batch
+// strides in multiples of 16 bytes.
+bool describable(const void* base, int64_t ld, int batch, int64_t batch_stride) {
+  return aligned16(base) && ld % 8 == 0 && (batch == 1 || batch_stride % 8 == 0);
+}
+
 size_t partial_floats(const GemmParams& p, const SplitPlan& plan) {
   return plan.splits == 1 ? 0 : size_t(plan.splits) * p.batch * p.m * p.n;
 }
@@ -245,6 +251,19 @@ bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTunin
          p.layout == WeightLayout::kNK && p.batch == 1 && aligned16(p.w_fp8) && p.ld_w % 16 == 0 &&
          p.k % 8 == 0;
 }
+bool gemm_invariant_kn_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning) {
+  return tuning.kn == 1 && is_wgmma(tuning.kernel) && p.layout == WeightLayout::kKN &&
+         p.w != nullptr && p.w_fp8 == nullptr && p.k % 8 == 0 &&
+         describable(p.w, p.ld_w, p.batch, p.batch_stride_w);
+}
+int gemm_invariant_kn_tile(int m, const GemmInvariantTuning& tuning) {
+  if (tuning.kn_tile >= 0 && tuning.kn_tile < wgmma_tma_tile_count()) return tuning.kn_tile;
+  return wgmma_tma_kn_pick_tile(m);
+}
+int gemm_invariant_kn_tile_count() { return wgmma_tma_tile_count(); }
+const char* gemm_invariant_kn_tile_name(int tile) {
+  return tile >= 0 && tile < wgmma_tma_tile_count() ? wgmma_tma_tile_info(tile).name : "default";
+}
 int gemm_invariant_fp8_tile_count() { return wgmma_fp8_tile_count(); }
 const char* gemm_invariant_fp8_tile_name(int tile) { return wgmma_fp8_tile_info(tile).name; }
 int gemm_invariant_fp8_tile(int m, int n, int k, const GemmInvariantTuning& tuning) {
@@ -300,11 +319,18 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   // wgmma kernel's fp8 tiles and gemm_invariant_fp8_runs_wgmma holds.
   const bool wgmma_fp8 = fp8 && gemm_invariant_fp8_runs_wgmma(p, tuning);
   const bool wgmma = p.layout == WeightLayout::kNK && !fp8 && is_wgmma(tuning.kernel);
+  // kKN weights likewise run on mma.sync unless the tuning asks for the wgmma kernel's bulk-copy
+  // tiles and gemm_invariant_kn_runs_wgmma holds.
+  const bool wgmma_kn =
+      gemm_invariant_kn_runs_wgmma(p, tuning) && describable(x_bf16, ld_xb, p.batch, bs_xb);
   int tile = 0;
   GemmTileInfo shape{};
   if (wgmma_fp8) {
     tile = gemm_invariant_fp8_tile(p.m, p.n, p.k, tuning);
     shape = wgmma_fp8_tile_info(tile);
+  } else if (wgmma_kn) {
+    tile = gemm_invariant_kn_tile(p.m, tuning);
+    shape = wgmma_tma_tile_info(tile);
   } else if (wgmma) {
     tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, tuning);
     shape = wgmma_tile_info(tile);
@@ -349,9 +375,16 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
             (tuning.reduce == 1 || int64_t(tile_rows) * tile_cols <= kFusedReduceMaxTile) &&
             int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
 
-  const cudaError_t err = wgmma_fp8 ? wgmma_fp8_launch(t, tile, stream)
-                          : wgmma   ? wgmma_launch(t, tile, stream)
-                                    : mma_launch(t, tile, stream);
+  cudaError_t err = wgmma_fp8  ? wgmma_fp8_launch(t, tile, stream)
+                    : wgmma_kn ? wgmma_tma_launch(t, tile, stream)
+                    : wgmma    ? wgmma_launch(t, tile, stream)
+                               : mma_launch(t, tile, stream);
+  if (wgmma_kn && err == cudaErrorNotSupported) {
+    // The driver would not encode the tensor maps (nothing ran): mma.sync, as without kn.
+    GemmInvariantTuning mma = tuning;
+    mma.kn = 0;
+    return gemm_invariant(p, x_bf16, ld_xb, bs_xb, scratch, mma, stream);
+  }
   if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
   const int64_t total = int64_t(p.batch) * p.m * p.n;
   constexpr int kThreads = 256;

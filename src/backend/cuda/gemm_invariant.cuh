@@ -198,6 +198,9 @@ GemmTileInfo wgmma_tma_tile_info(int tile);
 // cudaErrorNotSupported, launching nothing, when the operands cannot be described to the copy
 // engine (alignment): the caller then runs a cp.async tile of the same shape.
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream);
+// The bulk-copy tile m rows of kKN weights take (p.nk false: the same tiles, the weights read
+// MN-major; any tile gives the same bits).
+int wgmma_tma_kn_pick_tile(int m);
 cudaError_t wgmma_tma_prepare();
 
 // ---- gemm_wgmma_fp8.cu (fp8 weights dequantized in shared memory, the bf16 wgmma chains) ----

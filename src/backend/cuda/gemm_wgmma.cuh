@@ -57,7 +57,10 @@ __device__ __forceinline__ void finish_wgmma_tile(const TcParams& p, int b, int 
                                         min(cols, p.n - col0));
 }
 
-template <int kN, int kNSub>
+// kMnA: the warpgroup's weight tile is MN-major ([64 k rows][64 features], 128-byte swizzled:
+// kKN weights as the copy engine brings them) instead of K-major; the instruction reads it
+// transposed (imm-trans-a), so each element's chain is the same sequence of k16 blocks.
+template <int kN, int kNSub, bool kMnA = false>
 struct WgmmaChains {
   static constexpr int kStageK = kWgmmaStageK;
   float acc[kNSub][kN / 2];
@@ -82,11 +85,16 @@ struct WgmmaChains {
   // kNSub groups of kN.
   __device__ __forceinline__ void stage(uint32_t a_tile, uint32_t b_tile, int k_valid) {
     auto issue = [&](int kk) {
-      const uint64_t desc_a = wgmma_desc_sw128(a_tile + 32 * kk);
+      // K-major: k16 block kk 32 bytes into each row; MN-major: 16 k rows (two atoms) further,
+      // the 64 features of a k in one row (the LBO, between 64-feature groups, unused).
+      const uint64_t desc_a =
+          kMnA ? wgmma_desc_sw128_mn(a_tile + uint32_t(kk * 2 * kSwizzleAtomBytes),
+                                     64 * kSwizzleRowBytes)
+               : wgmma_desc_sw128(a_tile + 32 * kk);
 #pragma unroll
       for (int j = 0; j < kNSub; ++j) {
         const uint32_t rows = uint32_t(j * kN * kSwizzleRowBytes);
-        wgmma_bf16<kN>(acc[j], desc_a, wgmma_desc_sw128(b_tile + rows + 32 * kk));
+        wgmma_bf16<kN, kMnA ? 1 : 0>(acc[j], desc_a, wgmma_desc_sw128(b_tile + rows + 32 * kk));
       }
     };
     fence();
@@ -172,15 +180,15 @@ __device__ __forceinline__ int claim_stage(uint64_t* full, uint64_t* empty, int 
 // A consumer warpgroup of the bulk-copy kernels (gemm_wgmma_tma.cu, gemm_wgmma_fp8.cu), all of
 // it: per stage, wait(kt, st, parity) until stage st (tile kt) may be read, run the chains over
 // this warpgroup's 64 weight rows (the stage starts with the weight tile, C::kWBytes long, then the
-// x tile), and release the stage before on empty (one arrival per warpgroup, once its wgmma group
-// has completed); then the store, and the fused reduction among the consumers alone (named
-// barrier 1: the producer warpgroup has left).
-template <class C, class Wait>
+// x tile; kMnA: as WgmmaChains), and release the stage before on empty (one arrival per
+// warpgroup, once its wgmma group has completed); then the store, and the fused reduction among
+// the consumers alone (named barrier 1: the producer warpgroup has left).
+template <class C, bool kMnA = false, class Wait>
 __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta& cta,
                                               uint32_t smem_base, uint64_t* empty, Wait&& wait) {
   const int b = cta.b, s = cta.s, row0 = cta.row0, col0 = cta.col0, wg = cta.wg;
   const int k_len = cta.k_len;
-  WgmmaChains<C::kN, C::kNSub> chains;
+  WgmmaChains<C::kN, C::kNSub, kMnA> chains;
   chains.zero();
   const bool leader = threadIdx.x % 128 == 0;
   for (int kt = 0; kt < cta.tiles; ++kt) {

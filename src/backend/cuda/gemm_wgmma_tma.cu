@@ -59,7 +59,10 @@ struct TmaConfig {
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
-template <class C>
+// kKn: the weights are kKN ([batch][k][n]): each consumer warpgroup's 64 features come as one
+// box of [64 k rows][64 features], MN-major (WgmmaChains' kMnA), at the offset its K-major tile
+// would have.
+template <class C, bool kKn>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     gemm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                           const __grid_constant__ CUtensorMap map_x, TcParams p) {
@@ -80,35 +83,45 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kStageBytes));
         uint8_t* ws = smem + st * C::kStageBytes;
         const int k0 = cta.k_begin + kt * kBK;
-        tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
+        if constexpr (kKn) {
+#pragma unroll
+          for (int g = 0; g < C::kConsumers; ++g) {
+            tma_load_3d(ws + g * 64 * kSwizzleRowBytes, &map_w, cta.col0 + 64 * g, k0, cta.b,
+                        &full[st]);
+          }
+        } else {
+          tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
+        }
         tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
       }
     }
   } else {
     if constexpr (C::kRebalance) warpgroup_reg_alloc<232>();
-    wgmma_consume<C>(p, cta, smem_base, empty,
-                     [&](int, int st, uint32_t parity) { mbar_wait(&full[st], parity); });
+    wgmma_consume<C, kKn>(p, cta, smem_base, empty,
+                          [&](int, int st, uint32_t parity) { mbar_wait(&full[st], parity); });
   }
 }
 
-template <class C>
+template <class C, bool kKn>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
-  // Weights [batch][n][k]: rows past n and k past K read as +0.
+  // Weights [batch][n][k] (kKN: [batch][k][n]): rows past n and k past K read as +0.
   CUtensorMap map_w, map_x;
   const bool mapped = p.vec_w &&
-                      encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.k, p.n, p.batch,
-                                      p.ld_w, p.bs_w, kBK, C::kCols) &&
+                      (kKn ? encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.n, p.k,
+                                             p.batch, p.ld_w, p.bs_w, 64, kBK)
+                           : encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.k, p.n,
+                                             p.batch, p.ld_w, p.bs_w, kBK, C::kCols)) &&
                       encode_x_map<C>(&map_x, p);
   if (!mapped) return cudaErrorNotSupported;
-  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>,
-                           &gemm_wgmma_tma_kernel<C>, map_w, map_x, p, stream);
+  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_tma_kernel<C, kKn>, C::kSmemBytes>,
+                           &gemm_wgmma_tma_kernel<C, kKn>, map_w, map_x, p, stream);
 }
 
-template <class C>
+template <class C, bool kKn = false>
 constexpr GemmTileEntry entry(const char* name) {
   return {{name, C::kRows, C::kCols},
-          &launch<C>,
-          &wgmma_opt_in<&gemm_wgmma_tma_kernel<C>, C::kSmemBytes>};
+          &launch<C, kKn>,
+          &wgmma_opt_in<&gemm_wgmma_tma_kernel<C, kKn>, C::kSmemBytes>};
 }
 // Name: "tma.", rows of x x output features per CTA, stages; then threads, shared memory per CTA
 // and the CTAs per SM that fit. gemm_wgmma.cu keeps a cp.async tile of each rows x cols.
@@ -123,6 +136,19 @@ constexpr GemmTileEntry kTiles[] = {
     entry<TmaConfig<1, 128, 1, 6, 1>>("tma.128x64.s6"),   // 7: 256, 145 KiB, 1
     entry<TmaConfig<2, 128, 2, 4, 1>>("tma.256x128.s4"),  // 8: 384, 193 KiB, 1
 };
+// The same tiles for kKN weights (opt-in: GemmInvariantTuning::kn), by the same index.
+constexpr GemmTileEntry kTilesKn[] = {
+    entry<TmaConfig<2, 8, 1, 6, 2>, true>("tma.8x128.s6"),
+    entry<TmaConfig<1, 8, 1, 8, 3>, true>("tma.8x64.s8"),
+    entry<TmaConfig<2, 16, 1, 6, 2>, true>("tma.16x128.s6"),
+    entry<TmaConfig<2, 32, 1, 5, 2>, true>("tma.32x128.s5"),
+    entry<TmaConfig<2, 64, 1, 4, 2>, true>("tma.64x128.s4"),
+    entry<TmaConfig<1, 64, 1, 6, 2>, true>("tma.64x64.s6"),
+    entry<TmaConfig<2, 128, 1, 5, 1>, true>("tma.128x128.s5"),
+    entry<TmaConfig<1, 128, 1, 6, 1>, true>("tma.128x64.s6"),
+    entry<TmaConfig<2, 128, 2, 4, 1>, true>("tma.256x128.s4"),
+};
+static_assert(std::size(kTilesKn) == std::size(kTiles), "one kKN tile per tile");
 
 }  // namespace
 
@@ -131,10 +157,17 @@ int wgmma_tma_tile_count() { return int(std::size(kTiles)); }
 GemmTileInfo wgmma_tma_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream) {
-  if (tile < 0 || tile >= wgmma_tma_tile_count() || !p.nk) return cudaErrorInvalidValue;
-  return kTiles[tile].launch(p, stream);
+  if (tile < 0 || tile >= wgmma_tma_tile_count()) return cudaErrorInvalidValue;
+  return (p.nk ? kTiles : kTilesKn)[tile].launch(p, stream);
 }
 
-cudaError_t wgmma_tma_prepare() { return opt_in_all(kTiles); }
+int wgmma_tma_kn_pick_tile(int m) {
+  return m <= 8 ? 0 : m <= 16 ? 2 : m <= 32 ? 3 : m <= 64 ? 4 : 6;
+}
+
+cudaError_t wgmma_tma_prepare() {
+  if (const cudaError_t err = opt_in_all(kTiles); err != cudaSuccess) return err;
+  return opt_in_all(kTilesKn);
+}
 
 }  // namespace dsa::cuda
