@@ -283,6 +283,43 @@ class ParityGemm : public GemmParityTest {
     }
   }
 
+  // kKN weights of s on the wgmma kernel's bulk-copy tiles (KnWeightsOnWgmmaTiles below).
+  void check_kn_wgmma(const Shape& s) {
+    auto tune = [&](int tile, int reduce) {
+      cuda::GemmInvariantTuning t;
+      t.kernel = cuda::GemmKernel::kWgmma, t.kn = 1, t.kn_tile = tile, t.reduce = reduce;
+      set_gemm_invariant_tuning(*cuda_, t);
+      return t;
+    };
+    const std::vector<int> ms = {1, 7, 64, 130};
+    Problem pr(s, ms.back(), 57 + uint64_t(s.n));
+    ASSERT_TRUE(cuda::gemm_invariant_kn_runs_wgmma(pr.params(1), tune(-1, -1))) << s.name;
+    const std::vector<float> big = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, ms.back());
+    for (int m : ms) {
+      tune(-1, -1);
+      const std::vector<float> y =
+          m == ms.back() ? big : pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      EXPECT_TRUE(same_rows(pr, y, big, m)) << " [wgmma kKN]";
+      for (int b : {0, s.batch - 1}) {
+        for (int r : {0, m - 1}) {
+          pr.expect_row_matches_cpu(*cpu_, y, b, r, s.name + " m=" + std::to_string(m) + " kKN");
+        }
+      }
+      for (int tile = 0; m != 7 && tile < cuda::gemm_invariant_kn_tile_count(); ++tile) {
+        for (int reduce : {0, 1}) {
+          tune(tile, reduce);
+          const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+          EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size() * 4), 0)
+              << s.name << " m=" << m << " kKN tile " << cuda::gemm_invariant_kn_tile_name(tile)
+              << (reduce ? ", fused reduction" : ", reduce kernel") << " differs from the default";
+        }
+      }
+      if (HasFailure()) return;
+    }
+    tune(-1, -1);
+    check_probe(s, {{1, 0}, {7, 3}, {255, 200}}, " [wgmma kKN]");
+  }
+
   struct Placement {
     int m, position;
   };
@@ -445,53 +482,22 @@ TEST_F(ParityGemm, ProbeRowIsBitwiseInvariantToItsBatch) {
 }
 
 // kKN weights on the wgmma kernel's bulk-copy tiles (opt-in: GemmInvariantTuning::kn = 1,
-// DSA_CUDA_GEMM_KN=wgmma; the weights read MN-major): every row within the CPU's bound and equal
-// to the largest run's, every tile with both reductions the default tile's bits, and the probe
-// row invariant to its batch. The shapes: kv_b's absorb, a batched one with padded rows, n off
-// the 64-feature boxes with K cut inside a k16 block, and a split plan.
+// DSA_CUDA_GEMM_KN=wgmma; the weights read MN-major), check_kn_wgmma: every row within the CPU's
+// bound and equal to the largest run's, every tile with both reductions the default tile's bits,
+// and the probe row invariant to its batch. Small shapes (sanitizer-sized): a batched one with
+// padded rows, n off the 64-feature boxes with K cut inside a k16 block, a split plan.
 TEST_F(ParityGemm, KnWeightsOnWgmmaTiles) {
-  auto tune = [&](int tile, int reduce) {
-    cuda::GemmInvariantTuning t;
-    t.kernel = cuda::GemmKernel::kWgmma, t.kn = 1, t.kn_tile = tile, t.reduce = reduce;
-    set_gemm_invariant_tuning(*cuda_, t);
-    return t;
-  };
-  const std::vector<Shape> shapes = {
-      {"kv_b absorb", 512, 128, 128, WeightLayout::kKN},
-      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 0.75f, 4, 8, 2},
-      {"kn tail", 200, 104, 2, WeightLayout::kKN, GemmOutput::kAccumulate, 0.5f, 0, 0, 1},
-      {"kn split", 136, 1100, 1, WeightLayout::kKN, GemmOutput::kOverwrite, 1.0f, 0, 8, 0},
-  };
-  const std::vector<int> ms = {1, 7, 64, 130};
-  for (const Shape& s : shapes) {
-    Problem pr(s, ms.back(), 57 + uint64_t(s.n));
-    const cuda::GemmInvariantTuning t = tune(-1, -1);
-    ASSERT_TRUE(cuda::gemm_invariant_kn_runs_wgmma(pr.params(1), t)) << s.name;
-    const std::vector<float> big = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, ms.back());
-    for (int m : ms) {
-      tune(-1, -1);
-      const std::vector<float> y =
-          m == ms.back() ? big : pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
-      EXPECT_TRUE(same_rows(pr, y, big, m)) << " [wgmma kKN]";
-      for (int b : {0, s.batch - 1}) {
-        for (int r : {0, m - 1}) {
-          pr.expect_row_matches_cpu(*cpu_, y, b, r, s.name + " m=" + std::to_string(m) + " kKN");
-        }
-      }
-      for (int tile = 0; m != 7 && tile < cuda::gemm_invariant_kn_tile_count(); ++tile) {
-        for (int reduce : {0, 1}) {
-          tune(tile, reduce);
-          const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
-          EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size() * 4), 0)
-              << s.name << " m=" << m << " kKN tile " << cuda::gemm_invariant_kn_tile_name(tile)
-              << (reduce ? ", fused reduction" : ", reduce kernel") << " differs from the default";
-        }
-      }
-      if (HasFailure()) return;
-    }
-    tune(-1, -1);
-    check_probe(s, {{1, 0}, {7, 3}, {255, 200}}, " [wgmma kKN]");
-  }
+  check_kn_wgmma(
+      {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 0.75f, 4, 8, 2});
+  check_kn_wgmma(
+      {"kn tail", 200, 104, 2, WeightLayout::kKN, GemmOutput::kAccumulate, 0.5f, 0, 0, 1});
+  check_kn_wgmma(
+      {"kn split", 136, 1100, 1, WeightLayout::kKN, GemmOutput::kOverwrite, 1.0f, 0, 8, 0});
+}
+
+// The same for V3.2's kv_b absorb (128 heads of 128 x 512).
+TEST_F(ParityGemm, KnWeightsOnWgmmaTilesKvBAbsorb) {
+  check_kn_wgmma({"kv_b absorb", 512, 128, 128, WeightLayout::kKN});
 }
 
 // DSA_CUDA_GEMM picks the kernel of a backend made after it is set: "mma" and "wgmma" give the
