@@ -47,7 +47,7 @@ done
   echo
   echo "## every wgmma fp8 tile at B = 1 (fp8 / bf16 wgmma time; ! after a ratio: bits differ)"
   echo
-  sed -n '/^gemm: fp8-weight wgmma time \/ bf16 wgmma time per fp8 tile/,/^$/p' "$LOG" |
+  sed -n '/^gemm: fp8-weight wgmma time \/ bf16 wgmma time per fp8 tile/,/^(! after a ratio: the tile/p' "$LOG" |
     sed 's/^/    /'
   echo
   echo "## one V3.2 layer (bench-decode: B, eager ms, graph ms, ...)"

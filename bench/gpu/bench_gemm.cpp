@@ -305,6 +305,7 @@ void run_gemm_benches(BenchContext& ctx) {
     }
     std::printf("\n");
   }
+  std::puts("(! after a ratio: the tile's bits differ from the bf16 wgmma run)");
 }
 
 }  // namespace dsa::bench
