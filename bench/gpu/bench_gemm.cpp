@@ -107,22 +107,27 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     be.set_gemm_mode(GemmMode::kFast);
     const std::vector<float> ref = run_once();
     const double cublas_us = time_projection(ctx, p, buf, std::max(2 * sets, 20));
-    // [kernel]: time, nmse against cuBLASLt (the same bf16 inputs; only the order differs).
+    // One invariant run under `tuning`: its time and its nmse against cuBLASLt (the same bf16
+    // inputs; only the order differs), a failed check printed.
+    be.set_gemm_mode(GemmMode::kBatchInvariant);
+    auto measure = [&](const cuda::GemmInvariantTuning& tuning, const char* what, double& t,
+                       double& e) {
+      set_gemm_invariant_tuning(be, tuning);
+      e = nmse(run_once(), ref);
+      t = time_projection(ctx, p, buf, std::max(2 * sets, 20));
+      set_gemm_invariant_tuning(be, {});
+      if (!(e <= kSweepNmse)) {
+        std::printf("  GEMM CHECK FAILED %s B=%d %s: nmse %.3g against cuBLASLt\n", pr.name, rows,
+                    what, e);
+      }
+    };
     const std::vector<cuda::GemmKernel> kernels = benched_kernels(ctx);
     std::vector<double> us(kernels.size()), err(kernels.size());
-    be.set_gemm_mode(GemmMode::kBatchInvariant);
     for (size_t i = 0; i < kernels.size(); ++i) {
       cuda::GemmInvariantTuning tuning;
       tuning.kernel = kernels[i];
-      set_gemm_invariant_tuning(be, tuning);
-      err[i] = nmse(run_once(), ref);
-      us[i] = time_projection(ctx, p, buf, std::max(2 * sets, 20));
-      if (!(err[i] <= kSweepNmse)) {
-        std::printf("  GEMM CHECK FAILED %s B=%d %s: nmse %.3g against cuBLASLt\n", pr.name, rows,
-                    cuda::gemm_kernel_name(kernels[i]), err[i]);
-      }
+      measure(tuning, cuda::gemm_kernel_name(kernels[i]), us[i], err[i]);
     }
-    set_gemm_invariant_tuning(be, {});
     auto add = [&](const std::string& mode, double t, nlohmann::json extra) {
       BenchResult r;
       r.name = "gemm/" + mode + "/" + pr.name + "/B=" + std::to_string(rows);
@@ -161,14 +166,8 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       tuning.kernel = cuda::GemmKernel::kWgmma;
       tuning.kn = 1;
       if (cuda::gemm_invariant_kn_runs_wgmma(p, tuning)) {
-        set_gemm_invariant_tuning(be, tuning);
-        const double e = nmse(run_once(), ref);
-        const double t = time_projection(ctx, p, buf, std::max(2 * sets, 20));
-        set_gemm_invariant_tuning(be, {});
-        if (!(e <= kSweepNmse)) {
-          std::printf("  GEMM CHECK FAILED %s B=%d wgmma kKN: nmse %.3g against cuBLASLt\n",
-                      pr.name, rows, e);
-        }
+        double t = 0, e = 0;
+        measure(tuning, "wgmma kKN", t, e);
         add("invariant-wgmma-kn", t,
             {{"vs_cublaslt", t / cublas_us},
              {"nmse_vs_cublaslt", e},

@@ -189,8 +189,8 @@ int table_wgmma_tile(int m, int n, int k, int batch) {
   return resolved[choice - kShapeTable][m <= 16 ? 0 : m <= 64 ? 1 : 2];
 }
 
-// What the copy engine needs of a bf16 operand (tma.cu): a 16-byte aligned base, row and batch
-// strides in multiples of 16 bytes.
+// What 16-byte copies of a bf16 operand need (the copy engine, tma.cu, and cp.async): a 16-byte
+// aligned base, row and batch strides in multiples of 16 bytes.
 bool describable(const void* base, int64_t ld, int batch, int64_t batch_stride) {
   return aligned16(base) && ld % 8 == 0 && (batch == 1 || batch_stride % 8 == 0);
 }
@@ -239,11 +239,22 @@ int gemm_invariant_tile_rows(int tile, GemmKernel kernel) {
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning) {
   return n > 0 && k > 0 && batch > 0 ? split_plan(n, k, batch, tuning).splits : 0;
 }
-int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
+namespace {
+// The tile pickers with the split count already planned (gemm_invariant has it).
+int tile_for(int m, int n, int k, int batch, int splits, const GemmInvariantTuning& tuning) {
   if (!is_wgmma(tuning.kernel)) return pick_tile(m, n, k, batch, tuning);
   if (tuning.tile >= 0 && tuning.tile < wgmma_tile_count()) return tuning.tile;
   const int tile = table_wgmma_tile(m, n, k, batch);
-  return tile >= 0 ? tile : wgmma_pick_tile(m, n, batch, split_plan(n, k, batch, tuning).splits);
+  return tile >= 0 ? tile : wgmma_pick_tile(m, n, batch, splits);
+}
+int fp8_tile_for(int m, int n, int splits, const GemmInvariantTuning& tuning) {
+  if (tuning.fp8_tile >= 0 && tuning.fp8_tile < wgmma_fp8_tile_count()) return tuning.fp8_tile;
+  return wgmma_fp8_pick_tile(m, n, splits);
+}
+}  // namespace
+
+int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
+  return tile_for(m, n, k, batch, split_plan(n, k, batch, tuning).splits, tuning);
 }
 
 bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning) {
@@ -267,8 +278,7 @@ const char* gemm_invariant_kn_tile_name(int tile) {
 int gemm_invariant_fp8_tile_count() { return wgmma_fp8_tile_count(); }
 const char* gemm_invariant_fp8_tile_name(int tile) { return wgmma_fp8_tile_info(tile).name; }
 int gemm_invariant_fp8_tile(int m, int n, int k, const GemmInvariantTuning& tuning) {
-  if (tuning.fp8_tile >= 0 && tuning.fp8_tile < wgmma_fp8_tile_count()) return tuning.fp8_tile;
-  return wgmma_fp8_pick_tile(m, n, split_plan(n, k, 1, tuning).splits);
+  return fp8_tile_for(m, n, split_plan(n, k, 1, tuning).splits, tuning);
 }
 
 cudaError_t gemm_invariant_prepare() {
@@ -321,21 +331,25 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   const bool wgmma = p.layout == WeightLayout::kNK && !fp8 && is_wgmma(tuning.kernel);
   // kKN weights likewise run on mma.sync unless the tuning asks for the wgmma kernel's bulk-copy
   // tiles and gemm_invariant_kn_runs_wgmma holds.
-  const bool wgmma_kn =
-      gemm_invariant_kn_runs_wgmma(p, tuning) && describable(x_bf16, ld_xb, p.batch, bs_xb);
+  // Whether the copy engine and 16-byte cp.async can read x and w (tma.cu, and the cp.async
+  // tiles: chunk offsets within a row are multiples of 8 bf16 already).
+  const bool vec_x = describable(x_bf16, ld_xb, p.batch, bs_xb);
+  const bool vec_w = fp8 ? aligned16(p.w_fp8) && p.ld_w % 16 == 0
+                         : describable(p.w, p.ld_w, p.batch, p.batch_stride_w);
+  const bool wgmma_kn = gemm_invariant_kn_runs_wgmma(p, tuning) && vec_x;
   int tile = 0;
   GemmTileInfo shape{};
   if (wgmma_fp8) {
-    tile = gemm_invariant_fp8_tile(p.m, p.n, p.k, tuning);
+    tile = fp8_tile_for(p.m, p.n, plan.splits, tuning);
     shape = wgmma_fp8_tile_info(tile);
   } else if (wgmma_kn) {
     tile = gemm_invariant_kn_tile(p.m, tuning);
     shape = wgmma_tma_tile_info(tile);
   } else if (wgmma) {
-    tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, tuning);
+    tile = tile_for(p.m, p.n, p.k, p.batch, plan.splits, tuning);
     shape = wgmma_tile_info(tile);
   } else {
-    tile = gemm_invariant_tile(p.m, p.n, p.k, p.batch, mma_tuning(tuning));
+    tile = tile_for(p.m, p.n, p.k, p.batch, plan.splits, mma_tuning(tuning));
     shape = mma_tile_info(tile);
   }
   static_assert(kGemmSliceGranule == kGemmFp8Block, "fp8: a slice starts on a scale block");
@@ -363,11 +377,8 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   t.alpha = p.alpha;
   t.nk = p.layout == WeightLayout::kNK;
   t.accumulate = p.output == GemmOutput::kAccumulate;
-  // 16-byte cp.async needs every chunk address 16-byte aligned: the base, and row and batch
-  // strides in multiples of 8 bf16 (chunk offsets within a row are multiples of 8 already).
-  t.vec_x = aligned16(x_bf16) && ld_xb % 8 == 0 && (p.batch == 1 || bs_xb % 8 == 0);
-  t.vec_w = fp8 ? aligned16(p.w_fp8) && p.ld_w % 16 == 0
-                : aligned16(p.w) && p.ld_w % 8 == 0 && (p.batch == 1 || p.batch_stride_w % 8 == 0);
+  t.vec_x = vec_x;
+  t.vec_w = vec_w;
   // The fused reduction needs one counter per output tile; either way gives the same bits. By
   // default it runs for small tiles only: one CTA reducing a large tile waits on L2 round trips
   // that the separate kernel spreads over the whole GPU.

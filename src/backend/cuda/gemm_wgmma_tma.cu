@@ -162,7 +162,16 @@ cudaError_t wgmma_tma_launch(const TcParams& p, int tile, cudaStream_t stream) {
 }
 
 int wgmma_tma_kn_pick_tile(int m) {
-  return m <= 8 ? 0 : m <= 16 ? 2 : m <= 32 ? 3 : m <= 64 ? 4 : 6;
+  // The first 128-feature tile of at most 128 rows (kTiles lists them by rows) that holds m rows,
+  // else the largest.
+  int pick = -1;
+  for (int t = 0; t < wgmma_tma_tile_count(); ++t) {
+    const GemmTileInfo info = wgmma_tma_tile_info(t);
+    if (info.cols != 128 || info.rows > 128) continue;
+    pick = t;
+    if (info.rows >= m) break;
+  }
+  return pick;
 }
 
 cudaError_t wgmma_tma_prepare() {
