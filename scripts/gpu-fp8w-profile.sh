@@ -8,7 +8,8 @@
 # instruction, with its stall samples), fp8w-o-stalls.txt (bench/gpu/ncu_stalls.py over it: the
 # lines with the most stall samples and their three largest reasons), summary.md.
 # Environment: OUT (default ./gpu-out), NCU (default: ncu on PATH, else /usr/local/cuda/bin/ncu),
-# SKIP (launches of the kernel to skip; default 5, the o projection).
+# SKIP (launches of the kernel to skip; default 5, the o projection), DSA_CUDA_GEMM_FP8_TILE (one
+# fp8 tile for every fp8 GEMM, e.g. fp8r.8x128.s6: the profiled launch is then that tile's kernel).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ steps_setup profile.log
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 
 step ncu-fp8w-o 120 env DSA_CUDA_GEMM_FP8=wgmma "$NCU" --kernel-name-base mangled \
-  --kernel-name 'regex:gemm_wgmma_fp8_kernel' --launch-skip "${SKIP:-5}" --launch-count 1 \
+  --kernel-name 'regex:gemm_wgmma_fp8_(roles_)?kernel' --launch-skip "${SKIP:-5}" --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
   --section SourceCounters --import-source yes -f -o "$OUT/fp8w-o" \
   "$B/dsa" bench-decode --backend cuda --preset v32 --layers 1 --batches 1 --context 4096 \

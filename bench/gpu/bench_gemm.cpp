@@ -21,9 +21,11 @@
 // At B = 1 every fp8 tile of the wgmma kernel is also timed by name
 // (gemm/invariant-fp8w-tile/<tile>/...), the same check on each.
 //
-// kKN projections (kv_b absorb) also run on the wgmma kernel's bulk-copy tiles read MN-major
-// (GemmInvariantTuning::kn, opt-in): gemm/invariant-wgmma-kn/<projection>/B=<rows>, the same
-// check against cuBLASLt, a "*" line under the ratio tables.
+// kKN projections (kv_b absorb) run on the wgmma kernel's bulk-copy tiles read MN-major
+// (GemmInvariantTuning::kn = 1, the default) in the wgmma rows; they are also timed on the
+// mma.sync fallback under the wgmma kernel (kn = 0, DSA_CUDA_GEMM_KN=mma):
+// gemm/invariant-wgmma-kn-mma/<projection>/B=<rows>, the same check against cuBLASLt, a "*" line
+// under the ratio tables.
 //
 // --gemm-sweep runs bench_gemm_sweep.cpp instead.
 #include "bench_gemm.h"
@@ -126,6 +128,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     for (size_t i = 0; i < kernels.size(); ++i) {
       cuda::GemmInvariantTuning tuning;
       tuning.kernel = kernels[i];
+      tuning.kn = 1;  // the default, whatever DSA_CUDA_GEMM_KN says (mma.sync: no effect)
       measure(tuning, cuda::gemm_kernel_name(kernels[i]), us[i], err[i]);
     }
     auto add = [&](const std::string& mode, double t, nlohmann::json extra) {
@@ -149,32 +152,35 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     for (size_t i = 0; i < kernels.size(); ++i) {
       cuda::GemmInvariantTuning tuning;
       tuning.kernel = kernels[i];
-      const bool own = pr.layout == WeightLayout::kNK || kernels[i] == cuda::GemmKernel::kMma;
+      tuning.kn = 1;
+      std::string tile;
+      if (pr.layout == WeightLayout::kNK || kernels[i] == cuda::GemmKernel::kMma) {
+        tile = cuda::gemm_invariant_tile_name(
+            cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kernels[i]);
+      } else if (cuda::gemm_invariant_kn_runs_wgmma(p, tuning)) {
+        tile = cuda::gemm_invariant_kn_tile_name(cuda::gemm_invariant_kn_tile(rows, tuning));
+      } else {
+        tile = "mma fallback (kKN)";
+      }
       add(std::string("invariant-") + cuda::gemm_kernel_name(kernels[i]), us[i],
           {{"vs_cublaslt", us[i] / cublas_us},
            {"nmse_vs_cublaslt", err[i]},
            {"ok", err[i] <= kSweepNmse},
-           {"tile",
-            own ? cuda::gemm_invariant_tile_name(
-                      cuda::gemm_invariant_tile(rows, pr.n, pr.k, pr.batch, tuning), kernels[i])
-                : "mma fallback (kKN)"}});
+           {"tile", tile}});
     }
     add("cublaslt", cublas_us, nlohmann::json::object());
     if (pr.layout == WeightLayout::kKN) {
-      // kKN weights on the wgmma kernel's bulk-copy tiles (opt-in, GemmInvariantTuning::kn).
+      // kKN weights on mma.sync under the wgmma kernel (GemmInvariantTuning::kn = 0).
       cuda::GemmInvariantTuning tuning;
       tuning.kernel = cuda::GemmKernel::kWgmma;
-      tuning.kn = 1;
-      if (cuda::gemm_invariant_kn_runs_wgmma(p, tuning)) {
-        double t = 0, e = 0;
-        measure(tuning, "wgmma kKN", t, e);
-        add("invariant-wgmma-kn", t,
-            {{"vs_cublaslt", t / cublas_us},
-             {"nmse_vs_cublaslt", e},
-             {"ok", e <= kSweepNmse},
-             {"tile",
-              cuda::gemm_invariant_kn_tile_name(cuda::gemm_invariant_kn_tile(rows, tuning))}});
-      }
+      tuning.kn = 0;
+      double t = 0, e = 0;
+      measure(tuning, "wgmma, kKN on mma.sync", t, e);
+      add("invariant-wgmma-kn-mma", t,
+          {{"vs_cublaslt", t / cublas_us},
+           {"nmse_vs_cublaslt", e},
+           {"ok", e <= kSweepNmse},
+           {"tile", "mma fallback (kKN)"}});
     }
     if (!pr.fp8) continue;
     // fp8 weights on set 0, each fp8 kernel against the bf16 run of its kernel on the dequantized
@@ -253,10 +259,10 @@ void run_gemm_benches(BenchContext& ctx) {
   }
   for (const Projection& pr : kV32) {
     if (pr.layout == WeightLayout::kKN) {
-      ratio_line("invariant-wgmma-kn", pr, std::string(pr.name) + "*");
+      ratio_line("invariant-wgmma-kn-mma", pr, std::string(pr.name) + "*");
     }
   }
-  std::puts("(* kKN weights on the wgmma kernel's bulk-copy tiles, DSA_CUDA_GEMM_KN=wgmma)");
+  std::puts("(* kKN weights on mma.sync under the wgmma kernel, DSA_CUDA_GEMM_KN=mma)");
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
   for (const char* kernel : {"", "-wgmma"}) {
     std::printf(

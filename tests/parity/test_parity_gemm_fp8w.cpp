@@ -20,9 +20,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -335,21 +337,40 @@ TEST_F(ParityGemmFp8w, ExactModeMatchesTheCpuBits) {
   }
 }
 
+// Puts environment variables back as they were (set to their value, or unset) at the end of a
+// scope, however it ends.
+class RestoreEnv {
+ public:
+  explicit RestoreEnv(std::vector<std::string> names) : names_(std::move(names)) {
+    for (const std::string& name : names_) {
+      const char* v = std::getenv(name.c_str());
+      saved_.emplace_back(v != nullptr, v != nullptr ? v : "");
+    }
+  }
+  ~RestoreEnv() {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      saved_[i].first ? setenv(names_[i].c_str(), saved_[i].second.c_str(), 1)
+                      : unsetenv(names_[i].c_str());
+    }
+  }
+  RestoreEnv(const RestoreEnv&) = delete;
+  RestoreEnv& operator=(const RestoreEnv&) = delete;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::pair<bool, std::string>> saved_;
+};
+
 // DSA_CUDA_GEMM_FP8 picks the fp8 kernel of a backend made after it is set: "mma" and "wgmma" give
 // the bits of the tuning that forces each; another value is refused with a message naming it.
+// DSA_CUDA_GEMM_FP8_TILE names one wgmma fp8 tile for every call (the same bits, as every tile
+// gives); a name that is no tile is refused, naming it and listing the tiles.
 TEST_F(ParityGemmFp8w, EnvironmentPicksTheFp8Kernel) {
-  struct Restore {  // both variables as they were, however the test ends
-    std::string names[2] = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8"};
-    const char* before[2] = {std::getenv("DSA_CUDA_GEMM"), std::getenv("DSA_CUDA_GEMM_FP8")};
-    std::string saved[2] = {before[0] ? before[0] : "", before[1] ? before[1] : ""};
-    ~Restore() {
-      for (int i = 0; i < 2; ++i) {
-        before[i] ? setenv(names[i].c_str(), saved[i].c_str(), 1) : unsetenv(names[i].c_str());
-      }
-    }
-  } restore;
+  const RestoreEnv restore({"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8", "DSA_CUDA_GEMM_FP8_TILE"});
   setenv("DSA_CUDA_GEMM", "wgmma", 1);
+  unsetenv("DSA_CUDA_GEMM_FP8_TILE");
   Problem pr(*cuda_, {"n256k1024", 256, 1024}, 9, 41);
+  std::vector<float> wgmma_bits;
   for (int fp8 : {0, 1}) {
     tune(-1, -1, cuda::GemmKernel::kWgmma, fp8);
     const std::vector<float> forced = pr.run(*cuda_, GemmMode::kBatchInvariant, 9, true);
@@ -357,7 +378,19 @@ TEST_F(ParityGemmFp8w, EnvironmentPicksTheFp8Kernel) {
     const std::unique_ptr<Backend> picked = make_cuda_backend(0);
     const std::vector<float> got = pr.run(*picked, GemmMode::kBatchInvariant, 9, true);
     EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * 4), 0) << "fp8 kernel " << fp8;
+    if (fp8) wgmma_bits = forced;
   }
+  for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
+    setenv("DSA_CUDA_GEMM_FP8_TILE", cuda::gemm_invariant_fp8_tile_name(tile), 1);
+    const std::unique_ptr<Backend> picked = make_cuda_backend(0);
+    const std::vector<float> got = pr.run(*picked, GemmMode::kBatchInvariant, 9, true);
+    EXPECT_EQ(std::memcmp(got.data(), wgmma_bits.data(), got.size() * 4), 0)
+        << "DSA_CUDA_GEMM_FP8_TILE=" << cuda::gemm_invariant_fp8_tile_name(tile);
+  }
+  setenv("DSA_CUDA_GEMM_FP8_TILE", "fp8.9x9", 1);
+  testing::expect_error([&] { make_cuda_backend(0); }, ErrorCode::kInvalidArgument,
+                        {"DSA_CUDA_GEMM_FP8_TILE", "'fp8.9x9'", "fp8r.8x128.s6"});
+  unsetenv("DSA_CUDA_GEMM_FP8_TILE");
   setenv("DSA_CUDA_GEMM_FP8", "fp8", 1);
   testing::expect_error([&] { make_cuda_backend(0); }, ErrorCode::kInvalidArgument,
                         {"DSA_CUDA_GEMM_FP8", "'fp8'"});

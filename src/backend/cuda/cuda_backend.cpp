@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
@@ -47,10 +48,26 @@ int gemm_fp8_from_env() {
   return gemm_kernel_env("DSA_CUDA_GEMM_FP8", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
 }
 // Which kernel runs kKN weights (kv_b's absorb) under the wgmma kernel, as
-// GemmInvariantTuning::kn (0 mma.sync, 1 the wgmma bulk-copy tiles): DSA_CUDA_GEMM_KN, else
-// mma.sync.
+// GemmInvariantTuning::kn (0 mma.sync, 1 the wgmma bulk-copy tiles): DSA_CUDA_GEMM_KN, else the
+// wgmma tiles (1.17-1.85x cuBLASLt's time on kv_b absorb against mma.sync's 1.36-2.23x on the
+// H200, bench/results/2026-12-04-h200-kn-fp8r.md).
 int gemm_kn_from_env() {
-  return gemm_kernel_env("DSA_CUDA_GEMM_KN", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
+  return gemm_kernel_env("DSA_CUDA_GEMM_KN", cuda::GemmKernel::kWgmma) == cuda::GemmKernel::kWgmma;
+}
+
+// The wgmma fp8 tile the environment names (DSA_CUDA_GEMM_FP8_TILE, e.g. "fp8r.8x128.s6"), as
+// GemmInvariantTuning::fp8_tile; unset or empty: -1 (the kernel picks per shape). An unknown name
+// is refused, listing the tiles.
+int gemm_fp8_tile_from_env() {
+  const char* v = std::getenv("DSA_CUDA_GEMM_FP8_TILE");
+  if (v == nullptr || *v == '\0') return -1;
+  std::string names;
+  for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
+    if (cuda::gemm_invariant_fp8_tile_name(tile) == std::string_view(v)) return tile;
+    names += fmt::format("{}{}", tile ? ", " : "", cuda::gemm_invariant_fp8_tile_name(tile));
+  }
+  fail(ErrorCode::kInvalidArgument, "DSA_CUDA_GEMM_FP8_TILE '{}' names no fp8 tile (the tiles: {})",
+       v, names);
 }
 
 std::string device_label(int device) {
@@ -140,6 +157,7 @@ class CudaBackend final : public Backend {
         label_(device_label(device)),
         gemm_kernel_(gemm_kernel_from_env()),
         gemm_fp8_(gemm_fp8_from_env()),
+        gemm_fp8_tile_(gemm_fp8_tile_from_env()),
         gemm_kn_(gemm_kn_from_env()) {
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
@@ -155,6 +173,7 @@ class CudaBackend final : public Backend {
         stream_(caller_stream),
         gemm_kernel_(gemm_kernel_from_env()),
         gemm_fp8_(gemm_fp8_from_env()),
+        gemm_fp8_tile_(gemm_fp8_tile_from_env()),
         gemm_kn_(gemm_kn_from_env()) {
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
@@ -464,10 +483,11 @@ class CudaBackend final : public Backend {
              "gemm_invariant");
   }
   // The tuning with its kernels named: the tuning's own, else this backend's (DSA_CUDA_GEMM,
-  // DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_KN).
+  // DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_FP8_TILE, DSA_CUDA_GEMM_KN).
   cuda::GemmInvariantTuning resolved(cuda::GemmInvariantTuning tuning) const {
     if (tuning.kernel == cuda::GemmKernel::kDefault) tuning.kernel = gemm_kernel_;
     if (tuning.fp8 < 0) tuning.fp8 = gemm_fp8_;
+    if (tuning.fp8_tile < 0) tuning.fp8_tile = gemm_fp8_tile_;
     if (tuning.kn < 0) tuning.kn = gemm_kn_;
     return tuning;
   }
@@ -503,6 +523,7 @@ class CudaBackend final : public Backend {
   cuda::GemmInvariantTuning gemm_tuning_;
   cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
   int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
+  int gemm_fp8_tile_;             // its wgmma fp8 tile when the tuning names none (-1: per shape)
   int gemm_kn_;                   // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
 };
 

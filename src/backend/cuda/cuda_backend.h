@@ -38,7 +38,8 @@ const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
 // choice (DSA_CUDA_GEMM_FP8=mma|wgmma, unset: mma), 0 mma.sync, 1 the wgmma kernel's fp8 tiles
 // (gemm_wgmma_fp8.cu: the bits of the wgmma kernel on the dequantized matrix), where
 // gemm_invariant_fp8_runs_wgmma holds, else mma.sync. fp8_tile: one of those tiles for every call
-// (-1: by m). Opt-in until measured on a GPU.
+// (-1: the backend's, DSA_CUDA_GEMM_FP8_TILE, unset: by m and n). Opt-in: slower than bf16
+// weights on the H200 so far.
 struct GemmInvariantTuning {
   int tile = -1;
   int splits = 0;
@@ -46,9 +47,9 @@ struct GemmInvariantTuning {
   GemmKernel kernel = GemmKernel::kDefault;
   int fp8 = -1;
   int fp8_tile = -1;
-  // kKN weights (kv_b's absorb) under the wgmma kernel: 0 (-1 unset: the backend's,
-  // DSA_CUDA_GEMM_KN) on mma.sync, 1 on the wgmma kernel's bulk-copy tiles read MN-major; kn_tile
-  // names one of those tiles.
+  // kKN weights (kv_b's absorb) under the wgmma kernel: 0 on mma.sync, 1 on the wgmma kernel's
+  // bulk-copy tiles read MN-major (-1 unset: the backend's, DSA_CUDA_GEMM_KN, by default 1);
+  // kn_tile names one of those tiles.
   int kn = -1;
   int kn_tile = -1;
 };

@@ -93,7 +93,7 @@ constexpr ShapeChoice kShapeTable[] = {
     {128 * 192, 1536, 1, 1, {1, 6, 6}, {"tma.8x64.s8", "tma.64x128.s4", "tma.64x128.s4"}},
     // kv_a
     {576, 7168, 1, 8, {2, 0, 6}, {"tma.8x64.s8", "tma.16x128.s6", "tma.64x128.s4"}},
-    // kv_b absorb (kKN: mma only)
+    // kv_b absorb (kKN: its wgmma tiles are wgmma_tma_kn_pick_tile's, the mma tiles the fallback's)
     {512, 128, 128, 1, {13, 9, 6}, {nullptr, nullptr, nullptr}},
     // kv_b up
     {128, 512, 128, 1, {4, 6, 12}, {"tma.8x128.s6", "tma.32x128.s5", "tma.64x128.s4"}},

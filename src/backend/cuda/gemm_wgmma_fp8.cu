@@ -180,28 +180,27 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 }
 
-// The same stages with the roles split (the "fp8r." tiles): two converter warpgroups dequantize
-// the stage (each its 64 rows, Fp8Rows as above) and signal ready[s] (count 8, one arrival per
-// converter warp, after every thread of it fenced its stores to the async proxy), while one MMA
-// warpgroup runs the chains of both 64-row halves (two accumulator sets) and alone releases
-// empty[s]. The converters wait on nothing but the copies, so they run up to kStages - 1 stages
-// ahead of the tensor cores, and none of their instructions is a wgmma, a fence on the
-// accumulators or a barrier. The converters of stage s's next use write its bf16 tile after
-// full[s] of that use, which the producer issued after empty[s] of this one, which the MMA
-// warpgroup arrives at after the wgmma that read the tile completed. Each element's chain is the
-// consumer kernel's, so the bits are too.
-template <int kN_, int kStages_>
-struct RolesConfig : Fp8Stages<2, kN_, kStages_> {
-  static constexpr int kConsumers = 1;      // warpgroups that release a stage (the MMA warpgroup)
-  static constexpr int kThreads = 128 * 4;  // MMA, two converters, producer
-  static_assert(kN_ <= 64, "two accumulator sets of kN / 2 registers");
+// The same stages with the roles split (the "fp8r." tiles): a converter warpgroup per group of 64
+// features (two or three groups) dequantizes the stage (its group's 64 rows, Fp8Rows as above)
+// and signals ready[s] (one arrival per converter warp, after every thread of it fenced its
+// stores to the async proxy), while one MMA warpgroup runs the chains of every group (an
+// accumulator set each) and alone releases empty[s]. The converters wait on nothing but the
+// copies, so they run up to kStages - 1 stages ahead of the tensor cores, and none of their
+// instructions is a wgmma, a fence on the accumulators or a barrier. The converters of stage s's
+// next use write its bf16 tile after full[s] of that use, which the producer issued after
+// empty[s] of this one, which the MMA warpgroup arrives at after the wgmma that read the tile
+// completed. Each element's chain is the consumer kernel's, so the bits are too.
+template <int kGroups_, int kN_, int kStages_>
+struct RolesConfig : Fp8Stages<kGroups_, kN_, kStages_> {
+  static constexpr int kConsumers = 1;  // warpgroups that release a stage (the MMA warpgroup)
+  static constexpr int kThreads = 128 * (kGroups_ + 2);  // MMA, a converter per group, producer
+  static_assert(kN_ * kGroups_ <= 128, "kGroups accumulator sets of kN / 2 registers");
 };
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_wgmma_fp8_roles_kernel(const __grid_constant__ CUtensorMap map_w8,
                                 const __grid_constant__ CUtensorMap map_x, TcParams p) {
-  constexpr int kConverterWarps = 4 * C::kGroups;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages], ready[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   const WgmmaCta cta = WgmmaCta::of<C>(p);
   if (threadIdx.x == 0) {  // init_ring's fence and barrier publish these too
-    for (int st = 0; st < C::kStages; ++st) mbar_init(&ready[st], kConverterWarps);
+    for (int st = 0; st < C::kStages; ++st) mbar_init(&ready[st], 4 * C::kGroups);
   }
   init_ring<C>(full, empty, &map_w8, &map_x);
 
@@ -283,17 +282,18 @@ constexpr GemmTileEntry roles_entry(const char* name) {
   return entry_of<C, &gemm_wgmma_fp8_roles_kernel<C>>(name);
 }
 // Name: "fp8." (consumers convert) or "fp8r." (split roles), rows of x x output features per
-// CTA, stages; then shared memory per CTA (one CTA per SM, 384 or 512 threads). The fp8r tiles
-// are picked only when named (GemmInvariantTuning::fp8_tile) until a device run has timed them.
+// CTA, stages; then shared memory per CTA (one CTA per SM, 384 to 640 threads).
 constexpr GemmTileEntry kTiles[] = {
-    entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),          // 0: 151 KiB
-    entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),        // 1: 157 KiB
-    entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),        // 2: 129 KiB
-    entry<Fp8Config<2, 128, 4>>("fp8.128x128.s4"),      // 3: 161 KiB
-    entry<Fp8Config<3, 8, 5>>("fp8.8x192.s5"),          // 4: 186 KiB
-    entry<Fp8Config<3, 16, 5>>("fp8.16x192.s5"),        // 5: 191 KiB
-    roles_entry<RolesConfig<8, 6>>("fp8r.8x128.s6"),    // 6: 151 KiB
-    roles_entry<RolesConfig<16, 6>>("fp8r.16x128.s6"),  // 7: 157 KiB
+    entry<Fp8Config<2, 8, 6>>("fp8.8x128.s6"),             // 0: 151 KiB
+    entry<Fp8Config<2, 16, 6>>("fp8.16x128.s6"),           // 1: 157 KiB
+    entry<Fp8Config<2, 64, 4>>("fp8.64x128.s4"),           // 2: 129 KiB
+    entry<Fp8Config<2, 128, 4>>("fp8.128x128.s4"),         // 3: 161 KiB
+    entry<Fp8Config<3, 8, 5>>("fp8.8x192.s5"),             // 4: 186 KiB
+    entry<Fp8Config<3, 16, 5>>("fp8.16x192.s5"),           // 5: 191 KiB
+    roles_entry<RolesConfig<2, 8, 6>>("fp8r.8x128.s6"),    // 6: 151 KiB
+    roles_entry<RolesConfig<2, 16, 6>>("fp8r.16x128.s6"),  // 7: 157 KiB
+    roles_entry<RolesConfig<3, 8, 5>>("fp8r.8x192.s5"),    // 8: 186 KiB
+    roles_entry<RolesConfig<3, 16, 5>>("fp8r.16x192.s5"),  // 9: 191 KiB
 };
 
 }  // namespace
@@ -303,13 +303,16 @@ int wgmma_fp8_tile_count() { return int(std::size(kTiles)); }
 GemmTileInfo wgmma_fp8_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 int wgmma_fp8_pick_tile(int m, int n, int splits) {
-  const int tile = m <= 8 ? 0 : m <= 16 ? 1 : m <= 64 ? 2 : 3;
-  // Few rows: the dequantization bounds a CTA, so a grid of 128-feature tiles a little over one
-  // wave (gate/up: 144 CTAs on 132 SMs) takes two CTA times; 192-feature tiles fit it in one.
+  // By the H200's times of every tile at B = 1 (bench/results/2026-12-04-h200-kn-fp8r.md): up to
+  // 16 rows the split roles win (o and down: 0.99-1.02x bf16's time against 1.24-1.26x for the
+  // consumer tiles); a grid of 128-feature tiles a little over one wave (gate/up: 144 CTAs on 132
+  // SMs, q_b 192) takes two CTA times, so 192-feature tiles fit it in one (fp8r.16x192.s5: gate/up
+  // 1.01-1.04x, q_b 0.98x). More rows: the consumer tiles, the only ones there are.
+  if (m > 16) return m <= 64 ? 2 : 3;
   const int64_t sms = std::max(device_sm_count(), 1);
   const auto ctas = [&](int cols) { return int64_t(ceil_div(n, cols)) * splits; };
-  if (tile <= 1 && ctas(128) > sms && ctas(192) <= sms) return tile + 4;
-  return tile;
+  if (ctas(128) > sms && ctas(192) <= sms) return 9;  // fp8r.16x192.s5
+  return m <= 8 ? 6 : 7;                              // fp8r.8x128.s6, fp8r.16x128.s6
 }
 
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream) {
