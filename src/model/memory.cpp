@@ -43,11 +43,12 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t max_rows, int64_t m
     }
     e.weights = add(e.weights, n);
   }
-  // The Model's per-row scratch (f32), as its constructor sizes it, plus the MoE routing scratch.
+  // The Model's per-row scratch (f32), as its constructor sizes it (x's projections q_a ‖ index
+  // key ‖ latent, then q_a normed), plus the MoE routing scratch.
   const uint64_t H = u(c.num_attention_heads), inter = u(c.intermediate_size);
   uint64_t per_row = 0;
   for (uint64_t n :
-       {2 * u(c.hidden_size), u(c.q_lora_rank), mul(H, u(c.qk_head_dim())), u(kLatentDim),
+       {2 * u(c.hidden_size), 2 * u(c.q_lora_rank), mul(H, u(c.qk_head_dim())), u(kLatentDim),
         mul(H, u(kLatentDim)), mul(H, u(kKvLoraRank)), mul(H, u(c.v_head_dim)), mul(3, inter),
         mul(u(c.index_n_heads), kIndexHeadDim), u(kIndexHeadDim), u(c.index_n_heads),
         u(max_context), u(c.n_routed_experts),

@@ -11,9 +11,14 @@
 namespace dsa {
 
 // Norm vectors and kv_b are bf16; the projections are bf16 or fp8 (Weights::quantize_fp8).
+// The projections that read the same input are one GEMM over their rows fused in order
+// (Weights::fuse_rows: each output column reads its own weight row, so the fused GEMM's columns
+// are the parts' outputs, bit for bit on the CPU): x_proj = q_a ‖ indexer.wk ‖ kv_a over x,
+// gate_up = gate ‖ up over the MLP's x. (q_b and indexer.wq_b read the same norm(q_a x), but the
+// indexer query's op takes its heads packed, with no row stride of its own.)
 struct Model::LayerPtrs {
   const Bf16 *input_norm, *q_a_norm, *kv_a_norm, *kv_b, *k_norm_w, *k_norm_b, *post_norm;
-  WeightMatrix q_a, q_b, kv_a, o, wq_b, wk, weights_proj, gate, up, down;
+  WeightMatrix x_proj, q_b, o, wq_b, weights_proj, gate_up, down;
 };
 
 namespace {
@@ -43,7 +48,17 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
           ErrorCode::kInvalidArgument, "max_context = {} must be in [1, {}]", max_context,
           config_.max_position_embeddings);
   for (const WeightSpec& spec : weight_manifest(config_)) weights_.matrix(spec.name, spec.shape);
-  for (int l = 0; l < config_.num_hidden_layers; ++l) layers_.push_back(layer_ptrs(l));
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
+    weights_.fuse_rows(
+        backend, a + "x_proj.weight",
+        {a + "q_a_proj.weight", a + "indexer.wk.weight", a + "kv_a_proj_with_mqa.weight"});
+    if (!config_.layer_is_moe(l)) {
+      weights_.fuse_rows(backend, p + "mlp.gate_up_proj.weight",
+                         {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
+    }
+    layers_.push_back(layer_ptrs(l));
+  }
   if (config_.layer_is_moe(config_.num_hidden_layers - 1)) {
     moe_ = std::make_unique<MoeMlp>(backend, config_, weights_, max_rows);
   }
@@ -63,18 +78,17 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   auto f32 = [&](int64_t n) { return DeviceArray<float>(backend, size_t(R * n)); };
   h_ = f32(config_.hidden_size);
   x_ = f32(config_.hidden_size);
+  xp_ = f32(xp_cols());
   qa_ = f32(config_.q_lora_rank);
   x_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.hidden_size);
   qa_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.q_lora_rank);
   q_ = f32(H * config_.qk_head_dim());
-  kv_ = f32(kLatentDim);
   q_attn_ = f32(H * kLatentDim);
   o_lat_ = f32(H * kKvLoraRank);
   o_ = f32(H * config_.v_head_dim);
   gate_up_ = f32(2 * int64_t(config_.intermediate_size));
   act_ = f32(config_.intermediate_size);
   qi_ = f32(int64_t(config_.index_n_heads) * kIndexHeadDim);
-  ki_ = f32(kIndexHeadDim);
   wi_ = f32(config_.index_n_heads);
   index_logits_ = f32(max_context);
   topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
@@ -82,6 +96,8 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
 }
 
 Model::~Model() = default;
+
+int64_t Model::xp_cols() const { return config_.q_lora_rank + kIndexHeadDim + kLatentDim; }
 
 Model::LayerPtrs Model::layer_ptrs(int l) const {
   const ModelConfig& c = config_;
@@ -96,22 +112,19 @@ Model::LayerPtrs Model::layer_ptrs(int l) const {
   };
   LayerPtrs L{};
   L.input_norm = w(p + "input_layernorm.weight", {hidden});
-  L.q_a = m(a + "q_a_proj.weight", {qlr, hidden});
+  L.x_proj = m(a + "x_proj.weight", {xp_cols(), hidden});
   L.q_a_norm = w(a + "q_a_layernorm.weight", {qlr});
   L.q_b = m(a + "q_b_proj.weight", {H * c.qk_head_dim(), qlr});
-  L.kv_a = m(a + "kv_a_proj_with_mqa.weight", {kLatentDim, hidden});
   L.kv_a_norm = w(a + "kv_a_layernorm.weight", {kKvLoraRank});
   L.kv_b = w(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), kKvLoraRank});
   L.o = m(a + "o_proj.weight", {hidden, H * c.v_head_dim});
   L.wq_b = m(a + "indexer.wq_b.weight", {IH * kIndexHeadDim, qlr});
-  L.wk = m(a + "indexer.wk.weight", {kIndexHeadDim, hidden});
   L.k_norm_w = w(a + "indexer.k_norm.weight", {kIndexHeadDim});
   L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
   L.weights_proj = m(a + "indexer.weights_proj.weight", {IH, hidden});
   L.post_norm = w(p + "post_attention_layernorm.weight", {hidden});
   if (!c.layer_is_moe(l)) {  // MoE layers' weights live in moe_
-    L.gate = m(p + "mlp.gate_proj.weight", {inter, hidden});
-    L.up = m(p + "mlp.up_proj.weight", {inter, hidden});
+    L.gate_up = m(p + "mlp.gate_up_proj.weight", {2 * inter, hidden});
     L.down = m(p + "mlp.down_proj.weight", {hidden, inter});
   }
   return L;
@@ -147,28 +160,28 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   const double eps = c.rms_norm_eps;
 
   // 1. MLA projections: q = W_qb(norm(W_qa x)), kv = W_kva x (latent normed), RoPE on rope parts.
+  // W_qa x, the indexer's W_ik x and W_kva x are one GEMM (x_proj) into xp_.
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data());
-  linear(be, x_.data(), hidden, L.q_a, qlr, hidden, qa_.data(), qlr, R, kOverwrite, 1,
+  const int64_t xp_ld = xp_cols(), q_ld = int64_t(H) * qk;
+  linear(be, x_.data(), hidden, L.x_proj, int(xp_ld), hidden, xp_.data(), xp_ld, R, kOverwrite, 1,
          x_bf16_.data());
-  rmsnorm(be, qa_.data(), qlr, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
-  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), int64_t(H) * qk, R, kOverwrite, 1,
+  rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
+  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), q_ld, R, kOverwrite, 1,
          qa_bf16_.data());
   // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
   // q_rope per head); the absorb below fills the q_lat parts.
-  RopeParams q_rope{
-      q_.data(), step.positions, cos_sin_.data(),        R, H, int64_t(H) * qk, qk, nope,
-      kRopeDim,  max_context_,   RopeStyle::kInterleaved};
+  RopeParams q_rope{q_.data(), step.positions, cos_sin_.data(),        R, H, q_ld, qk, nope,
+                    kRopeDim,  max_context_,   RopeStyle::kInterleaved};
   q_rope.out = q_attn_.data() + kKvLoraRank;
   q_rope.ld_out_row = int64_t(H) * kLatentDim;
   q_rope.ld_out_head = kLatentDim;
   be.rope(q_rope);
-  linear(be, x_.data(), hidden, L.kv_a, kLatentDim, hidden, kv_.data(), kLatentDim, R, kOverwrite,
-         1, x_bf16_.data());
 
   // 2. The latent normed and the key roped in place, then the guarded latent store: one op.
+  float* kv = xp_.data() + qlr + kIndexHeadDim;
   LatentKvParams latent;
-  latent.kv = kv_.data();
-  latent.ld_kv = kLatentDim;
+  latent.kv = kv;
+  latent.ld_kv = xp_ld;
   latent.norm_weight = L.kv_a_norm;
   latent.eps = float(eps);
   latent.positions = step.positions;
@@ -177,7 +190,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   latent.batch = {step.slots, step.n_real, R, step.error_count};
   latent.pool = cache.latent(l);
   be.latent_kv(latent);
-  record_store_inputs(l, PoolKind::kLatent, step, latent.pool, kv_.data(), kLatentDim);
+  record_store_inputs(l, PoolKind::kLatent, step, latent.pool, kv, xp_ld);
 
   // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
   indexer(l, step, cache, options);
@@ -192,7 +205,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   absorb.n = kKvLoraRank;
   absorb.k = nope;
   absorb.batch = H;
-  absorb.ld_x = int64_t(H) * qk;
+  absorb.ld_x = q_ld;
   absorb.ld_w = kKvLoraRank;
   absorb.ld_y = int64_t(H) * kLatentDim;
   absorb.batch_stride_x = qk;
@@ -243,17 +256,18 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
       c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
   const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
 
-  // q_i = W_iq(norm(W_qa x)); k_i = LayerNorm(W_ik x); RoPE on the first 64 dims, then Hadamard.
+  // q_i = W_iq(norm(W_qa x)); RoPE on the first 64 dims, then Hadamard. k_i = LayerNorm(W_ik x),
+  // W_ik x from attention's GEMM over x (xp_, after q_a), the same.
+  const int64_t xp_ld = xp_cols();
+  float* ki = xp_.data() + c.q_lora_rank;
   linear(be, qa_.data(), c.q_lora_rank, L.wq_b, IH * kIndexHeadDim, c.q_lora_rank, qi_.data(),
          int64_t(IH) * kIndexHeadDim, R, kOverwrite, 1, qa_bf16_.data());
   be.indexer_query({qi_.data(), int64_t(IH) * kIndexHeadDim, R, IH, step.positions, cos_sin_.data(),
                     max_context_, style, hadamard_scale});
-  linear(be, x_.data(), hidden, L.wk, kIndexHeadDim, hidden, ki_.data(), kIndexHeadDim, R,
-         kOverwrite, 1, x_bf16_.data());
   // k_i = Hadamard(RoPE(LayerNorm(W_ik x))), and its guarded store, in one op.
   IndexerKeyParams key;
-  key.x = key.k = ki_.data();
-  key.ld_x = key.ld_k = kIndexHeadDim;
+  key.x = key.k = ki;
+  key.ld_x = key.ld_k = xp_ld;
   key.norm_weight = L.k_norm_w;
   key.norm_bias = L.k_norm_b;
   key.eps = 1e-6f;
@@ -266,7 +280,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   key.pool = cache.index_k(l);
   key.guard = options.index_k_guard;
   be.indexer_key(key);
-  record_store_inputs(l, PoolKind::kIndexK, step, key.pool, ki_.data(), kIndexHeadDim);
+  record_store_inputs(l, PoolKind::kIndexK, step, key.pool, ki, xp_ld);
   // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2
   const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
   linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite, w_scale,
@@ -336,9 +350,7 @@ void Model::mlp(int l, int rows) {
     moe_->forward(l, x_.data(), h_.data(), rows);
     return;
   }
-  linear(be, x_.data(), hidden, L.gate, inter, hidden, gate_up_.data(), 2 * inter, rows, kOverwrite,
-         1, x_bf16_.data());
-  linear(be, x_.data(), hidden, L.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows,
+  linear(be, x_.data(), hidden, L.gate_up, 2 * inter, hidden, gate_up_.data(), 2 * inter, rows,
          kOverwrite, 1, x_bf16_.data());
   be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
   linear(be, act_.data(), inter, L.down, hidden, inter, h_.data(), hidden, rows,

@@ -192,6 +192,57 @@ std::vector<Bf16> Weights::host_bf16(Backend& backend, const std::string& name) 
   return out;
 }
 
+void Weights::fuse_rows(Backend& backend, const std::string& name,
+                        const std::vector<std::string>& parts) {
+  require(!parts.empty() && !tensors_.count(name), ErrorCode::kInvalidArgument,
+          "fuse_rows: {} must name parts and be a new tensor", name);
+  int64_t rows = 0, cols = -1;
+  bool fp8 = true;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    auto it = tensors_.find(parts[i]);
+    require(it != tensors_.end(), ErrorCode::kInvalidArgument, "weight {} is missing", parts[i]);
+    const WeightTensor& t = it->second;
+    require(t.shape.size() == 2, ErrorCode::kInvalidArgument,
+            "fuse_rows {}: weight {} has shape {}, not a matrix", name, parts[i],
+            shape_string(t.shape));
+    if (i == 0) cols = t.shape[1];
+    require(t.shape[1] == cols, ErrorCode::kInvalidArgument,
+            "fuse_rows {}: weight {} has shape {}, a matrix of {} columns (as {}) is needed", name,
+            parts[i], shape_string(t.shape), cols, parts[0]);
+    fp8 = fp8 && t.is_fp8() && (i + 1 == parts.size() || t.shape[0] % kFp8BlockSize == 0);
+    rows += t.shape[0];
+  }
+  WeightTensor fused;
+  fused.shape = {rows, cols};
+  if (fp8) {
+    fused.fp8 = DeviceArray<uint8_t>(backend, size_t(rows * cols));
+    fused.scale = DeviceArray<float>(backend, size_t(scale_blocks(rows) * scale_blocks(cols)));
+  } else {
+    fused.data = DeviceArray<Bf16>(backend, size_t(rows * cols));
+  }
+  int64_t row0 = 0;
+  for (const std::string& part : parts) {
+    WeightTensor& t = tensors_.at(part);
+    const int64_t n = t.shape[0] * cols;
+    if (fp8) {  // the codes, then the part's scale rows after the ones before it
+      std::vector<uint8_t> bytes(static_cast<size_t>(n));
+      std::vector<float> scales(t.scale.size());
+      backend.copy_to_host(bytes.data(), t.fp8.data(), bytes.size());
+      backend.copy_to_host(scales.data(), t.scale.data(), scales.size() * sizeof(float));
+      backend.copy_to_device(fused.fp8.data() + row0 * cols, bytes.data(), bytes.size());
+      backend.copy_to_device(fused.scale.data() + row0 / kFp8BlockSize * scale_blocks(cols),
+                             scales.data(), scales.size() * sizeof(float));
+    } else {
+      const std::vector<Bf16> host = host_bf16(backend, part);
+      backend.copy_to_device(fused.data.data() + row0 * cols, host.data(), host.size() * 2);
+    }
+    backend.synchronize();  // the host buffers are gone after this iteration
+    row0 += t.shape[0];
+    tensors_.erase(part);
+  }
+  tensors_.emplace(name, std::move(fused));
+}
+
 namespace {
 
 const WeightTensor& find_tensor(const std::map<std::string, WeightTensor>& tensors,

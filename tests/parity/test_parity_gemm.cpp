@@ -399,16 +399,14 @@ TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
   const std::vector<int> ms = {1, 2, 7, 8, 9, 64, 255, 256};
   const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
   const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168},
+      {"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168},
       {"q_b", 128 * 192, 1536},
-      {"kv_a", 576, 7168},
       {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
       {"kv_b up (per head)", 128, 512, 128},
       {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
       {"indexer wq_b", 64 * 128, 1536},
-      {"indexer wk", 128, 7168},
       {"indexer weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, w_scale},
-      {"mlp gate / up", 18432, 7168},
+      {"mlp gate | up", 2 * 18432, 7168},
       {"mlp down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
       {"lm_head", 32768, 7168},
   };

@@ -225,10 +225,12 @@ void ParityGemmFp8w::check_wgmma_fp8(const Shape& s, const std::vector<int>& ms,
 
 TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
   const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168},      {"q_b", 128 * 192, 1536},
-      {"kv_a", 576, 7168},      {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
-      {"wq_b", 64 * 128, 1536}, {"wk", 128, 7168},
-      {"gate/up", 18432, 7168}, {"down", 7168, 18432, GemmOutput::kAccumulate},
+      {"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168},
+      {"q_b", 128 * 192, 1536},
+      {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
+      {"wq_b", 64 * 128, 1536},
+      {"gate | up", 2 * 18432, 7168},
+      {"down", 7168, 18432, GemmOutput::kAccumulate},
   };
   for (const Shape& s : shapes) check_shape(s, {1, 8, 64, 256}, true);
 }

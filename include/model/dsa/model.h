@@ -80,6 +80,16 @@ class Weights {
                const std::vector<uint8_t>& bytes, const std::vector<float>& scales);
   // The bf16 values of a tensor on the host: as stored, or dequantized from fp8.
   std::vector<Bf16> host_bf16(Backend& backend, const std::string& name) const;
+  // Replaces 2-D tensors of equal columns by one tensor `name` holding their rows in order (a
+  // projection over the same input as one GEMM), freeing them; one part's tensor at a time, so the
+  // peak is the parts plus the fused tensor. Every GEMM output element reads one weight row, so
+  // the fused GEMM's columns are the parts' outputs: on fp8 weights too, because the tensor stays
+  // fp8 only when every part is and every part but the last has a multiple of 128 rows (each
+  // part's 128 x 128 scale blocks start on its own first row, as before). Otherwise the fused
+  // tensor holds the parts' bf16 values (host_bf16: fp8 parts dequantized, which is what their
+  // GEMM multiplies anyway). kInvalidArgument when a part is missing or not 2-D with the first
+  // part's columns, or `name` exists.
+  void fuse_rows(Backend& backend, const std::string& name, const std::vector<std::string>& parts);
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }
 
@@ -140,6 +150,7 @@ class Model {
   void record_store_inputs(int layer, PoolKind kind, const StepView& step, const PoolView& pool,
                            const float* values, int64_t ld);
   LayerPtrs layer_ptrs(int layer) const;
+  int64_t xp_cols() const;  // q_lora_rank + index head dim + latent dim
 
   Backend* backend_;
   ModelConfig config_;
@@ -148,8 +159,9 @@ class Model {
   std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
   DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
-  DeviceArray<float> h_, x_, qa_, q_, kv_, q_attn_, o_lat_, o_, gate_up_, act_;
-  DeviceArray<float> qi_, ki_, wi_, index_logits_;
+  // xp_: the projections of x, one GEMM (q_a ‖ index key ‖ latent, row stride xp_cols()).
+  DeviceArray<float> h_, x_, xp_, qa_, q_, q_attn_, o_lat_, o_, gate_up_, act_;
+  DeviceArray<float> qi_, wi_, index_logits_;
   DeviceArray<Bf16> x_bf16_, qa_bf16_;  // bf16(x_), bf16(qa_): the fast GEMM's operands
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;

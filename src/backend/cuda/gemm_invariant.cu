@@ -111,6 +111,10 @@ constexpr ShapeChoice kShapeTable[] = {
     {7168, 18432, 1, 2, {13, 6, 6}, {"tma.8x128.s6", "tma.32x128.s5", "tma.256x128.s4"}},
     // lm_head
     {32768, 7168, 1, 1, {13, 6, 11}, {"tma.8x128.s6", "tma.64x128.s4", "tma.256x128.s4"}},
+    // The model's fused projections (src/model/model.cpp), not yet swept: x_proj (q_a ‖ wk ‖ kv_a)
+    // with seven 1024-wide slices (126 CTAs of 128 features), gate_up (gate ‖ up) as gate/up.
+    {1536 + 128 + 576, 7168, 1, 7, {4, 6, 6}, {"tma.8x128.s6", "tma.16x128.s6", "tma.64x128.s4"}},
+    {2 * 18432, 7168, 1, 1, {1, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.128x128.s5"}},
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
 // bound below relies on it). The tiles are checked by gemm_invariant_prepare.
