@@ -127,12 +127,19 @@ void Backend::latent_kv(const LatentKvParams& p) {
 }
 
 void Backend::indexer_query(const IndexerQueryParams& p) {
-  require(p.ld_q == int64_t(p.heads) * kIndexHeadDim, ErrorCode::kInvalidArgument,
-          "indexer_query: ld_q {} must be heads {} * {} (packed heads)", p.ld_q, p.heads,
-          kIndexHeadDim);
+  require(p.ld_q >= int64_t(p.heads) * kIndexHeadDim, ErrorCode::kInvalidArgument,
+          "indexer_query: ld_q {} must be >= heads {} * {}", p.ld_q, p.heads, kIndexHeadDim);
   const IndexerQueryParts parts = indexer_query_parts(p);
   rope(parts.rope);
-  hadamard(parts.hadamard);
+  if (p.ld_q == int64_t(p.heads) * kIndexHeadDim) {
+    hadamard(parts.hadamard);
+    return;
+  }
+  for (int r = 0; r < p.rows; ++r) {  // the heads of one row at a time
+    HadamardParams h = parts.hadamard;
+    h.x = p.q + r * p.ld_q;
+    hadamard(h);
+  }
 }
 
 void Backend::moe_route(const MoeRouteParams&) {

@@ -14,11 +14,10 @@ namespace dsa {
 // The projections that read the same input are one GEMM over their rows fused in order
 // (Weights::fuse_rows: each output column reads its own weight row, so the fused GEMM's columns
 // are the parts' outputs, bit for bit on the CPU): x_proj = q_a ‖ indexer.wk ‖ kv_a over x,
-// gate_up = gate ‖ up over the MLP's x. (q_b and indexer.wq_b read the same norm(q_a x), but the
-// indexer query's op takes its heads packed, with no row stride of its own.)
+// q_up = q_b ‖ indexer.wq_b over norm(q_a x), gate_up = gate ‖ up over the MLP's x.
 struct Model::LayerPtrs {
   const Bf16 *input_norm, *q_a_norm, *kv_a_norm, *kv_b, *k_norm_w, *k_norm_b, *post_norm;
-  WeightMatrix x_proj, q_b, o, wq_b, weights_proj, gate_up, down;
+  WeightMatrix x_proj, q_up, o, weights_proj, gate_up, down;
 };
 
 namespace {
@@ -53,6 +52,8 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
     weights_.fuse_rows(
         backend, a + "x_proj.weight",
         {a + "q_a_proj.weight", a + "indexer.wk.weight", a + "kv_a_proj_with_mqa.weight"});
+    weights_.fuse_rows(backend, a + "q_up_proj.weight",
+                       {a + "q_b_proj.weight", a + "indexer.wq_b.weight"});
     if (!config_.layer_is_moe(l)) {
       weights_.fuse_rows(backend, p + "mlp.gate_up_proj.weight",
                          {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
@@ -82,13 +83,12 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   qa_ = f32(config_.q_lora_rank);
   x_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.hidden_size);
   qa_bf16_ = DeviceArray<Bf16>(backend, size_t(R) * config_.q_lora_rank);
-  q_ = f32(H * config_.qk_head_dim());
+  qq_ = f32(qq_cols());
   q_attn_ = f32(H * kLatentDim);
   o_lat_ = f32(H * kKvLoraRank);
   o_ = f32(H * config_.v_head_dim);
   gate_up_ = f32(2 * int64_t(config_.intermediate_size));
   act_ = f32(config_.intermediate_size);
-  qi_ = f32(int64_t(config_.index_n_heads) * kIndexHeadDim);
   wi_ = f32(config_.index_n_heads);
   index_logits_ = f32(max_context);
   topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
@@ -98,6 +98,10 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
 Model::~Model() = default;
 
 int64_t Model::xp_cols() const { return config_.q_lora_rank + kIndexHeadDim + kLatentDim; }
+int64_t Model::qq_cols() const {
+  return int64_t(config_.num_attention_heads) * config_.qk_head_dim() +
+         int64_t(config_.index_n_heads) * kIndexHeadDim;
+}
 
 Model::LayerPtrs Model::layer_ptrs(int l) const {
   const ModelConfig& c = config_;
@@ -114,11 +118,10 @@ Model::LayerPtrs Model::layer_ptrs(int l) const {
   L.input_norm = w(p + "input_layernorm.weight", {hidden});
   L.x_proj = m(a + "x_proj.weight", {xp_cols(), hidden});
   L.q_a_norm = w(a + "q_a_layernorm.weight", {qlr});
-  L.q_b = m(a + "q_b_proj.weight", {H * c.qk_head_dim(), qlr});
+  L.q_up = m(a + "q_up_proj.weight", {qq_cols(), qlr});
   L.kv_a_norm = w(a + "kv_a_layernorm.weight", {kKvLoraRank});
   L.kv_b = w(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), kKvLoraRank});
   L.o = m(a + "o_proj.weight", {hidden, H * c.v_head_dim});
-  L.wq_b = m(a + "indexer.wq_b.weight", {IH * kIndexHeadDim, qlr});
   L.k_norm_w = w(a + "indexer.k_norm.weight", {kIndexHeadDim});
   L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
   L.weights_proj = m(a + "indexer.weights_proj.weight", {IH, hidden});
@@ -160,18 +163,19 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   const double eps = c.rms_norm_eps;
 
   // 1. MLA projections: q = W_qb(norm(W_qa x)), kv = W_kva x (latent normed), RoPE on rope parts.
-  // W_qa x, the indexer's W_ik x and W_kva x are one GEMM (x_proj) into xp_.
+  // W_qa x, the indexer's W_ik x and W_kva x are one GEMM (x_proj) into xp_; W_qb and the
+  // indexer's W_iq over norm(W_qa x) another (q_up) into qq_.
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data());
-  const int64_t xp_ld = xp_cols(), q_ld = int64_t(H) * qk;
+  const int64_t xp_ld = xp_cols(), q_ld = qq_cols();
   linear(be, x_.data(), hidden, L.x_proj, int(xp_ld), hidden, xp_.data(), xp_ld, R, kOverwrite, 1,
          x_bf16_.data());
   rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
-  linear(be, qa_.data(), qlr, L.q_b, H * qk, qlr, q_.data(), q_ld, R, kOverwrite, 1,
+  linear(be, qa_.data(), qlr, L.q_up, int(q_ld), qlr, qq_.data(), q_ld, R, kOverwrite, 1,
          qa_bf16_.data());
   // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
   // q_rope per head); the absorb below fills the q_lat parts.
-  RopeParams q_rope{q_.data(), step.positions, cos_sin_.data(),        R, H, q_ld, qk, nope,
-                    kRopeDim,  max_context_,   RopeStyle::kInterleaved};
+  RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, q_ld, qk, nope,
+                    kRopeDim,   max_context_,   RopeStyle::kInterleaved};
   q_rope.out = q_attn_.data() + kKvLoraRank;
   q_rope.ld_out_row = int64_t(H) * kLatentDim;
   q_rope.ld_out_head = kLatentDim;
@@ -198,7 +202,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   // 7. Absorbed sparse MLA: q_lat[h] = q_nope[h] W_UK[h]; attend; o[h] = W_UV[h] o_lat[h].
   const int64_t kv_b_head = int64_t(nope + c.v_head_dim) * kKvLoraRank;  // rows of one head
   GemmParams absorb;
-  absorb.x = q_.data();
+  absorb.x = qq_.data();
   absorb.w = L.kv_b;
   absorb.y = q_attn_.data();
   absorb.m = R;
@@ -256,14 +260,13 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
       c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
   const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
 
-  // q_i = W_iq(norm(W_qa x)); RoPE on the first 64 dims, then Hadamard. k_i = LayerNorm(W_ik x),
-  // W_ik x from attention's GEMM over x (xp_, after q_a), the same.
-  const int64_t xp_ld = xp_cols();
+  // q_i = W_iq(norm(W_qa x)) (qq_, after q); RoPE on the first 64 dims, then Hadamard. k_i =
+  // LayerNorm(W_ik x) (xp_, after q_a), the same.
+  const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
+  float* qi = qq_.data() + int64_t(c.num_attention_heads) * c.qk_head_dim();
   float* ki = xp_.data() + c.q_lora_rank;
-  linear(be, qa_.data(), c.q_lora_rank, L.wq_b, IH * kIndexHeadDim, c.q_lora_rank, qi_.data(),
-         int64_t(IH) * kIndexHeadDim, R, kOverwrite, 1, qa_bf16_.data());
-  be.indexer_query({qi_.data(), int64_t(IH) * kIndexHeadDim, R, IH, step.positions, cos_sin_.data(),
-                    max_context_, style, hadamard_scale});
+  be.indexer_query(
+      {qi, qq_ld, R, IH, step.positions, cos_sin_.data(), max_context_, style, hadamard_scale});
   // k_i = Hadamard(RoPE(LayerNorm(W_ik x))), and its guarded store, in one op.
   IndexerKeyParams key;
   key.x = key.k = ki;
@@ -287,7 +290,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
          x_bf16_.data());
 
   IndexerLogitsParams lp;
-  lp.q = qi_.data();
+  lp.q = qi;
   lp.w = wi_.data();
   lp.page_table = step.page_table;
   lp.seq_lens = step.seq_lens;
@@ -295,7 +298,7 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   lp.pool = cache.index_k(l);
   lp.rows = R;
   lp.heads = IH;
-  lp.ld_q = int64_t(IH) * kIndexHeadDim;
+  lp.ld_q = qq_ld;
   lp.ld_w = IH;
   lp.ld_page_table = step.ld_page_table;
   lp.ld_logits = max_context_;

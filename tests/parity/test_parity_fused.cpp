@@ -347,17 +347,19 @@ TEST_F(ParityFused, StoringOpsAreBatchInvariant) {
 
 class IndexerQueryCase final : public OpCase {
  public:
-  IndexerQueryCase(RopeStyle style, int rows, int heads, bool composed)
-      : style_(style), rows_(rows), heads_(heads), composed_(composed) {}
+  // pad: floats past the packed heads in each row (a row stride of heads * 128 + pad, as the
+  // model's fused projection output has), which must stay as they were.
+  IndexerQueryCase(RopeStyle style, int rows, int heads, bool composed, int pad = 0)
+      : style_(style), rows_(rows), heads_(heads), composed_(composed), pad_(pad) {}
   std::string name() const override { return "indexer_query"; }
   std::string vars() const override {
     return std::string(style_ == RopeStyle::kInterleaved ? "interleaved" : "half_split") +
            ",rows=" + std::to_string(rows_) + ",heads=" + std::to_string(heads_) +
-           (composed_ ? ",composed" : "");
+           (composed_ ? ",composed" : "") + (pad_ ? ",pad=" + std::to_string(pad_) : "");
   }
   void init(Workspace& ws, testing::Rng& rng) override {
     table_ = ws.input(rope_table());
-    const int64_t ld = int64_t(heads_) * kIndexHeadDim;
+    const int64_t ld = int64_t(heads_) * kIndexHeadDim + pad_;
     std::vector<int32_t> positions(rows_);
     std::vector<float> q(size_t(rows_) * ld);
     for (int r = 0; r < rows_; ++r) {
@@ -369,7 +371,7 @@ class IndexerQueryCase final : public OpCase {
   }
   void run(Workspace& ws, Side side) override {
     IndexerQueryParams p{ws.ptr(q_, side),
-                         int64_t(heads_) * kIndexHeadDim,
+                         int64_t(heads_) * kIndexHeadDim + pad_,
                          rows_,
                          heads_,
                          ws.ptr(positions_, side),
@@ -384,13 +386,18 @@ class IndexerQueryCase final : public OpCase {
     }
     const IndexerQueryParts parts = indexer_query_parts(p);
     be.rope(parts.rope);
-    be.hadamard(parts.hadamard);
+    for (int r = 0; r < (pad_ ? rows_ : 1); ++r) {  // padded rows: the hadamard part per row
+      HadamardParams h = parts.hadamard;
+      h.x += r * p.ld_q;
+      be.hadamard(h);
+    }
   }
 
  private:
   RopeStyle style_;
   int rows_, heads_;
   bool composed_;
+  int pad_;
   Buf<float> table_, q_;
   Buf<int32_t> positions_;
 };
@@ -409,6 +416,15 @@ TEST_F(ParityFused, IndexerQueryIsItsOps) {
               return std::make_unique<IndexerQueryCase>(style, rows, heads, composed);
             },
             {1, 7, 64, 256}, cpu(), cuda()));
+        // A row stride past the packed heads (the model's q_b | wq_b output: 24576 floats of q
+        // first, so the index query's rows are 32768 apart; here 200 more, 16-byte aligned, and
+        // 3 more, not).
+        for (int pad : {200, 3}) {
+          for (int rows : {1, 7, 64}) {
+            IndexerQueryCase c(style, rows, heads, composed, pad);
+            EXPECT_TRUE(check_parity(c, cpu(), cuda(), 77 + rows + pad));
+          }
+        }
       }
     }
   }

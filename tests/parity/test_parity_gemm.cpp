@@ -404,7 +404,7 @@ TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
       {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
       {"kv_b up (per head)", 128, 512, 128},
       {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
-      {"indexer wq_b", 64 * 128, 1536},
+      {"q_up (q_b | indexer wq_b)", 128 * 192 + 64 * 128, 1536},
       {"indexer weights_proj", 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, w_scale},
       {"mlp gate | up", 2 * 18432, 7168},
       {"mlp down", 7168, 18432, 1, WeightLayout::kNK, GemmOutput::kAccumulate},

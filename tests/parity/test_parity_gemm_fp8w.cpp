@@ -228,7 +228,7 @@ TEST_F(ParityGemmFp8w, V32ProjectionsMatchBf16Bits) {
       {"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168},
       {"q_b", 128 * 192, 1536},
       {"o", 7168, 128 * 128, GemmOutput::kAccumulate},
-      {"wq_b", 64 * 128, 1536},
+      {"q_up (q_b | wq_b)", 128 * 192 + 64 * 128, 1536},
       {"gate | up", 2 * 18432, 7168},
       {"down", 7168, 18432, GemmOutput::kAccumulate},
   };

@@ -7,14 +7,17 @@
 // and batch invariance: a row run inside a batch has the same bits as the row run alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
 #include "dsa/error.h"
 #include "unit/ops_test_helpers.h"
 
@@ -374,6 +377,46 @@ TEST(OpsHadamard, BatchInvariantAndRejectsBadDims) {
   for (int bad : {0, 3, 96, 2048}) {
     EXPECT_THROW(cpu::hadamard({.x = y.data(), .rows = 1, .dim = bad, .ld = 4096}), Error) << bad;
   }
+}
+
+// indexer_query with a row stride past its packed heads (the model's fused q_b | wq_b output): each
+// row's heads get exactly the bits of the packed op on the same row, and the columns between rows
+// stay as they were.
+TEST(OpsIndexerQuery, RowStrideGivesThePackedBits) {
+  Rng rng(41);
+  const int rows = 6, heads = 3, max_position = 64;
+  const int dim = heads * kIndexHeadDim;
+  const int64_t ld = dim + 72;
+  const auto table = rope_table(max_position, kRopeDim);
+  std::vector<int32_t> positions(rows);
+  for (int r = 0; r < rows; ++r) positions[r] = int32_t(rng.integer(0, max_position - 1));
+  const auto x = strided_normals(rng, rows, dim, ld, 2.0f);
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  for (RopeStyle style : {RopeStyle::kHalfSplit, RopeStyle::kInterleaved}) {
+    auto strided = x;
+    be->indexer_query({strided.data(), ld, rows, heads, positions.data(), table.data(),
+                       max_position, style, 0.125f});
+    expect_padding_untouched(strided, rows, dim, ld);
+    std::vector<float> packed(size_t(rows) * dim);
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(x.begin() + r * ld, dim, packed.begin() + int64_t(r) * dim);
+    }
+    be->indexer_query({packed.data(), dim, rows, heads, positions.data(), table.data(),
+                       max_position, style, 0.125f});
+    int changed = 0;
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        EXPECT_TRUE(same_bits(strided[size_t(r * ld + i)], packed[size_t(r * dim + i)]))
+            << "row " << r << " column " << i;
+        changed += !same_bits(strided[size_t(r * ld + i)], x[size_t(r * ld + i)]);
+      }
+    }
+    EXPECT_GT(changed, rows * dim / 2);  // the op did run
+  }
+  auto y = x;
+  EXPECT_THROW(be->indexer_query({y.data(), dim - 1, rows, heads, positions.data(), table.data(),
+                                  max_position, RopeStyle::kHalfSplit, 1.0f}),
+               Error);
 }
 
 // ---- SwiGLU, softmax, embed, add ---------------------------------------------------------------

@@ -325,9 +325,9 @@ inline LatentKvParts latent_kv_parts(const LatentKvParams& p) {
 
 // The indexer's query path in one op: for each of `heads` 128-wide heads of each row, rope on dims
 // [0, 64) then hadamard * scale, in place. By definition rope -> hadamard with the params of
-// indexer_query_parts.
+// indexer_query_parts (with a row stride past the packed heads, the hadamard part once per row).
 struct IndexerQueryParams {
-  float* q = nullptr;  // [rows, heads, 128], row stride ld_q, head stride 128
+  float* q = nullptr;  // [rows, heads, 128], row stride ld_q >= heads * 128, head stride 128
   int64_t ld_q = 0;
   int rows = 0, heads = 0;
   const int32_t* positions = nullptr;  // [rows]
@@ -342,12 +342,15 @@ struct IndexerQueryParts {
   HadamardParams hadamard;
 };
 
-// The hadamard part treats the heads as rows, so it needs ld_q == heads * 128 (packed heads).
+// The hadamard part treats the heads as rows: all rows' heads when ld_q == heads * 128 (packed
+// rows); else it is one row's heads (q at row 0), and the op runs it once per row, q moved by ld_q.
 inline IndexerQueryParts indexer_query_parts(const IndexerQueryParams& p) {
   IndexerQueryParts parts;
   parts.rope = {p.q,           p.positions, p.cos_sin, p.rows,         p.heads, p.ld_q,
                 kIndexHeadDim, 0,           kRopeDim,  p.max_position, p.style};
-  parts.hadamard = {p.q, p.rows * p.heads, kIndexHeadDim, kIndexHeadDim, p.hadamard_scale};
+  const bool packed = p.ld_q == int64_t(p.heads) * kIndexHeadDim;
+  parts.hadamard = {p.q, packed ? p.rows * p.heads : p.heads, kIndexHeadDim, kIndexHeadDim,
+                    p.hadamard_scale};
   return parts;
 }
 

@@ -151,6 +151,7 @@ class Model {
                            const float* values, int64_t ld);
   LayerPtrs layer_ptrs(int layer) const;
   int64_t xp_cols() const;  // q_lora_rank + index head dim + latent dim
+  int64_t qq_cols() const;  // heads * qk head dim + index heads * index head dim
 
   Backend* backend_;
   ModelConfig config_;
@@ -159,9 +160,10 @@ class Model {
   std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
   DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
-  // xp_: the projections of x, one GEMM (q_a ‖ index key ‖ latent, row stride xp_cols()).
-  DeviceArray<float> h_, x_, xp_, qa_, q_, q_attn_, o_lat_, o_, gate_up_, act_;
-  DeviceArray<float> qi_, wi_, index_logits_;
+  // xp_: the projections of x, one GEMM (q_a ‖ index key ‖ latent, row stride xp_cols());
+  // qq_: those of norm(q_a), one GEMM (q ‖ index query, row stride qq_cols()).
+  DeviceArray<float> h_, x_, xp_, qa_, qq_, q_attn_, o_lat_, o_, gate_up_, act_;
+  DeviceArray<float> wi_, index_logits_;
   DeviceArray<Bf16> x_bf16_, qa_bf16_;  // bf16(x_), bf16(qa_): the fast GEMM's operands
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;

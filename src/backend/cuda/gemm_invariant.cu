@@ -112,8 +112,15 @@ constexpr ShapeChoice kShapeTable[] = {
     // lm_head
     {32768, 7168, 1, 1, {13, 6, 11}, {"tma.8x128.s6", "tma.64x128.s4", "tma.256x128.s4"}},
     // The model's fused projections (src/model/model.cpp), not yet swept: x_proj (q_a ‖ wk ‖ kv_a)
-    // with seven 1024-wide slices (126 CTAs of 128 features), gate_up (gate ‖ up) as gate/up.
+    // with seven 1024-wide slices (126 CTAs of 128 features), q_up (q_b ‖ wq_b) as q_b, gate_up
+    // (gate ‖ up) as gate/up.
     {1536 + 128 + 576, 7168, 1, 7, {4, 6, 6}, {"tma.8x128.s6", "tma.16x128.s6", "tma.64x128.s4"}},
+    {128 * 192 + 64 * 128,
+     1536,
+     1,
+     1,
+     {1, 6, 6},
+     {"tma.8x64.s8", "tma.64x128.s4", "tma.64x128.s4"}},
     {2 * 18432, 7168, 1, 1, {1, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.128x128.s5"}},
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch

@@ -144,11 +144,11 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
 }  // namespace
 
 cudaError_t indexer_query(const IndexerQueryParams& p, cudaStream_t stream) {
-  if (p.rows < 0 || p.heads < 0 || p.ld_q != int64_t(p.heads) * kDim) return cudaErrorInvalidValue;
+  if (p.rows < 0 || p.heads < 0 || p.ld_q < int64_t(p.heads) * kDim) return cudaErrorInvalidValue;
   const int64_t units = int64_t(p.rows) * p.heads;
   if (units == 0) return cudaSuccess;
   if (!p.q || !p.positions || !p.cos_sin) return cudaErrorInvalidValue;
-  const bool vec = aligned16(p.q);  // ld_q is a multiple of 128
+  const bool vec = aligned16(p.q) && p.ld_q % 4 == 0;  // heads are 128 apart
   indexer_query_kernel<<<ceil_div(units, kRowsPerCta), 32 * kRowsPerCta, 0, stream>>>(p, vec);
   return cudaGetLastError();
 }
