@@ -166,15 +166,15 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   // W_qa x, the indexer's W_ik x and W_kva x are one GEMM (x_proj) into xp_; W_qb and the
   // indexer's W_iq over norm(W_qa x) another (q_up) into qq_.
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data());
-  const int64_t xp_ld = xp_cols(), q_ld = qq_cols();
+  const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
   linear(be, x_.data(), hidden, L.x_proj, int(xp_ld), hidden, xp_.data(), xp_ld, R, kOverwrite, 1,
          x_bf16_.data());
   rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
-  linear(be, qa_.data(), qlr, L.q_up, int(q_ld), qlr, qq_.data(), q_ld, R, kOverwrite, 1,
+  linear(be, qa_.data(), qlr, L.q_up, int(qq_ld), qlr, qq_.data(), qq_ld, R, kOverwrite, 1,
          qa_bf16_.data());
   // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
   // q_rope per head); the absorb below fills the q_lat parts.
-  RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, q_ld, qk, nope,
+  RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, qq_ld, qk, nope,
                     kRopeDim,   max_context_,   RopeStyle::kInterleaved};
   q_rope.out = q_attn_.data() + kKvLoraRank;
   q_rope.ld_out_row = int64_t(H) * kLatentDim;
@@ -209,7 +209,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   absorb.n = kKvLoraRank;
   absorb.k = nope;
   absorb.batch = H;
-  absorb.ld_x = q_ld;
+  absorb.ld_x = qq_ld;
   absorb.ld_w = kKvLoraRank;
   absorb.ld_y = int64_t(H) * kLatentDim;
   absorb.batch_stride_x = qk;
