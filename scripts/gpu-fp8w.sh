@@ -8,7 +8,7 @@
 #   - compute-sanitizer memcheck and racecheck over the wgmma fp8 tiles' edge shapes;
 #   - dsa_gpu_bench's GEMM rows (bf16 kernels, cuBLASLt, fp8 on mma.sync and on wgmma, each fp8
 #     run checked bit for bit against its kernel's bf16 run; at B = 1 every wgmma fp8 tile by
-#     name, the fp8r ones, which the default never picks, included);
+#     name, the ones the default pick passes over included);
 #   - bench-decode of one V3.2 layer: bf16 weights, then --weights fp8 on the wgmma fp8 tiles
 #     (the mma.sync fp8 kernel's last step figures: bench/results/2026-12-04-h200-fp8w-run5-*).
 # Files in $OUT: fp8w.log (everything), steps.tsv, parity.json, gemm_bench.json,
