@@ -224,19 +224,18 @@ void Weights::fuse_rows(Backend& backend, const std::string& name,
   for (const std::string& part : parts) {
     WeightTensor& t = tensors_.at(part);
     const int64_t n = t.shape[0] * cols;
+    std::vector<Bf16> host;
     if (fp8) {  // the codes, then the part's scale rows after the ones before it
-      std::vector<uint8_t> bytes(static_cast<size_t>(n));
-      std::vector<float> scales(t.scale.size());
-      backend.copy_to_host(bytes.data(), t.fp8.data(), bytes.size());
-      backend.copy_to_host(scales.data(), t.scale.data(), scales.size() * sizeof(float));
-      backend.copy_to_device(fused.fp8.data() + row0 * cols, bytes.data(), bytes.size());
-      backend.copy_to_device(fused.scale.data() + row0 / kFp8BlockSize * scale_blocks(cols),
-                             scales.data(), scales.size() * sizeof(float));
-    } else {
-      const std::vector<Bf16> host = host_bf16(backend, part);
+      backend.copy_on_device(fused.fp8.data() + row0 * cols, t.fp8.data(), size_t(n));
+      backend.copy_on_device(fused.scale.data() + row0 / kFp8BlockSize * scale_blocks(cols),
+                             t.scale.data(), t.scale.size() * sizeof(float));
+    } else if (!t.is_fp8()) {
+      backend.copy_on_device(fused.data.data() + row0 * cols, t.data.data(), size_t(n) * 2);
+    } else {  // an fp8 part of a bf16 fusion: its dequantized values
+      host = host_bf16(backend, part);
       backend.copy_to_device(fused.data.data() + row0 * cols, host.data(), host.size() * 2);
     }
-    backend.synchronize();  // the host buffers are gone after this iteration
+    backend.synchronize();  // the copies are done before the part's memory (or host) is freed
     row0 += t.shape[0];
     tensors_.erase(part);
   }

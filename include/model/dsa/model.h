@@ -81,14 +81,14 @@ class Weights {
   // The bf16 values of a tensor on the host: as stored, or dequantized from fp8.
   std::vector<Bf16> host_bf16(Backend& backend, const std::string& name) const;
   // Replaces 2-D tensors of equal columns by one tensor `name` holding their rows in order (a
-  // projection over the same input as one GEMM), freeing them; one part's tensor at a time, so the
-  // peak is the parts plus the fused tensor. Every GEMM output element reads one weight row, so
-  // the fused GEMM's columns are the parts' outputs: on fp8 weights too, because the tensor stays
-  // fp8 only when every part is and every part but the last has a multiple of 128 rows (each
-  // part's 128 x 128 scale blocks start on its own first row, as before). Otherwise the fused
-  // tensor holds the parts' bf16 values (host_bf16: fp8 parts dequantized, which is what their
-  // GEMM multiplies anyway). kInvalidArgument when a part is missing or not 2-D with the first
-  // part's columns, or `name` exists.
+  // projection over the same input as one GEMM), freeing each part once it is copied (device to
+  // device), so the peak is the parts plus the fused tensor. Every GEMM output element reads one
+  // weight row, so the fused GEMM's columns are the parts' outputs: on fp8 weights too, because
+  // the tensor stays fp8 only when every part is and every part but the last has a multiple of
+  // 128 rows (each part's 128 x 128 scale blocks start on its own first row, as before).
+  // Otherwise the fused tensor holds the parts' bf16 values (host_bf16: fp8 parts dequantized,
+  // which is what their GEMM multiplies anyway). kInvalidArgument when a part is missing or not
+  // 2-D with the first part's columns, or `name` exists.
   void fuse_rows(Backend& backend, const std::string& name, const std::vector<std::string>& parts);
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }
