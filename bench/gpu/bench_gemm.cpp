@@ -124,12 +124,17 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       }
     };
     const std::vector<cuda::GemmKernel> kernels = benched_kernels(ctx);
+    // A kernel's default tuning: kKN on the wgmma tiles whatever DSA_CUDA_GEMM_KN says (mma.sync:
+    // no effect).
+    auto tuning_of = [](cuda::GemmKernel kernel) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = kernel;
+      tuning.kn = 1;
+      return tuning;
+    };
     std::vector<double> us(kernels.size()), err(kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) {
-      cuda::GemmInvariantTuning tuning;
-      tuning.kernel = kernels[i];
-      tuning.kn = 1;  // the default, whatever DSA_CUDA_GEMM_KN says (mma.sync: no effect)
-      measure(tuning, cuda::gemm_kernel_name(kernels[i]), us[i], err[i]);
+      measure(tuning_of(kernels[i]), cuda::gemm_kernel_name(kernels[i]), us[i], err[i]);
     }
     auto add = [&](const std::string& mode, double t, nlohmann::json extra) {
       BenchResult r;
@@ -150,9 +155,7 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       ctx.add(std::move(r));
     };
     for (size_t i = 0; i < kernels.size(); ++i) {
-      cuda::GemmInvariantTuning tuning;
-      tuning.kernel = kernels[i];
-      tuning.kn = 1;
+      const cuda::GemmInvariantTuning tuning = tuning_of(kernels[i]);
       std::string tile;
       if (pr.layout == WeightLayout::kNK || kernels[i] == cuda::GemmKernel::kMma) {
         tile = cuda::gemm_invariant_tile_name(

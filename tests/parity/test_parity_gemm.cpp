@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "common/restore_env.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
@@ -509,11 +510,7 @@ TEST_F(ParityGemm, KnWeightsOnWgmmaTilesKvBAbsorb) {
 // DSA_CUDA_GEMM picks the kernel of a backend made after it is set: "mma" and "wgmma" give the
 // bits of the forced kernels; any other value is refused with a message naming it.
 TEST_F(ParityGemm, EnvironmentPicksTheKernel) {
-  struct Restore {  // DSA_CUDA_GEMM as it was, however the test ends
-    const char* before = std::getenv("DSA_CUDA_GEMM");
-    std::string saved = before ? before : "";
-    ~Restore() { before ? setenv("DSA_CUDA_GEMM", saved.c_str(), 1) : unsetenv("DSA_CUDA_GEMM"); }
-  } restore;
+  const testing::RestoreEnv restore({"DSA_CUDA_GEMM"});
   const Shape s{"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kAccumulate,
                 1.0f,        1,   3,    3};
   Problem pr(s, 9, 5);

@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "common/expect_error.h"
+#include "common/restore_env.h"
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
@@ -339,36 +340,13 @@ TEST_F(ParityGemmFp8w, ExactModeMatchesTheCpuBits) {
   }
 }
 
-// Puts environment variables back as they were (set to their value, or unset) at the end of a
-// scope, however it ends.
-class RestoreEnv {
- public:
-  explicit RestoreEnv(std::vector<std::string> names) : names_(std::move(names)) {
-    for (const std::string& name : names_) {
-      const char* v = std::getenv(name.c_str());
-      saved_.emplace_back(v != nullptr, v != nullptr ? v : "");
-    }
-  }
-  ~RestoreEnv() {
-    for (size_t i = 0; i < names_.size(); ++i) {
-      saved_[i].first ? setenv(names_[i].c_str(), saved_[i].second.c_str(), 1)
-                      : unsetenv(names_[i].c_str());
-    }
-  }
-  RestoreEnv(const RestoreEnv&) = delete;
-  RestoreEnv& operator=(const RestoreEnv&) = delete;
-
- private:
-  std::vector<std::string> names_;
-  std::vector<std::pair<bool, std::string>> saved_;
-};
-
 // DSA_CUDA_GEMM_FP8 picks the fp8 kernel of a backend made after it is set: "mma" and "wgmma" give
 // the bits of the tuning that forces each; another value is refused with a message naming it.
 // DSA_CUDA_GEMM_FP8_TILE names one wgmma fp8 tile for every call (the same bits, as every tile
 // gives); a name that is no tile is refused, naming it and listing the tiles.
 TEST_F(ParityGemmFp8w, EnvironmentPicksTheFp8Kernel) {
-  const RestoreEnv restore({"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8", "DSA_CUDA_GEMM_FP8_TILE"});
+  const testing::RestoreEnv restore(
+      {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8", "DSA_CUDA_GEMM_FP8_TILE"});
   setenv("DSA_CUDA_GEMM", "wgmma", 1);
   unsetenv("DSA_CUDA_GEMM_FP8_TILE");
   Problem pr(*cuda_, {"n256k1024", 256, 1024}, 9, 41);

@@ -30,6 +30,7 @@
 // of a multiple of 16 bytes, K a multiple of 8); the backend then hands x over 16-byte aligned.
 #include <algorithm>
 #include <iterator>
+#include <string_view>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm_fp8.cuh"
@@ -296,6 +297,21 @@ constexpr GemmTileEntry kTiles[] = {
     roles_entry<RolesConfig<3, 16, 5>>("fp8r.16x192.s5"),  // 9: 191 KiB
 };
 
+// A tile's index by name, at compile time (-1: no such tile; the picks below static_assert it).
+constexpr int tile_named(std::string_view name) {
+  for (int t = 0; t < int(std::size(kTiles)); ++t) {
+    if (name == kTiles[t].info.name) return t;
+  }
+  return -1;
+}
+constexpr int kConsumer64 = tile_named("fp8.64x128.s4"),
+              kConsumer128 = tile_named("fp8.128x128.s4");
+constexpr int kRoles8 = tile_named("fp8r.8x128.s6"), kRoles16 = tile_named("fp8r.16x128.s6");
+constexpr int kRoles16Wide = tile_named("fp8r.16x192.s5");
+static_assert(kConsumer64 >= 0 && kConsumer128 >= 0 && kRoles8 >= 0 && kRoles16 >= 0 &&
+                  kRoles16Wide >= 0,
+              "wgmma_fp8_pick_tile names a tile kTiles lacks");
+
 }  // namespace
 
 int wgmma_fp8_tile_count() { return int(std::size(kTiles)); }
@@ -308,11 +324,11 @@ int wgmma_fp8_pick_tile(int m, int n, int splits) {
   // consumer tiles); a grid of 128-feature tiles a little over one wave (gate/up: 144 CTAs on 132
   // SMs, q_b 192) takes two CTA times, so 192-feature tiles fit it in one (fp8r.16x192.s5: gate/up
   // 1.01-1.04x, q_b 0.98x). More rows: the consumer tiles, the only ones there are.
-  if (m > 16) return m <= 64 ? 2 : 3;
+  if (m > 16) return m <= 64 ? kConsumer64 : kConsumer128;
   const int64_t sms = std::max(device_sm_count(), 1);
   const auto ctas = [&](int cols) { return int64_t(ceil_div(n, cols)) * splits; };
-  if (ctas(128) > sms && ctas(192) <= sms) return 9;  // fp8r.16x192.s5
-  return m <= 8 ? 6 : 7;                              // fp8r.8x128.s6, fp8r.16x128.s6
+  if (ctas(128) > sms && ctas(192) <= sms) return kRoles16Wide;
+  return m <= 8 ? kRoles8 : kRoles16;
 }
 
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream) {
