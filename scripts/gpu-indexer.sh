@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The indexer-logits kernel's GPU check, every variant ("legacy"; "resident"; "wgmma", warpgroup
-# MMA, and its "wgmma-n64" and "wgmma-pipe" fp8 schedules). Runs ON the device, from the
+# MMA, and its "wgmma-n64" and "wgmma-pipe" fp8 schedules; "wgmma-e4m3", fp8 on the e4m3 tensor
+# core). Runs ON the device, from the
 # repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,
 # dsa}), in under 5 minutes (the step timeouts add up to 280 s):
 #   the indexer parity tests (every variant x block size against the CPU, the mma.sync variants
@@ -10,7 +11,7 @@
 #   rows, bf16 and both fp8 roundings) with one variant forced (INDEXER_SAN_VARIANT, default
 #   wgmma-pipe, the newest);
 #   dsa_gpu_bench's indexer rows, fp8 and bf16 at B = 1 L = 128K, B = 64 L = 32K and B = 256
-#   L = 32K: the default, then legacy, wgmma, wgmma-n64 and wgmma-pipe forced (rows
+#   L = 32K: the default, then legacy, wgmma, wgmma-n64, wgmma-pipe and wgmma-e4m3 forced (rows
 #   indexer_logits_<variant>/...), eager and in a CUDA graph, tabled in table.md.
 # INDEXER_SWEEP=1 then adds (past the 5 minutes) synccheck and initcheck over the default
 # dispatch, memcheck over a graph-replayed decode, the forced block-size and cluster-size sweeps
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SAN_VARIANT="${INDEXER_SAN_VARIANT:-wgmma-pipe}"
+SAN_VARIANT="${INDEXER_SAN_VARIANT:-wgmma-e4m3}"
 SAN_FILTER=ParityAttention.IndexerLogitsBadPageIdsRaiseTheFlagAlike
 
 source scripts/gpu-steps.sh
@@ -35,7 +36,7 @@ sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIA
 sanitize sanitizer-racecheck racecheck 45 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
 step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
-  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe \
+  --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe,wgmma-e4m3 \
   --indexer-rows 1,64,256 --json "$OUT/bench.json"
 step table 5 python3 - "$OUT" <<'EOF'
 import json, os, sys
@@ -48,7 +49,7 @@ for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
     variant = variant[len("indexer_logits_"):] or "default"
     e = r.get("extra", {})
     rows.setdefault(shape, {})[variant] = (r["us"], e.get("pct_of_copy", 0), e.get("graph_us", 0))
-variants = ["default", "legacy", "wgmma", "wgmma-n64", "wgmma-pipe"]
+variants = ["default", "legacy", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"]
 lines = ["| row | " + " | ".join(f"{v} us (% copy) | {v} graph us" for v in variants) + " |",
          "|---|" + "---|---|" * len(variants)]
 for shape, by in rows.items():
@@ -76,10 +77,11 @@ sanitize sanitizer-initcheck initcheck 25 "$B/tests/dsa_parity_tests" --gtest_fi
 sanitize sanitizer-memcheck-replay memcheck 40 \
   "$B/dsa" --log error check-replay --backend cuda --latent fp8 --index-k fp8 --steps 20 \
   --buckets 1 4 --no-parity
-for tokens in 512 2048 8192; do
+for tokens in 256 512 2048 8192; do
   step "bench-tokens-$tokens" 25 env DSA_CUDA_INDEXER_BLOCK_TOKENS="$tokens" \
     "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
-    --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe --json "$OUT/bench-tokens-$tokens.json"
+    --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe,wgmma-e4m3 \
+    --json "$OUT/bench-tokens-$tokens.json"
 done
 for ranks in 1 4; do
   step "bench-cluster-$ranks" 25 env DSA_CUDA_INDEXER_CLUSTER="$ranks" \

@@ -208,7 +208,8 @@ int main(int argc, char** argv) {
   app.add_option("--indexer-variants", indexer_variants,
                  "also time these indexer kernel variants, each forced "
                  "(DSA_CUDA_INDEXER_VARIANT): rows indexer_logits_<variant>/...")
-      ->check(CLI::IsMember({"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe"}))
+      ->check(
+          CLI::IsMember({"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"}))
       ->delimiter(',');
   std::vector<int> indexer_rows;
   app.add_option("--indexer-rows", indexer_rows,

@@ -111,17 +111,18 @@ constexpr ShapeChoice kShapeTable[] = {
     {7168, 18432, 1, 2, {13, 6, 6}, {"tma.8x128.s6", "tma.32x128.s5", "tma.256x128.s4"}},
     // lm_head
     {32768, 7168, 1, 1, {13, 6, 11}, {"tma.8x128.s6", "tma.64x128.s4", "tma.256x128.s4"}},
-    // The model's fused projections (src/model/model.cpp), not yet swept: x_proj (q_a ‖ wk ‖ kv_a)
-    // with seven 1024-wide slices (126 CTAs of 128 features), q_up (q_b ‖ wq_b) as q_b, gate_up
-    // (gate ‖ up) as gate/up.
-    {1536 + 128 + 576, 7168, 1, 7, {4, 6, 6}, {"tma.8x128.s6", "tma.16x128.s6", "tma.64x128.s4"}},
+    // The model's fused projections (src/model/model.cpp): x_proj (q_a ‖ wk ‖ kv_a), q_up
+    // (q_b ‖ wq_b), gate_up (gate ‖ up). The wgmma sweep of 2026-12-04 (ONLY="x_proj q_up
+    // gate_up", bench/results/2026-12-04-h200-indexer-e4m3.md): its least worst count for x_proj
+    // was 2 splits (1.83x at B = 256), but 7 costs B = 256 only 0.8 us more and saves B = 1 4 us.
+    {1536 + 128 + 576, 7168, 1, 7, {4, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.64x128.s4"}},
     {128 * 192 + 64 * 128,
      1536,
      1,
      1,
      {1, 6, 6},
-     {"tma.8x64.s8", "tma.64x128.s4", "tma.64x128.s4"}},
-    {2 * 18432, 7168, 1, 1, {1, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.128x128.s5"}},
+     {"tma.8x128.s6", "tma.64x128.s4", "tma.256x128.s4"}},
+    {2 * 18432, 7168, 1, 1, {1, 6, 6}, {"tma.8x64.s8", "tma.64x64.s6", "tma.128x128.s5"}},
 };
 // Every table entry that splits keeps splits * batch * n within kMaxPartialCols (the scratch
 // bound below relies on it). The tiles are checked by gemm_invariant_prepare.

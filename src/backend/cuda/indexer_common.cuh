@@ -302,7 +302,7 @@ cudaError_t launch_resident(const IndexerLogitsParams& p, int block_tokens, cuda
 // 64 (three), kPipe the keys widened into wgmma's A registers while the previous tile's wgmma run
 // (three blocks per SM).
 // bf16 caches run the one bf16 kernel whatever the schedule.
-enum class WgmmaSchedule { kWide, kNarrow, kPipe };
+enum class WgmmaSchedule { kWide, kNarrow, kPipe, kE4m3 };
 cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, WgmmaSchedule schedule,
                          cudaStream_t stream);
 

@@ -53,8 +53,11 @@
 // "wgmma-pipe" computes the fp8 tile the other way round, S^T = K . Q^T, with the keys widened
 // from the raw stage straight into wgmma's A registers while the previous tile's wgmma run and the
 // head sum in registers; the same bits as "wgmma" (bf16: the same kernel as "wgmma").
+// "wgmma-e4m3" (fp8 only) multiplies the e4m3 bytes as they land, on the fp8 tensor core, whose
+// narrower accumulator gives its own bits, held to their own bound (indexer_wgmma_e4m3.cu).
 //
-// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64 | wgmma-pipe) forces a variant;
+// DSA_CUDA_INDEXER_VARIANT (legacy | resident | wgmma | wgmma-n64 | wgmma-pipe | wgmma-e4m3)
+// forces a variant;
 // DSA_CUDA_INDEXER_BLOCK_TOKENS (a power of two in [512, 8192]) the tokens per block, else the
 // largest that still gives two blocks per SM over the batch: few long blocks amortize the per-block
 // query setup at large batches, many short ones spread a single long row over the GPU;
@@ -238,11 +241,11 @@ __global__ void __launch_bounds__(kLegacyThreads)
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64, kWgmmaPipe };
+enum class Variant { kLegacy, kResident, kWgmma, kWgmmaN64, kWgmmaPipe, kWgmmaE4m3 };
 
 // The variant used when none is forced, per cache dtype: one line each to flip.
 constexpr Variant kDefaultBf16 = Variant::kWgmma;
-constexpr Variant kDefaultFp8 = Variant::kWgmmaPipe;
+constexpr Variant kDefaultFp8 = Variant::kWgmmaE4m3;
 
 // The forced variant, or the default of the dtype (the H200 measurements below).
 Variant variant_for(KvDtype dtype) {
@@ -252,6 +255,7 @@ Variant variant_for(KvDtype dtype) {
     if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
     if (std::strcmp(v, "wgmma-n64") == 0) return Variant::kWgmmaN64;
     if (std::strcmp(v, "wgmma-pipe") == 0) return Variant::kWgmmaPipe;
+    if (std::strcmp(v, "wgmma-e4m3") == 0) return Variant::kWgmmaE4m3;
   }
   // H200, 2026-12-03 (bench/results/2026-12-03-h200-check.md), us, legacy / wgmma / wgmma-pipe:
   //   bf16: B = 1, L = 128K 16.7 / 13.6 / 13.8; B = 64, L = 32K 146.2 / 139.4 / 139.6;
@@ -259,20 +263,24 @@ Variant variant_for(KvDtype dtype) {
   //   fp8:  B = 1, L = 128K 18.4 / 17.1 / 14.7; B = 64, L = 32K 124.6 / 143.4 / 107.4;
   //         B = 256 451.0 / 530.8 / 364.5.
   // So wgmma for bf16 caches and its overlapped schedule (same bits as wgmma) for fp8 ones (the
-  // resident variant was slower than legacy: bench/results/2026-12-03-h200-attn-mla.md). The
-  // dtype is the cache's, fixed for the process, so a row's bits never depend on the batch.
+  // resident variant was slower than legacy: bench/results/2026-12-03-h200-attn-mla.md).
+  // H200, 2026-12-04 (bench/results/2026-12-04-h200-indexer-e4m3.md), fp8, us, wgmma-pipe /
+  // wgmma-e4m3 (its bits within kLogitsE4m3Nmse of the CPU's): B = 1, L = 128K 14.6 / 13.1;
+  // B = 64, L = 32K 106.5 / 89.2 (2048-token blocks); B = 256 360.0 / 311.6. So fp8 caches run
+  // wgmma-e4m3 now. The dtype is the cache's, fixed for the process, so a row's bits never
+  // depend on the batch.
   return dtype == KvDtype::kBf16 ? kDefaultBf16 : kDefaultFp8;
 }
 
 // Tokens per block: the override, or the largest size that keeps two blocks per SM (every
-// variant holds two blocks per SM). The wgmma variants take blocks of whole tiles down to
-// kMinWgmmaBlockTokens; the legacy and resident ones down to kMinBlockTokens (their 8 warps of
-// kGroupTokens). The block size never enters a logit's arithmetic (each token's chain and head
-// sum are the same in any block), so it is free per call.
+// variant holds two blocks per SM; six for "wgmma-e4m3" on fp8, below). The wgmma variants take
+// blocks of whole tiles down to kMinWgmmaBlockTokens; the legacy and resident ones down to
+// kMinBlockTokens (their 8 warps of kGroupTokens). The block size never enters a logit's arithmetic
+// (each token's chain and head sum are the same in any block), so it is free per call.
 constexpr int kMinWgmmaBlockTokens = 128;
 int block_tokens_for(const IndexerLogitsParams& p, Variant variant) {
-  const bool wgmma =
-      variant == Variant::kWgmma || variant == Variant::kWgmmaN64 || variant == Variant::kWgmmaPipe;
+  const bool wgmma = variant == Variant::kWgmma || variant == Variant::kWgmmaN64 ||
+                     variant == Variant::kWgmmaPipe || variant == Variant::kWgmmaE4m3;
   const int floor = wgmma ? kMinWgmmaBlockTokens : kMinBlockTokens;
   if (const char* v = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS")) {
     const int forced = std::atoi(v);
@@ -280,10 +288,15 @@ int block_tokens_for(const IndexerLogitsParams& p, Variant variant) {
       return forced;
     }
   }
+  // "wgmma-e4m3" on an fp8 cache streams a tile in about a third of the others' SM time, so its
+  // blocks' last wave weighs more: it wants about six blocks per SM (H200, B = 64, L = 32K: 89 us
+  // with 2048 tokens per block, 102 with 4096 and 106 with 1024;
+  // bench/results/2026-12-04-h200-indexer-e4m3.md).
+  const int per_sm = variant == Variant::kWgmmaE4m3 && p.pool.dtype == KvDtype::kFp8 ? 6 : 2;
   const int sms = device_sm_count();
   int tokens = kMaxBlockTokens;
   while (tokens > kMinBlockTokens &&
-         int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens) < 2 * int64_t(sms)) {
+         int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens) < per_sm * int64_t(sms)) {
     tokens /= 2;
   }
   return tokens;
@@ -301,6 +314,9 @@ cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t s
   }
   if (variant == Variant::kWgmmaPipe) {
     return launch_wgmma(p, block_tokens, WgmmaSchedule::kPipe, stream);
+  }
+  if (variant == Variant::kWgmmaE4m3) {
+    return launch_wgmma(p, block_tokens, WgmmaSchedule::kE4m3, stream);
   }
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
   if constexpr (D == KvDtype::kFp8) {

@@ -284,6 +284,8 @@ cudaError_t launch_wgmma(const IndexerLogitsParams& p, int block_tokens, WgmmaSc
       return launch_tile<KvDtype::kFp8, 1>(p, block_tokens, stream);
     case WgmmaSchedule::kPipe:
       return launch_wgmma_pipe(p, block_tokens, stream);
+    case WgmmaSchedule::kE4m3:
+      return launch_wgmma_e4m3(p, block_tokens, stream);
     case WgmmaSchedule::kWide:
       break;
   }

@@ -108,24 +108,98 @@ __device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& ad
 // or f16 holding the e4m3 values for fp8) and the weights: lane holds dims [4 lane, 4 lane + 4)
 // of head warp + 4 i, i.e. K block lane / 16, f16 chunk (lane % 16) / 2, bytes (lane % 2) * 8 of
 // it. Ends with the proxy fence: the stores are visible to wgmma after the next barrier.
-template <KvDtype D>
+// kE4m3Bytes (fp8 only): the e4m3 bytes themselves instead, one swizzled K block of 128 dims
+// (row h = head h, 128 bytes; lane's 4 bytes in chunk lane / 4), the B operand of the e4m3 wgmma.
+template <KvDtype D, bool kE4m3Bytes = false>
 __device__ __forceinline__ void store_query(const QueryLoad<kWgWarps>& q, uint8_t* query,
                                             float* weight) {
+  static_assert(!kE4m3Bytes || D == KvDtype::kFp8, "e4m3 bytes are an fp8 query");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < QueryLoad<kWgWarps>::kHeadsPerWarp; ++i) {
     const int h = warp + i * kWgWarps;
     uint2 e;
     const float w = encode_head<D, true>(q.x[i], q.w[i], e);
-    if constexpr (D == KvDtype::kFp8) {
-      e = e4m3x4_to_f16x4(e.x);
+    if constexpr (kE4m3Bytes) {
+      *reinterpret_cast<uint32_t*>(query + swizzle128_offset(h, lane / 4) + (lane % 4) * 4) = e.x;
+    } else {
+      if constexpr (D == KvDtype::kFp8) {
+        e = e4m3x4_to_f16x4(e.x);
+      }
+      uint8_t* dst = query + (lane / 16) * kQueryKBlockBytes +
+                     swizzle128_offset(h, (lane % 16) / 2) + (lane % 2) * 8;
+      *reinterpret_cast<uint2*>(dst) = e;
     }
-    uint8_t* dst = query + (lane / 16) * kQueryKBlockBytes + swizzle128_offset(h, (lane % 16) / 2) +
-                   (lane % 2) * 8;
-    *reinterpret_cast<uint2*>(dst) = e;
     if (lane == 0) weight[h] = w;
   }
   fence_proxy_async();
+}
+
+// This thread's head weights in an S^T tile's epilogue: heads 16 hw + 2 qd + e (lo) and + 8 (hi)
+// of head group hw (qd = lane % 4), read from the published weights.
+struct StWeights {
+  float lo[4][2], hi[4][2];
+  __device__ __forceinline__ explicit StWeights(const float* weight) {
+    const int qd = threadIdx.x % 4;
+#pragma unroll
+    for (int hw = 0; hw < 4; ++hw) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        lo[hw][e] = weight[16 * hw + 2 * qd + e];
+        hi[hw][e] = weight[16 * hw + 2 * qd + e + 8];
+      }
+    }
+  }
+};
+
+// The epilogue of an S^T tile ([64 tokens x 64 heads], "wgmma-pipe" and "wgmma-e4m3"): tile i of
+// the block (its page block_pages[i]) from relu[4 j + 2 tk + e] = max(S[head 8 j + 2 qd + e]
+// [token 16 warp + g + 8 tk], 0) (g = lane / 4, qd = lane % 4) and the tokens' scales
+// (scale[tk]): the weighted head sum of each token into its logit.
+//   1. Head group hw's pair (16 hw + g', 16 hw + g' + 8) for g' = 2 qd + e is blocks j = 2 hw and
+//      2 hw + 1: x(g') = w_lo relu(j = 2 hw) + w_hi relu(j = 2 hw + 1), and
+//      y[tk][hw] = x(g' = 2 qd) + x(g' = 2 qd + 1).
+//   2. Over qd: xor 1 keeps row r + 8 tk, tk = qd & 1 (a reduce-scatter over the two rows),
+//      giving (g'0 + g'1) + (g'2 + g'3) or (g'4 + g'5) + (g'6 + g'7); xor 2 adds the two halves.
+//   3. The head groups (W0 + W1) + (W2 + W3), in registers; times the token's scale. A page
+//      outside the pool gives 0 and one error.
+__device__ __forceinline__ void st_epilogue(const IndexerLogitsParams& p, float* logits,
+                                            const int32_t* block_pages, int64_t block_t0,
+                                            int64_t block_end, int i, const float (&relu)[32],
+                                            const float (&scale)[2], const StWeights& w) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
+  float y[2][4];
+#pragma unroll
+  for (int tk = 0; tk < 2; ++tk) {
+#pragma unroll
+    for (int hw = 0; hw < 4; ++hw) {
+      float x[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[e] = __fmaf_rn(w.lo[hw][e], relu[4 * (2 * hw) + 2 * tk + e],
+                         __fmul_rn(w.hi[hw][e], relu[4 * (2 * hw + 1) + 2 * tk + e]));
+      }
+      y[tk][hw] = __fadd_rn(x[0], x[1]);
+    }
+  }
+  const int tk = qd & 1;
+  float sum[4];
+#pragma unroll
+  for (int hw = 0; hw < 4; ++hw) {
+    const float keep = tk ? y[1][hw] : y[0][hw], send = tk ? y[0][hw] : y[1][hw];
+    const float z = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1));
+    sum[hw] = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
+  }
+  float s = __fadd_rn(__fadd_rn(sum[0], sum[1]), __fadd_rn(sum[2], sum[3]));
+  const int64_t t0 = block_t0 + int64_t(i) * kPageSize;
+  if (!valid_page(p, block_pages[i])) {
+    s = 0.0f;
+    if (tid == 0 && p.error_count) atomicAdd(p.error_count, 1);
+  } else {
+    s *= tk ? scale[1] : scale[0];
+  }
+  const int64_t t = t0 + 16 * warp + g + 8 * tk;
+  if (qd < 2 && t < block_end) logits[t] = s;
 }
 
 // Opts `kernel` in to its dynamic shared memory past 48 KiB and to the largest carveout (so that
@@ -149,5 +223,8 @@ cudaError_t launch_blocks(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& 
 
 // "wgmma-pipe" over every row's blocks (indexer_wgmma_pipe.cu).
 cudaError_t launch_wgmma_pipe(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
+
+// "wgmma-e4m3" over every row's blocks (indexer_wgmma_e4m3.cu).
+cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream);
 
 }  // namespace dsa::cuda::indexer_detail

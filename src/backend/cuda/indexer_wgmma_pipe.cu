@@ -144,19 +144,10 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
       for (int j = 0; j < 4; ++j) fence_operand(a[s][j]);
     }
   };
-  // This thread's weights: heads 16 hw + 2 qd + e (lo) and + 8 (hi) of head group hw.
-  float w_lo[4][2], w_hi[4][2];
   uint32_t a[kKSteps][4], a_odd[kKSteps][4];  // tiles 2 k and 2 k + 1
   float scale[2], scale_odd[2];
   widen(0, a, scale);  // its barrier also publishes the query and the weights
-#pragma unroll
-  for (int hw = 0; hw < 4; ++hw) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      w_lo[hw][e] = weight[16 * hw + 2 * qd + e];
-      w_hi[hw][e] = weight[16 * hw + 2 * qd + e + 8];
-    }
-  }
+  const StWeights w(weight);
 
   float* logits = p.logits + int64_t(row) * p.ld_logits;
   // Tile i, whose A registers `a` are widened; widens tile i + 1 into `a_next`. The loop below
@@ -188,45 +179,11 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
 #pragma unroll
     for (int j = 0; j < 32; ++j) fence_operand(acc[j]);
 
-    // 2. acc[4 j + 2 tk + e] = S[head 8 j + 2 qd + e][row 16 warp + g + 8 tk]: head group hw's
-    // pair (16 hw + g', 16 hw + g' + 8) for g' = 2 qd + e is blocks j = 2 hw and 2 hw + 1.
-    // y[tk][hw] = x(g' = 2 qd) + x(g' = 2 qd + 1).
-    float y[2][4];
+    // 2. The relu, the weights, the head sum, the token scale: st_epilogue (indexer_wgmma.cuh).
+    float relu[32];
 #pragma unroll
-    for (int tk = 0; tk < 2; ++tk) {
-#pragma unroll
-      for (int hw = 0; hw < 4; ++hw) {
-        float x[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          x[e] = __fmaf_rn(w_lo[hw][e], fmaxf(acc[4 * (2 * hw) + 2 * tk + e], 0.0f),
-                           __fmul_rn(w_hi[hw][e], fmaxf(acc[4 * (2 * hw + 1) + 2 * tk + e], 0.0f)));
-        }
-        y[tk][hw] = __fadd_rn(x[0], x[1]);
-      }
-    }
-    // 3. Over qd: xor 1 keeps row r + 8 tk, tk = qd & 1 (a reduce-scatter over the two rows),
-    // giving (g'0 + g'1) + (g'2 + g'3) or (g'4 + g'5) + (g'6 + g'7); xor 2 adds the two halves.
-    // 4. The head groups (W0 + W1) + (W2 + W3), in registers.
-    const int tk = qd & 1;
-    float sum[4];
-#pragma unroll
-    for (int hw = 0; hw < 4; ++hw) {
-      const float keep = tk ? y[1][hw] : y[0][hw], send = tk ? y[0][hw] : y[1][hw];
-      const float z = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1));
-      sum[hw] = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
-    }
-    float s = __fadd_rn(__fadd_rn(sum[0], sum[1]), __fadd_rn(sum[2], sum[3]));
-    // A page outside the pool (one page per tile) gives 0 and one error.
-    const int64_t t0 = block_t0 + int64_t(i) * kN;
-    if (!valid_page(p, block_pages[i])) {
-      s = 0.0f;
-      if (tid == 0 && p.error_count) atomicAdd(p.error_count, 1);
-    } else {
-      s *= tk ? scale[1] : scale[0];
-    }
-    const int64_t t = t0 + 16 * warp + g + 8 * tk;
-    if (qd < 2 && t < block_end) logits[t] = s;
+    for (int j = 0; j < 32; ++j) relu[j] = fmaxf(acc[j], 0.0f);
+    st_epilogue(p, logits, block_pages, block_t0, block_end, i, relu, scale, w);
   };
   for (int i = 0; i < tiles; i += 2) {
     step(i, a, scale, a_odd, scale_odd);

@@ -1,0 +1,181 @@
+// The indexer logits kernel, variant "wgmma-e4m3" (DSA_CUDA_INDEXER_VARIANT=wgmma-e4m3; fp8 caches
+// only, bf16 ones run "wgmma"). What it computes and its guards: indexer_wgmma.cu's header; the
+// copies, the block span, the query load and the launch: indexer_wgmma.cuh.
+//
+// "wgmma-pipe" widens every key byte to f16 (a cvt and a shared load per pair, in registers) so
+// that the f16 tensor core sums the products in f32. Its napkin puts the widening at 6 of its ~12
+// SM cycles per token, and the H200 agrees (B = 64, L = 32K: 107 us against 65 us of HBM). This
+// variant multiplies the e4m3 bytes as they land: S^T[64 tokens x 64 heads] = K . Q^T as four
+// wgmma m64n64k32.f32.e4m3.e4m3, both operands K-major from shared memory (the raw stage is
+// already the 128-byte-swizzled layout: chunk c of row r at 16-byte position c ^ (r % 8), one
+// 128-byte row per token), nothing widened, no A registers.
+//   Arithmetic: the same products (e4m3 x e4m3 is exact in the tensor core), summed by the fp8
+//   tensor core, whose accumulator keeps 13 mantissa bits inside an instruction's 32 products
+//   (aligned to their largest, truncated) and between instructions. So its bits are its own, not
+//   "wgmma"'s: held to the CPU's bound for this variant (the parity tests' kLogitsE4m3Nmse) and
+//   bitwise to itself across batches and block sizes. Every element's chain is the same four
+//   instructions from scale-d = 0, and the head sum the epilogue of "wgmma-pipe", in the same
+//   order whatever the block, row or batch.
+//   Schedule: tile i's four wgmma run while tile i - 1's epilogue (weights, head sum, the token
+//   scale) runs from the relu of the other accumulator set, taken before the wgmma are issued; the
+//   copies of tile i + kStages - 1 are queued into the stage tile i - 1 left as soon as the barrier
+//   says every warp's wgmma on it is done. A stage is 9 KiB (the 8 KiB of keys 1024-aligned for the
+//   descriptor, then the scales), the tile's two scales per thread go to registers before the stage
+//   is reused. Shared memory: query 8 KiB + 6 stages of 9 KiB + weights and page ids + 1 KiB of
+//   alignment = 63.75 KiB: three blocks per SM, 3 x 5 pages = 124 KiB of copies in flight per SM.
+//   165 registers, no spills (four blocks per SM would cap them at 128: it spills). Napkin per
+//   token per SM: HBM 7.7 clk at B = 64; shared memory 128 B written (cp.async) and 256 B read by
+//   the tensor core (A once, B per instruction: 64 x 32 B x 4 per 64 tokens) = 3 clk; tensor core 2
+//   clk (m64n64k32 e4m3 at 4096 FMA/clk: 32 clk, four per 64 tokens); issue ~1.5 clk (the
+//   epilogue). B = 64, L = 32K: HBM-bound, ~70 us expected; B = 1, L = 128K: the blocks' start
+//   (query, page ids) then ~2 tiles of HBM latency each.
+#include "backend/cuda/indexer_wgmma.cuh"
+
+namespace dsa::cuda::indexer_detail {
+namespace {
+
+// d = A * B (+ d when accumulate): one wgmma.mma_async.m64n64k32.f32.e4m3.e4m3, A [64 x 32] and
+// B [32 x 64], both K-major from shared memory through their descriptors (e4m3 operands have no
+// transpose). The caller fences (wgmma_fence) before and waits for the group before reading d.
+__device__ __forceinline__ void wgmma_e4m3_64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The shared-memory layout: the query (B: 64 heads x 128 e4m3 bytes, 128-byte swizzled), the
+// ring (a stage: 64 token rows of 128 bytes, chunk c of row r at 16-byte position c ^ (r % 8),
+// then the page's 64 scales, then padding to keep the next stage 1024-aligned), the weights, the
+// block's page ids. issue_tile<E4m3Tile, true> fills a stage.
+struct E4m3Tile {
+  static constexpr bool kFp8 = true;
+  static constexpr int kPages = 1;
+  static constexpr int kN = kPageSize;  // tokens per tile: the wgmma M
+  static constexpr int kStages = 6;     // 5 pages in flight while one is multiplied
+  static constexpr int kBlocksPerSm = 3;
+  static constexpr int kRawKeyBytes = kN * kIndexHeadDim;  // the scales' offset in a stage
+  static constexpr int kStageBytes = kRawKeyBytes + kSwizzleAtomBytes;
+  static constexpr int kQueryOff = 0;
+  static constexpr int kRingOff = kMaxHeads * kIndexHeadDim;
+  static constexpr int kWeightOff = kRingOff + kStages * kStageBytes;
+  static constexpr int kPagesOff = kWeightOff + kMaxHeads * 4;
+  static constexpr int kSmemBytes =
+      kPagesOff + kMaxBlockTokens / kPageSize * 4 + kSwizzleAtomBytes;  // + alignment slack
+  static_assert(kN * 4 <= kSwizzleAtomBytes, "a page's scales fit behind its keys");
+  static_assert(kRingOff % kSwizzleAtomBytes == 0 && kStageBytes % kSwizzleAtomBytes == 0);
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kBlocksPerSm CTAs per SM");
+  static_assert(kMinBlockTokens % kN == 0, "blocks are whole tiles");
+};
+
+__global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
+    indexer_logits_wgmma_e4m3(IndexerLogitsParams p, int block_tokens) {
+  using T = E4m3Tile;
+  constexpr int kN = T::kN, kStages = T::kStages;
+  const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const BlockSpan span = block_span(p, block_tokens);
+  if (span.end <= span.t0) return;  // past seq_len: padded rows and tails cost two loads
+  const int64_t block_t0 = span.t0, block_end = span.end;
+  const int tiles = int((block_end - block_t0 + kN - 1) / kN);
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint32_t base;  // the shared address of smem
+  uint8_t* smem = atom_aligned(smem_raw, base);
+  float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
+  int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
+  auto stage_off = [&](int i) { return T::kRingOff + (i % kStages) * T::kStageBytes; };
+  QueryLoad<kWgWarps> q;
+  load_query(p, row, q, [](int) { return true; });
+  block_pages[tid] = span.page_id;
+  __syncthreads();  // block_pages is complete
+
+  // Commit group i carries tile i (empty groups past the last tile keep the count regular).
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue_tile<T, true>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN,
+                        smem + stage_off(i));
+  }
+  store_query<KvDtype::kFp8, true>(q, smem + T::kQueryOff, weight);
+
+  __syncthreads();  // the query and the weights are published
+  const int g = lane / 4;
+  const StWeights w(weight);
+  float* logits = p.logits + int64_t(row) * p.ld_logits;
+
+  // Tile i: wait for its copies (this thread's, then everyone's at the barrier, which also says
+  // every warp's wgmma on tile i - 1 is done), queue tile i + kStages - 1 into the stage tile
+  // i - 1 left, read tile i's scales, run its four wgmma into `acc` while tile i - 1's epilogue
+  // (st_epilogue, indexer_wgmma.cuh: the one of "wgmma-pipe") runs from `prev`. Group accounting:
+  // kStages - 1 copy groups before the first call, one per call, so at call i tiles 0 .. i are
+  // complete when <= kStages - 2 are pending. Two register sets alternated by an unrolled pair of
+  // calls (a copy between them would let ptxas merge them and serialize the wgmma).
+  auto step = [&](int i, float(&acc)[32], float(&scale)[2], const float(&prev)[32],
+                  const float(&prev_scale)[2]) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();  // this thread's landed copies, to the tensor core's proxy
+    __syncthreads();
+    issue_tile<T, true>(p, block_pages, block_t0, block_end,
+                        block_t0 + int64_t(i + kStages - 1) * kN,
+                        smem + stage_off(i + kStages - 1));
+    const float* scales = reinterpret_cast<const float*>(smem + stage_off(i) + T::kRawKeyBytes);
+    scale[0] = scales[16 * warp + g];
+    scale[1] = scales[16 * warp + g + 8];
+    // Tile i - 1's relu, taken before the wgmma are issued: ptxas makes a read of the other
+    // accumulator set while a wgmma is in flight wait for it (C7517), a read of a copy it does not.
+    float relu[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      relu[j] = fmaxf(prev[j], 0.0f);
+      fence_operand(relu[j]);
+    }
+    wgmma_fence();
+    const uint32_t a = base + stage_off(i), b = base + T::kQueryOff;
+#pragma unroll
+    for (int kk = 0; kk < kIndexHeadDim / 32; ++kk) {
+      wgmma_e4m3_64(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), kk > 0);
+    }
+    wgmma_commit();
+    if (i > 0) st_epilogue(p, logits, block_pages, block_t0, block_end, i - 1, relu, prev_scale, w);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 32; ++j) fence_operand(acc[j]);
+  };
+
+  float acc[32], acc_odd[32], scale[2], scale_odd[2];
+  for (int i = 0; i < tiles; i += 2) {
+    step(i, acc, scale, acc_odd, scale_odd);
+    if (i + 1 < tiles) step(i + 1, acc_odd, scale_odd, acc, scale);
+  }
+  // The last tile's epilogue (its set: acc when the count is odd).
+  auto last = [&](const float(&set)[32], const float(&set_scale)[2]) {
+    float relu[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) relu[j] = fmaxf(set[j], 0.0f);
+    st_epilogue(p, logits, block_pages, block_t0, block_end, tiles - 1, relu, set_scale, w);
+  };
+  if (tiles % 2) {
+    last(acc, scale);
+  } else {
+    last(acc_odd, scale_odd);
+  }
+  cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
+}
+
+}  // namespace
+
+cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  return launch_blocks(&indexer_logits_wgmma_e4m3, E4m3Tile::kSmemBytes, opted, p, block_tokens,
+                       stream);
+}
+
+}  // namespace dsa::cuda::indexer_detail
