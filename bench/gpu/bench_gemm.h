@@ -24,11 +24,14 @@ struct Projection {
 };
 
 // The v32 preset (hidden 7168, q_lora 1536, 128 heads of 128 + 64, 64 index heads of 128,
-// intermediate 18432, vocab 32768). src/model/model.cpp calls x_proj (q_a ‖ wk ‖ kv_a), q_up
+// intermediate 18432, vocab 32768). src/model/model.cpp calls x_proj (q_a ‖ wk ‖ kv_a ‖
+// weights_proj with bf16 weights; without weights_proj, x_proj_fp8w, with fp8 ones), q_up
 // (q_b ‖ wq_b) and gate_up (gate ‖ up), fused since 2026-12-04; their parts stay in the table for
 // the comparison.
 constexpr Projection kV32[] = {
-    {"x_proj", 1536 + 128 + 576, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
+    {"x_proj", 1536 + 128 + 576 + 64, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true},
+    {"x_proj_fp8w", 1536 + 128 + 576, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true,
+     true},
     {"q_up", 128 * 192 + 64 * 128, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
     {"gate_up", 2 * 18432, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},
     {"q_a", 1536, 7168, 1, WeightLayout::kNK, GemmOutput::kOverwrite, true, true},

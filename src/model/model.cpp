@@ -14,7 +14,10 @@ namespace dsa {
 // The projections that read the same input are one GEMM over their rows fused in order
 // (Weights::fuse_rows: each output column reads its own weight row, so the fused GEMM's columns
 // are the parts' outputs, bit for bit on the CPU): x_proj = q_a ‖ indexer.wk ‖ kv_a over x,
-// q_up = q_b ‖ indexer.wq_b over norm(q_a x), gate_up = gate ‖ up over the MLP's x.
+// q_up = q_b ‖ indexer.wq_b over norm(q_a x), gate_up = gate ‖ up over the MLP's x. With bf16
+// weights x_proj also holds indexer.weights_proj last (its scale goes to indexer_logits' w_scale,
+// the same f32 multiply the GEMM's alpha did); fp8 ones keep it apart, since it stays bf16 and a
+// mixed fusion would be bf16 throughout.
 struct Model::LayerPtrs {
   const Bf16 *input_norm, *q_a_norm, *kv_a_norm, *kv_b, *k_norm_w, *k_norm_b, *post_norm;
   WeightMatrix x_proj, q_up, o, weights_proj, gate_up, down;
@@ -47,11 +50,22 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
           ErrorCode::kInvalidArgument, "max_context = {} must be in [1, {}]", max_context,
           config_.max_position_embeddings);
   for (const WeightSpec& spec : weight_manifest(config_)) weights_.matrix(spec.name, spec.shape);
+  auto x_parts = [](const std::string& a) {
+    return std::vector<std::string>{a + "q_a_proj.weight", a + "indexer.wk.weight",
+                                    a + "kv_a_proj_with_mqa.weight",
+                                    a + "indexer.weights_proj.weight"};
+  };
+  index_weights_in_x_proj_ = true;  // every layer's parts bf16 (one row stride for all layers)
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    for (const std::string& part : x_parts(fmt::format("model.layers.{}.self_attn.", l))) {
+      if (weights_.tensors().at(part).is_fp8()) index_weights_in_x_proj_ = false;
+    }
+  }
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
-    weights_.fuse_rows(
-        backend, a + "x_proj.weight",
-        {a + "q_a_proj.weight", a + "indexer.wk.weight", a + "kv_a_proj_with_mqa.weight"});
+    std::vector<std::string> parts = x_parts(a);
+    if (!index_weights_in_x_proj_) parts.pop_back();  // weights_proj stays its own GEMM
+    weights_.fuse_rows(backend, a + "x_proj.weight", parts);
     weights_.fuse_rows(backend, a + "q_up_proj.weight",
                        {a + "q_b_proj.weight", a + "indexer.wq_b.weight"});
     if (!config_.layer_is_moe(l)) {
@@ -89,7 +103,7 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   o_ = f32(H * config_.v_head_dim);
   gate_up_ = f32(2 * int64_t(config_.intermediate_size));
   act_ = f32(config_.intermediate_size);
-  wi_ = f32(config_.index_n_heads);
+  if (!index_weights_in_x_proj_) wi_ = f32(config_.index_n_heads);
   index_logits_ = f32(max_context);
   topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
   topk_positions_ = DeviceArray<int32_t>(backend, size_t(R * config_.index_topk));
@@ -97,7 +111,10 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
 
 Model::~Model() = default;
 
-int64_t Model::xp_cols() const { return config_.q_lora_rank + kIndexHeadDim + kLatentDim; }
+int64_t Model::xp_cols() const {
+  return config_.q_lora_rank + kIndexHeadDim + kLatentDim +
+         (index_weights_in_x_proj_ ? config_.index_n_heads : 0);
+}
 int64_t Model::qq_cols() const {
   return int64_t(config_.num_attention_heads) * config_.qk_head_dim() +
          int64_t(config_.index_n_heads) * kIndexHeadDim;
@@ -124,7 +141,9 @@ Model::LayerPtrs Model::layer_ptrs(int l) const {
   L.o = m(a + "o_proj.weight", {hidden, H * c.v_head_dim});
   L.k_norm_w = w(a + "indexer.k_norm.weight", {kIndexHeadDim});
   L.k_norm_b = w(a + "indexer.k_norm.bias", {kIndexHeadDim});
-  L.weights_proj = m(a + "indexer.weights_proj.weight", {IH, hidden});
+  if (!index_weights_in_x_proj_) {
+    L.weights_proj = m(a + "indexer.weights_proj.weight", {IH, hidden});
+  }
   L.post_norm = w(p + "post_attention_layernorm.weight", {hidden});
   if (!c.layer_is_moe(l)) {  // MoE layers' weights live in moe_
     L.gate_up = m(p + "mlp.gate_up_proj.weight", {2 * inter, hidden});
@@ -284,14 +303,21 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   key.guard = options.index_k_guard;
   be.indexer_key(key);
   record_store_inputs(l, PoolKind::kIndexK, step, key.pool, ki, xp_ld);
-  // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2
+  // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2: W_iw x is x_proj's last part (bf16
+  // weights; the scale is applied by indexer_logits), or its own GEMM with the scale as alpha.
   const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
-  linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite, w_scale,
-         x_bf16_.data());
-
   IndexerLogitsParams lp;
+  if (index_weights_in_x_proj_) {
+    lp.w = xp_.data() + c.q_lora_rank + kIndexHeadDim + kLatentDim;
+    lp.ld_w = xp_ld;
+    lp.w_scale = w_scale;
+  } else {
+    linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite,
+           w_scale, x_bf16_.data());
+    lp.w = wi_.data();
+    lp.ld_w = IH;
+  }
   lp.q = qi;
-  lp.w = wi_.data();
   lp.page_table = step.page_table;
   lp.seq_lens = step.seq_lens;
   lp.logits = index_logits_.data();
@@ -299,7 +325,6 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   lp.rows = R;
   lp.heads = IH;
   lp.ld_q = qq_ld;
-  lp.ld_w = IH;
   lp.ld_page_table = step.ld_page_table;
   lp.ld_logits = max_context_;
   lp.error_count = step.error_count;

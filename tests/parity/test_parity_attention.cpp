@@ -69,6 +69,7 @@ struct IndexerSpec {
   int rows, heads, max_len;
   bool padded_stride;
   bool bad_pages = false;  // some rows' tables hold page ids outside the pool
+  float w_scale = 1.0f;    // IndexerLogitsParams::w_scale
 };
 
 class IndexerCase final : public OpCase {
@@ -138,6 +139,7 @@ class IndexerCase final : public OpCase {
     p.heads = s_.heads;
     p.ld_q = ld_q_, p.ld_w = ld_w_, p.ld_page_table = ld_pt_, p.ld_logits = ld_logits_;
     p.error_count = ws.ptr(errors_, side);
+    p.w_scale = s_.w_scale;
     ws.backend(side).indexer_logits(p);
   }
 
@@ -435,6 +437,11 @@ TEST_F(ParityAttention, IndexerLogitsMatchCpu) {
   }
   IndexerCase one({KvDtype::kFp8, ScaleRounding::kExact, 1, 64, 33, false});
   EXPECT_TRUE(check_parity(one, cpu(), cuda(), 399));
+  // The head weights' scale applied by the op (the model's fused x_proj leaves it to it).
+  for (const auto& d : kIndexDtypes) {
+    IndexerCase scaled({d.dtype, d.rounding, 5, 64, 2500, true, false, 0.011f});
+    EXPECT_TRUE(check_parity(scaled, cpu(), cuda(), 390 + cases++)) << "w_scale";
+  }
 }
 
 // A page id outside the pool, on both backends: never read, its tokens' logits are 0, and the

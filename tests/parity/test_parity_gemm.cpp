@@ -400,7 +400,7 @@ TEST_F(ParityGemm, V32ProjectionsWithinTheBound) {
   const std::vector<int> ms = {1, 2, 7, 8, 9, 64, 255, 256};
   const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
   const std::vector<Shape> shapes = {
-      {"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168},
+      {"x_proj (q_a | wk | kv_a | weights_proj)", 1536 + 128 + 576 + 64, 7168},
       {"q_b", 128 * 192, 1536},
       {"kv_b absorb (per head, kKN)", 512, 128, 128, WeightLayout::kKN},
       {"kv_b up (per head)", 128, 512, 128},

@@ -258,6 +258,29 @@ TEST(IndexerLogits, BatchInvariant) {
   }
 }
 
+// w_scale multiplies each stored weight once, in f32: the logits of (w, w_scale) are bit for bit
+// those of the weights w_scale * w stored with w_scale = 1 (what a GEMM with alpha = w_scale
+// would have written), and differ from those of w alone.
+TEST(IndexerLogits, WeightScaleIsOneMultiplyOfTheStoredWeights) {
+  const float w_scale = 1.0f / std::sqrt(64.0f * 128.0f);
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    IndexerFixture f(dtype, ScaleRounding::kExact, 8, {65, 0, 300, 1}, 110);
+    const std::vector<float> unscaled = f.run();
+    std::vector<float> scaled(size_t(f.rows * f.ld_logits), kPoison);
+    IndexerLogitsParams p = f.params(scaled.data());
+    p.w_scale = w_scale;
+    cpu::indexer_logits(p);
+    for (float& w : f.w) w = w_scale * w;
+    const std::vector<float> prescaled = f.run();
+    EXPECT_EQ(std::memcmp(scaled.data(), prescaled.data(), scaled.size() * sizeof(float)), 0)
+        << kv_dtype_name(dtype);
+    int moved = 0;
+    for (size_t i = 0; i < scaled.size(); ++i) moved += scaled[i] != unscaled[i];
+    EXPECT_GT(moved, 300) << kv_dtype_name(dtype);  // 366 written logits, nearly all nonzero
+    expect_untouched_tail(f, scaled);
+  }
+}
+
 // A page id outside the pool is never read: its tokens' logits are 0 and the row raises the
 // step's error flag once per bad page (the CUDA kernel does the same, tests/parity).
 TEST(IndexerLogits, PageOutsideThePoolRaisesTheErrorFlagAndIsNeverRead) {

@@ -364,9 +364,13 @@ inline IndexerQueryParts indexer_query_parts(const IndexerQueryParams& p) {
 //   fp8 cache:  q[r, h] is quantized to e4m3 with its own scale s_q = max(amax, 1e-4) / 448
 //               (exact rounding), s_q is folded into w, and the logit is
 //               k_scale[t] * sum_h (w * s_q) * relu(q8 . k8).
+// The head weight w[r, h] is w_scale * (the stored value), one f32 multiply: w_scale carries the
+// weights' scale (index_n_heads^-1/2 index_head_dim^-1/2) when w is the raw projection, exactly
+// what a GEMM's alpha = w_scale would have given.
 struct IndexerLogitsParams {
   const float* q = nullptr;             // [rows, heads, 128], row stride ld_q (head stride 128)
-  const float* w = nullptr;             // [rows, heads] head weights (scales already applied)
+  const float* w = nullptr;             // [rows, heads] head weights, row stride ld_w
+  float w_scale = 1.0f;                 // multiplies every w
   const int32_t* page_table = nullptr;  // [rows, ld_page_table] page ids
   const int32_t* seq_lens = nullptr;    // [rows] cached tokens per row; 0 for a padded row
   float* logits = nullptr;              // [rows, ld_logits], ld_logits >= max seq_len

@@ -150,17 +150,20 @@ class Model {
   void record_store_inputs(int layer, PoolKind kind, const StepView& step, const PoolView& pool,
                            const float* values, int64_t ld);
   LayerPtrs layer_ptrs(int layer) const;
-  int64_t xp_cols() const;  // q_lora_rank + index head dim + latent dim
+  // q_lora_rank + index head dim + latent dim (+ index heads when index_weights_in_x_proj_)
+  int64_t xp_cols() const;
   int64_t qq_cols() const;  // heads * qk head dim + index heads * index head dim
 
   Backend* backend_;
   ModelConfig config_;
   Weights weights_;
   int max_rows_, max_context_;
-  std::vector<LayerPtrs> layers_;  // weight pointers per layer, resolved once
-  DeviceArray<float> cos_sin_;     // [max_context, 32, 2]
+  bool index_weights_in_x_proj_ = false;  // x_proj ends with indexer.weights_proj (bf16 weights)
+  std::vector<LayerPtrs> layers_;         // weight pointers per layer, resolved once
+  DeviceArray<float> cos_sin_;            // [max_context, 32, 2]
   // Scratch, sized for max_rows (f32 unless noted).
-  // xp_: the projections of x, one GEMM (q_a ‖ index key ‖ latent, row stride xp_cols());
+  // xp_: the projections of x, one GEMM (q_a ‖ index key ‖ latent [‖ index head weights], row
+  // stride xp_cols());
   // qq_: those of norm(q_a), one GEMM (q ‖ index query, row stride qq_cols()).
   DeviceArray<float> h_, x_, xp_, qa_, qq_, q_attn_, o_lat_, o_, gate_up_, act_;
   DeviceArray<float> wi_, index_logits_;

@@ -18,7 +18,7 @@ namespace {
 // the weight each head's relu(dot) is multiplied by.
 struct PreparedQuery {
   std::vector<float> values;  // [heads, 128]: bf16-rounded q, or the e4m3 values of q / s_q
-  std::vector<float> weight;  // [heads]: w, or w * s_q for fp8
+  std::vector<float> weight;  // [heads]: w_scale w, or (w_scale w) * s_q for fp8
 };
 
 void prepare_query(const IndexerLogitsParams& p, int row, PreparedQuery& out) {
@@ -32,12 +32,12 @@ void prepare_query(const IndexerLogitsParams& p, int row, PreparedQuery& out) {
     float* vh = out.values.data() + int64_t(h) * kIndexHeadDim;
     if (p.pool.dtype == KvDtype::kBf16) {
       for (int d = 0; d < kIndexHeadDim; ++d) vh[d] = round_bf16(qh[d]);
-      out.weight[h] = w[h];
+      out.weight[h] = p.w_scale * w[h];
     } else {
       // Per (row, head) quantization with an exact scale: the same group encoder the cache uses.
       const float s_q = encode_fp8_group(qh, kIndexHeadDim, q8.data(), ScaleRounding::kExact);
       for (int d = 0; d < kIndexHeadDim; ++d) vh[d] = fp8_to_float(q8[d]);
-      out.weight[h] = w[h] * s_q;
+      out.weight[h] = (p.w_scale * w[h]) * s_q;
     }
   }
 }

@@ -116,6 +116,13 @@ constexpr ShapeChoice kShapeTable[] = {
     // gate_up", bench/results/2026-12-04-h200-indexer-e4m3.md): its least worst count for x_proj
     // was 2 splits (1.83x at B = 256), but 7 costs B = 256 only 0.8 us more and saves B = 1 4 us.
     {1536 + 128 + 576, 7168, 1, 7, {4, 6, 6}, {"tma.8x128.s6", "tma.64x128.s4", "tma.64x128.s4"}},
+    // x_proj with weights_proj (bf16 weights; not swept: x_proj's choice).
+    {1536 + 128 + 576 + 64,
+     7168,
+     1,
+     7,
+     {4, 6, 6},
+     {"tma.8x128.s6", "tma.64x128.s4", "tma.64x128.s4"}},
     {128 * 192 + 64 * 128,
      1536,
      1,

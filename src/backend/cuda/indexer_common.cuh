@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row
     const float* qh = p.q + int64_t(row) * p.ld_q + int64_t(h) * kIndexHeadDim + lane * 4;
 #pragma unroll
     for (int j = 0; j < 4; ++j) l.x[i][j] = real ? qh[j] : 0.0f;
-    l.w[i] = real ? p.w[int64_t(row) * p.ld_w + h] : 0.0f;
+    l.w[i] = real ? __fmul_rn(p.w_scale, p.w[int64_t(row) * p.ld_w + h]) : 0.0f;
   }
 }
 
