@@ -14,7 +14,8 @@ namespace dsa {
 // The projections that read the same input are one GEMM over their rows fused in order
 // (Weights::fuse_rows: each output column reads its own weight row, so the fused GEMM's columns
 // are the parts' outputs, bit for bit on the CPU): x_proj = q_a ‖ indexer.wk ‖ kv_a over x,
-// q_up = q_b ‖ indexer.wq_b over norm(q_a x), gate_up = gate ‖ up over the MLP's x. With bf16
+// q_up = q_b ‖ indexer.wq_b over norm(q_a x), gate_up = gate ‖ up over the MLP's x (and each MoE
+// expert's, fuse_expert_gate_up). With bf16
 // weights x_proj also holds indexer.weights_proj last (its scale goes to indexer_logits' w_scale,
 // the same f32 multiply the GEMM's alpha did); fp8 ones keep it apart, since it stays bf16 and a
 // mixed fusion would be bf16 throughout.
@@ -75,6 +76,7 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
     layers_.push_back(layer_ptrs(l));
   }
   if (config_.layer_is_moe(config_.num_hidden_layers - 1)) {
+    fuse_expert_gate_up(backend, config_, weights_);
     moe_ = std::make_unique<MoeMlp>(backend, config_, weights_, max_rows);
   }
 

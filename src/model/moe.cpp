@@ -8,6 +8,24 @@
 
 namespace dsa {
 
+namespace {
+
+// The expert whose tensors are named prefix + "{gate,up,gate_up,down}_proj.weight", `inter` wide.
+ExpertWeights expert_weights(const Weights& weights, const std::string& prefix, int64_t inter,
+                             int64_t hidden) {
+  ExpertWeights w;
+  if (weights.contains(prefix + "gate_up_proj.weight")) {
+    w.gate_up = weights.matrix(prefix + "gate_up_proj.weight", {2 * inter, hidden});
+  } else {
+    w.gate = weights.matrix(prefix + "gate_proj.weight", {inter, hidden});
+    w.up = weights.matrix(prefix + "up_proj.weight", {inter, hidden});
+  }
+  w.down = weights.matrix(prefix + "down_proj.weight", {hidden, inter});
+  return w;
+}
+
+}  // namespace
+
 MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& c, int layer) {
   const int64_t hidden = c.hidden_size, experts = c.n_routed_experts;
   const int64_t inter = c.moe_intermediate_size, shared = inter * c.n_shared_experts;
@@ -16,17 +34,26 @@ MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& c, 
   w.router = weights.get(p + "gate.weight", {experts, hidden});
   w.bias = weights.get(p + "gate.e_score_correction_bias", {experts});
   for (int e = 0; e < experts; ++e) {
-    const std::string x = fmt::format("{}experts.{}.", p, e);
-    w.gate.push_back(weights.matrix(x + "gate_proj.weight", {inter, hidden}));
-    w.up.push_back(weights.matrix(x + "up_proj.weight", {inter, hidden}));
-    w.down.push_back(weights.matrix(x + "down_proj.weight", {hidden, inter}));
+    w.experts.push_back(expert_weights(weights, fmt::format("{}experts.{}.", p, e), inter, hidden));
   }
   if (shared > 0) {
-    w.shared_gate = weights.matrix(p + "shared_experts.gate_proj.weight", {shared, hidden});
-    w.shared_up = weights.matrix(p + "shared_experts.up_proj.weight", {shared, hidden});
-    w.shared_down = weights.matrix(p + "shared_experts.down_proj.weight", {hidden, shared});
+    w.shared = expert_weights(weights, p + "shared_experts.", shared, hidden);
+    w.has_shared = true;
   }
   return w;
+}
+
+void fuse_expert_gate_up(Backend& backend, const ModelConfig& c, Weights& weights) {
+  auto fuse = [&](const std::string& prefix) {
+    weights.fuse_rows(backend, prefix + "gate_up_proj.weight",
+                      {prefix + "gate_proj.weight", prefix + "up_proj.weight"});
+  };
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.layer_is_moe(l)) continue;
+    const std::string p = fmt::format("model.layers.{}.mlp.", l);
+    for (int e = 0; e < c.n_routed_experts; ++e) fuse(fmt::format("{}experts.{}.", p, e));
+    if (c.n_shared_experts > 0) fuse(p + "shared_experts.");
+  }
 }
 
 MoeMlp::MoeMlp(Backend& backend, const ModelConfig& config, const Weights& weights, int max_rows)
@@ -54,18 +81,23 @@ MoeMlp::MoeMlp(Backend& backend, const ModelConfig& config, const Weights& weigh
   act_ = DeviceArray<float>(backend, size_t(rows * widest));
 }
 
-void MoeMlp::expert(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
-                    int inter, const float* x, float* y, int rows, const float* row_scale) {
+void MoeMlp::expert(const ExpertWeights& w, int inter, const float* x, float* y, int rows,
+                    const float* row_scale) {
   Backend& be = *backend_;
   const int hidden = config_.hidden_size;
-  linear(be, x, hidden, gate, inter, hidden, gate_up_.data(), 2 * inter, rows,
-         GemmOutput::kOverwrite);
-  linear(be, x, hidden, up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows,
-         GemmOutput::kOverwrite);
+  if (w.fused()) {
+    linear(be, x, hidden, w.gate_up, 2 * inter, hidden, gate_up_.data(), 2 * inter, rows,
+           GemmOutput::kOverwrite);
+  } else {
+    linear(be, x, hidden, w.gate, inter, hidden, gate_up_.data(), 2 * inter, rows,
+           GemmOutput::kOverwrite);
+    linear(be, x, hidden, w.up, inter, hidden, gate_up_.data() + inter, 2 * inter, rows,
+           GemmOutput::kOverwrite);
+  }
   be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
   if (row_scale)
     be.scale_rows({act_.data(), row_scale, rows, inter, inter, config_.n_routed_experts});
-  linear(be, act_.data(), inter, down, hidden, inter, y, hidden, rows, GemmOutput::kAccumulate);
+  linear(be, act_.data(), inter, w.down, hidden, inter, y, hidden, rows, GemmOutput::kAccumulate);
 }
 
 void MoeMlp::forward(int layer, const float* x, float* y, int rows) {
@@ -91,12 +123,11 @@ void MoeMlp::forward(int layer, const float* x, float* y, int rows) {
   route.scaling = float(config_.routed_scaling_factor);
   be.moe_route(route);
 
-  if (w.shared_gate.bf16 || w.shared_gate.fp8) {
-    expert(w.shared_gate, w.shared_up, w.shared_down, inter * config_.n_shared_experts, x, y, rows,
-           nullptr);
+  if (w.has_shared) {
+    expert(w.shared, inter * config_.n_shared_experts, x, y, rows, nullptr);
   }
   for (int e = 0; e < experts; ++e) {
-    expert(w.gate[e], w.up[e], w.down[e], inter, x, y, rows, route_weights_.data() + e);
+    expert(w.experts[size_t(e)], inter, x, y, rows, route_weights_.data() + e);
   }
 }
 

@@ -15,17 +15,30 @@
 
 namespace dsa {
 
-// The weights of one MoE layer, resolved from Weights by their Hugging Face names.
+// One SwiGLU expert's matrices, bf16 or fp8: gate and up ([inter, hidden] each), or gate_up
+// ([2 inter, hidden], gate's rows then up's: one GEMM, fuse_expert_gate_up), and down.
+struct ExpertWeights {
+  WeightMatrix gate, up, gate_up, down;
+  bool fused() const { return gate_up.bf16 || gate_up.fp8; }
+};
+
+// The weights of one MoE layer, resolved from Weights by their Hugging Face names (gate_up_proj
+// where fuse_expert_gate_up made it).
 struct MoeLayerWeights {
   const Bf16* router = nullptr;        // [experts, hidden]  mlp.gate.weight
   const Bf16* bias = nullptr;          // [experts]          mlp.gate.e_score_correction_bias
-  std::vector<WeightMatrix> gate, up;  // per expert: [moe_inter, hidden], bf16 or fp8
-  std::vector<WeightMatrix> down;      // per expert: [hidden, moe_inter]
-  // The shared experts as one MLP of width moe_inter * n_shared_experts; unset when there are none.
-  WeightMatrix shared_gate, shared_up, shared_down;
+  std::vector<ExpertWeights> experts;  // [moe_inter]-wide
+  // The shared experts as one MLP of width moe_inter * n_shared_experts.
+  ExpertWeights shared;
+  bool has_shared = false;
 };
 // Throws kInvalidArgument when a tensor is missing or has the wrong shape.
 MoeLayerWeights moe_layer_weights(const Weights& weights, const ModelConfig& config, int layer);
+
+// Replaces every MoE expert's (and the shared experts') gate_proj and up_proj by one
+// gate_up_proj, their rows stacked (Weights::fuse_rows): each output column reads its own weight
+// row, so the fused GEMM gives the parts' columns, bit for bit on the CPU.
+void fuse_expert_gate_up(Backend& backend, const ModelConfig& config, Weights& weights);
 
 class MoeMlp {
  public:
@@ -43,8 +56,8 @@ class MoeMlp {
 
  private:
   // y += down(silu(gate x) * up x [* scale column]) over `rows` rows of width `inter`.
-  void expert(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, int inter,
-              const float* x, float* y, int rows, const float* row_scale);
+  void expert(const ExpertWeights& w, int inter, const float* x, float* y, int rows,
+              const float* row_scale);
 
   Backend* backend_;
   ModelConfig config_;

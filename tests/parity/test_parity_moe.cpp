@@ -83,7 +83,10 @@ class ScaleRowsCase final : public OpCase {
   Buf<float> scale_, x_;
 };
 
-class ParityMoe : public ParityTest {};
+class ParityMoe : public ParityTest {
+ protected:
+  void moe_mlp_case(bool fused);
+};
 
 TEST_F(ParityMoe, Route) {
   for (auto [experts, top_k] : {std::pair{8, 2}, {64, 6}, {256, 8}}) {
@@ -108,15 +111,22 @@ TEST_F(ParityMoe, ScaleRows) {
 }
 
 // The whole MoE MLP of the tiny-moe preset's layer 1: CPU vs CUDA, and CUDA eager vs a replay of
-// the same forward captured in a graph (routing must not sync with the host).
+// the same forward captured in a graph (routing must not sync with the host); with each expert's
+// gate and up as two GEMMs, and fused into one (fuse_expert_gate_up, as Model runs them).
 TEST_F(ParityMoe, MoeMlpMatchesCpuAndReplaysInAGraph) {
+  for (bool fused : {false, true}) moe_mlp_case(fused);
+}
+
+void ParityMoe::moe_mlp_case(bool fused) {
+  SCOPED_TRACE(fused ? "gate_up fused" : "gate and up apart");
   const ModelConfig config = preset_config("tiny-moe");
   const int rows = 12, hidden = config.hidden_size;
   testing::Rng rng(31);
   const std::vector<float> x = rng.normals(size_t(rows) * hidden);
   const std::vector<float> y0 = rng.normals(size_t(rows) * hidden);
   auto run = [&](Backend& be, bool graph) {
-    const Weights weights = Weights::synthetic(be, config, 3);
+    Weights weights = Weights::synthetic(be, config, 3);
+    if (fused) fuse_expert_gate_up(be, config, weights);
     MoeMlp moe(be, config, weights, rows);
     DeviceArray<float> dx(be, x.size()), dy(be, y0.size());
     be.copy_to_device(dx.data(), x.data(), x.size() * sizeof(float));
@@ -149,6 +159,7 @@ TEST_F(ParityMoe, MoeMlpMatchesCpuAndReplaysInAGraph) {
     EXPECT_EQ(std::memcmp(e.data(), replay.data(), e.size() * sizeof(float)), 0)
         << gemm_mode_name(mode);
   }
+  cuda().set_gemm_mode(GemmMode::kBatchInvariant);
 }
 
 }  // namespace

@@ -263,6 +263,34 @@ TEST(MoeMlp, RowsAreBatchInvariant) {
   EXPECT_THROW(moe.forward(0, x.data(), all.data(), 9), Error);
 }
 
+// Each expert's gate and up fused into one gate_up_proj (fuse_expert_gate_up, as Model does): one
+// GEMM per expert instead of two, and exactly the same bits, since every output column reads its
+// own weight row.
+TEST(MoeMlp, FusedGateUpGivesTheSameBits) {
+  const ModelConfig c = moe_config();
+  auto be = make_cpu_backend();
+  Weights separate, fused;
+  Rng a(23), b(23);
+  random_moe(*be, c, separate, a);
+  random_moe(*be, c, fused, b);
+  fuse_expert_gate_up(*be, c, fused);
+  EXPECT_TRUE(fused.contains("model.layers.0.mlp.experts.0.gate_up_proj.weight"));
+  EXPECT_FALSE(fused.contains("model.layers.0.mlp.experts.0.gate_proj.weight"));
+  EXPECT_TRUE(fused.contains("model.layers.0.mlp.shared_experts.gate_up_proj.weight"));
+  const MoeLayerWeights w = moe_layer_weights(fused, c, 0);
+  ASSERT_EQ(int(w.experts.size()), c.n_routed_experts);
+  EXPECT_TRUE(w.experts[0].fused() && w.has_shared && w.shared.fused());
+  const int H = c.hidden_size, rows = 5;
+  const std::vector<float> x = a.normals(size_t(rows) * H), y0 = a.normals(size_t(rows) * H);
+  std::vector<float> want = y0, got = y0;
+  MoeMlp(*be, c, separate, rows).forward(0, x.data(), want.data(), rows);
+  MoeMlp(*be, c, fused, rows).forward(0, x.data(), got.data(), rows);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  int moved = 0;
+  for (size_t i = 0; i < got.size(); ++i) moved += got[i] != y0[i];
+  EXPECT_GT(moved, int(got.size()) / 2);  // the layer did add something
+}
+
 // ---- the tiny-moe preset end to end ----
 
 std::vector<int32_t> generate(const std::string& preset, RunMode mode) {
