@@ -257,6 +257,7 @@ def indexer_logits(
     logits: Any,
     *,
     layout: str = "bf16",
+    w_scale: float = 1.0,
     stream: Optional[int] = None,
 ) -> Any:
     """The lightning indexer: ``logits[r, t] = sum_h w[r, h] * relu(q[r, h] . k[t])``.
@@ -267,7 +268,9 @@ def indexer_logits(
 
     Args:
         q: float32 ``[rows, heads, 128]`` (heads <= 64 on CUDA), heads packed.
-        w: float32 ``[rows, heads]`` head weights, scales already applied.
+        w: float32 ``[rows, heads]`` head weights; each is multiplied by ``w_scale`` once, in
+            float32, so the raw ``weights_proj`` output with ``w_scale = heads**-0.5 *
+            128**-0.5`` gives the bits of passing it pre-scaled.
         page_table: int32 ``[rows, max_pages]`` page ids.
         seq_lens: int32 ``[rows]``; each <= ``logits.shape[1]`` and <= ``max_pages * 64``
             (checked on the CPU; the caller's promise on CUDA).
@@ -277,7 +280,7 @@ def indexer_logits(
     Returns:
         ``logits``.
     """
-    _dsa.indexer_logits(q, w, page_table, seq_lens, pool, logits, layout,
+    _dsa.indexer_logits(q, w, page_table, seq_lens, pool, logits, layout, float(w_scale),
                         None if stream is None else int(stream))
     return logits
 

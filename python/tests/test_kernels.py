@@ -24,6 +24,32 @@ def test_indexer_logits_bf16(rng):
     assert np.all(logits[0, 100:] == 7.0) and np.all(logits[1] == 7.0), "t >= seq_len untouched"
 
 
+def test_indexer_logits_w_scale_is_one_float32_multiply(rng):
+    pool = np.zeros((3, 64, 128), np.uint16)
+    keys = rng.standard_normal((70, 128)).astype(np.float32)
+    slots = np.array([64 + t for t in range(64)] + [128 + t for t in range(6)], np.int64)
+    dsa.store_index_k(pool, slots, keys, 70)
+    page_table = np.array([[1, 2]], np.int32)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    w = rng.standard_normal((1, 8)).astype(np.float32)
+    seq = np.array([70], np.int32)
+    scale = np.float32(1.0 / np.sqrt(8 * 128))
+    scaled = np.zeros((1, 70), np.float32)
+    dsa.indexer_logits(q, w, page_table, seq, pool, scaled, w_scale=float(scale))
+    prescaled = np.zeros((1, 70), np.float32)
+    dsa.indexer_logits(q, (scale * w).astype(np.float32), page_table, seq, pool, prescaled)
+    assert scaled.tobytes() == prescaled.tobytes()
+    plain = np.zeros((1, 70), np.float32)
+    dsa.indexer_logits(q, w, page_table, seq, pool, plain)
+    assert np.count_nonzero(plain != scaled) > 35
+    try:
+        dsa.indexer_logits(q, w, page_table, seq, pool, plain, w_scale=float("nan"))
+    except ValueError as e:
+        assert "w_scale" in str(e)
+    else:
+        raise AssertionError("a NaN w_scale was accepted")
+
+
 def test_topk_ties_and_padding(rng):
     logits = rng.standard_normal((3, 40)).astype(np.float32)
     logits[0, [3, 9, 20]] = 5.0  # a three-way tie at the top

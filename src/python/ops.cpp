@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <optional>
 
 #include "dsa/backend.h"
@@ -29,11 +30,15 @@ int64_t need_heads(const ArrayArg& a, int64_t width, const ArrayArg& ref) {
 
 void indexer_logits(pyb::handle q_obj, pyb::handle w_obj, pyb::handle page_table_obj,
                     pyb::handle seq_lens_obj, pyb::handle pool_obj, pyb::handle logits_obj,
-                    const std::string& layout, std::optional<uintptr_t> stream) {
+                    const std::string& layout, float w_scale, std::optional<uintptr_t> stream) {
   const KvDtype dtype = parse_layout(layout, "layout");
   ArrayArg q(q_obj, "q"), w(w_obj, "w"), page_table(page_table_obj, "page_table");
   ArrayArg seq_lens(seq_lens_obj, "seq_lens"), pool(pool_obj, "pool"), logits(logits_obj, "logits");
+  if (!std::isfinite(w_scale)) {
+    throw pyb::value_error(fmt::format("w_scale must be finite; got {}", w_scale));
+  }
   IndexerLogitsParams p;
+  p.w_scale = w_scale;
   p.pool = pool_view(pool, PoolKind::kIndexK, dtype, false);
   p.ld_q = need_heads(q, kIndexHeadDim, pool);
   p.rows = int(q.dim(0));
@@ -194,7 +199,7 @@ void bind_ops(pyb::module_& m) {
   m.def("set_torch_attributes", &set_torch_attributes, "enabled"_a);
   m.def("torch_attributes", &torch_attributes);
   m.def("indexer_logits", &indexer_logits, "q"_a, "w"_a, "page_table"_a, "seq_lens"_a, "pool"_a,
-        "logits"_a, "layout"_a, "stream"_a);
+        "logits"_a, "layout"_a, "w_scale"_a, "stream"_a);
   m.def("topk", &topk, "logits"_a, "seq_lens"_a, "k"_a, "out_positions"_a, "out_slots"_a,
         "page_table"_a, "stream"_a);
   m.def("sparse_mla", &sparse_mla, "q"_a, "indices"_a, "pool"_a, "out"_a, "scale"_a, "lse"_a,
