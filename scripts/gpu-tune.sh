@@ -7,12 +7,13 @@
 # 8 files) beside summary.md:
 #   1. parity: every ParityAttention test (the sparse MLA default, the indexer at every variant
 #      and block size, 128 and 256 included).
-#   2. the indexer rows (wgmma-pipe for fp8, wgmma for bf16) at every block size from 128 to
-#      1024 tokens (DSA_CUDA_INDEXER_BLOCK_TOKENS), B = 1 (L = 128K) and B = 64 (L = 32K).
+#   2. the indexer rows (wgmma-e4m3 and wgmma-pipe for fp8, wgmma for bf16) at every block size
+#      from 128 to 1024 tokens (DSA_CUDA_INDEXER_BLOCK_TOKENS), B = 1 (L = 128K) and B = 64
+#      (L = 32K).
 #   3. Nsight Compute on the wgmma64 sparse MLA kernel, bf16, B = 64 and B = 1: speed of light,
 #      warp states, and the source page (stall samples per CUDA line) as CSV with its top lines
-#      (bench/gpu/ncu_stalls.py); and on the fp8 indexer (wgmma-pipe) at B = 1 with 256-token
-#      blocks.
+#      (bench/gpu/ncu_stalls.py); and on the fp8 indexer (wgmma-e4m3, the default) at B = 1 with
+#      256-token blocks.
 # Environment: OUT (default ./gpu-out), NCU (default: ncu on PATH, else /usr/local/cuda/bin/ncu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ step parity-attention 240 "$P" --gtest_filter='ParityAttention.*' \
 
 for tokens in 128 256 512 1024; do
   step "indexer-fp8-$tokens" 40 env DSA_CUDA_INDEXER_BLOCK_TOKENS="$tokens" "$G" --skip-store \
-    --skip-gemm --attention-only indexer_logits --indexer-variants wgmma-pipe wgmma \
+    --skip-gemm --attention-only indexer_logits --indexer-variants wgmma-e4m3 wgmma-pipe wgmma \
     --indexer-rows 1 64 --json "$W/indexer-$tokens.json"
 done
 
@@ -52,10 +53,10 @@ ncu_source() {
 ncu_source mla64-bf16-b64 64 sparse_mla_wgmma64_kernel
 ncu_source mla64-bf16-b1 1 sparse_mla_wgmma64_kernel
 step ncu-indexer-fp8-b1 90 env DSA_CUDA_INDEXER_BLOCK_TOKENS=256 "$NCU" --kernel-name \
-  regex:indexer_logits_wgmma_pipe --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+  regex:indexer_logits_wgmma_e4m3 --launch-skip 3 --launch-count 1 --section SpeedOfLight \
   --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
   --import-source yes -f -o "$W/indexer-fp8-b1" "$G" --skip-store --skip-gemm \
-  --attention-only indexer_logits --indexer-variants wgmma-pipe --indexer-rows 1
+  --attention-only indexer_logits --indexer-variants wgmma-e4m3 --indexer-rows 1
 step ncu-indexer-csv 60 bash -c "'$NCU' -i '$W/indexer-fp8-b1.ncu-rep' --page source --csv \
   --print-source cuda,sass > '$W/indexer-fp8-b1-source.csv'; '$NCU' -i \
   '$W/indexer-fp8-b1.ncu-rep' --page details > '$W/indexer-fp8-b1-details.txt'"
