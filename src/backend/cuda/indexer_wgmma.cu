@@ -154,51 +154,33 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
   using T = WgTile<D, kPages>;
   constexpr int kN = T::kN, kStages = T::kStages;
   const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const BlockSpan span = block_span(p, block_tokens);
-  if (span.end <= span.t0) return;  // past seq_len: padded rows and tails cost two loads
-  const int64_t block_t0 = span.t0, block_end = span.end;
-  const int tiles = int((block_end - block_t0 + kN - 1) / kN);
-
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint32_t base;  // the shared address of smem
-  uint8_t* smem = atom_aligned(smem_raw, base);
-  float* sums = reinterpret_cast<float*>(smem + T::kSumsOff);  // [warp][column]
-  float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
-  int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
-  auto stage_of = [&](int i) { return smem + T::kRingOff + (i % kStages) * T::kStageBytes; };
-  QueryLoad<kWgWarps> q;  // issued before the barrier: in flight while the first keys are queued
-  load_query(p, row, q, [](int) { return true; });
-  block_pages[tid] = span.page_id;
-  __syncthreads();  // block_pages is complete
-
-  // Commit group i carries tile i (empty groups past the last tile keep the count regular).
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    issue_tile<T>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN, stage_of(i));
-  }
+  RingBlock<T> b;
+  QueryLoad<kWgWarps> q;  // loaded in start(): in flight while the first keys are queued
+  if (!b.start(p, block_tokens, smem_raw, q)) return;
+  float* sums = reinterpret_cast<float*>(b.smem + T::kSumsOff);  // [warp][column]
 
   // The query into A while the first tiles arrive.
-  store_query<D>(q, smem + T::kQueryOff, weight);
+  store_query<D>(q, b.smem + T::kQueryOff, b.weight);
 
   const int g = lane / 4, qd = lane % 4;
   float* logits = p.logits + int64_t(row) * p.ld_logits;
   constexpr int kV = kN / 4;  // a lane's column values: 2 per 8-column block
-  for (int i = 0; i < tiles; ++i) {
+  for (int i = 0; i < b.tiles; ++i) {
     cp_async_wait<kStages - 2>();                 // tile i has landed (this thread's copies)
     if constexpr (!T::kFp8) fence_proxy_async();  // ... visible to wgmma, which reads the stage
     __syncthreads();  // every thread's; tile i - 1's wgmma and epilogue are done
-    const int64_t t0 = block_t0 + int64_t(i) * kN;
-    issue_tile<T>(p, block_pages, block_t0, block_end, t0 + int64_t(kStages - 1) * kN,
-                  stage_of(i + kStages - 1));
-    const uint8_t* stage = stage_of(i);
+    const int64_t t0 = b.t0 + int64_t(i) * kN;
+    b.issue(p, i + kStages - 1);
+    const uint8_t* stage = b.stage(i);
     uint32_t b_tile;
     if constexpr (T::kFp8) {
-      widen_tile<T>(stage, smem + T::kWideOff);
+      widen_tile<T>(stage, b.smem + T::kWideOff);
       fence_proxy_async();
       __syncthreads();  // the f16 tile is complete
-      b_tile = base + T::kWideOff;
+      b_tile = b.base + T::kWideOff;
     } else {
-      b_tile = base + T::kRingOff + uint32_t((i % kStages) * T::kStageBytes);
+      b_tile = b.base + uint32_t(b.stage_offset(i));
     }
 
     float acc[kN / 2];
@@ -213,7 +195,7 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t desc_a =
-            wgmma_desc_sw128(base + T::kQueryOff + kb * kQueryKBlockBytes + 32 * kk);
+            wgmma_desc_sw128(b.base + T::kQueryOff + kb * kQueryKBlockBytes + 32 * kk);
         const uint64_t desc_b = wgmma_desc_sw128(b_tile + kb * T::kKBlockBytes + 32 * kk);
         wgmma_tile<D, kN>(acc, desc_a, desc_b);
       }
@@ -224,7 +206,7 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
     for (int j = 0; j < kN / 2; ++j) fence_operand(acc[j]);
 
     // 2. This thread's heads 16 warp + g (+ 8) of columns 8 blk + 2 qd + e: v[2 blk + e].
-    const float w_lo = weight[16 * warp + g], w_hi = weight[16 * warp + g + 8];
+    const float w_lo = b.weight[16 * warp + g], w_hi = b.weight[16 * warp + g + 8];
     float v[kV];
 #pragma unroll
     for (int blk = 0; blk < kN / 8; ++blk) {
@@ -251,10 +233,10 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
     // 4. The warps, then k_scale; a page outside the pool gives 0 and one error.
     for (int col = tid; col < kN; col += kWgThreads) {
       const int64_t t = t0 + col;
-      if (t >= block_end) break;
+      if (t >= b.end) break;
       float s = __fadd_rn(__fadd_rn(sums[col], sums[kN + col]),
                           __fadd_rn(sums[2 * kN + col], sums[3 * kN + col]));
-      if (!valid_page(p, block_pages[(t - block_t0) / kPageSize])) {
+      if (!valid_page(p, b.pages[(t - b.t0) / kPageSize])) {
         s = 0.0f;
         if (col % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
       } else if constexpr (T::kFp8) {

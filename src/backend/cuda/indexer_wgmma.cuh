@@ -1,7 +1,8 @@
 // What the wgmma indexer-logits kernels share (indexer_wgmma.cu: "wgmma" and "wgmma-n64";
-// indexer_wgmma_pipe.cu: "wgmma-pipe"): one warpgroup per CTA, the copies of a tile of tokens
-// into a ring stage, the block's span and page ids, the query in the swizzled layout, and the
-// launch over the blocks of every row.
+// indexer_wgmma_pipe.cu: "wgmma-pipe"; indexer_wgmma_e4m3.cu: "wgmma-e4m3"): one warpgroup per
+// CTA, the copies of a tile of tokens into a ring stage, the block's span, page ids and opening
+// (RingBlock), the query in the swizzled layout, the S^T epilogue, and the launch over the
+// blocks of every row.
 #pragma once
 
 #include <atomic>
@@ -103,6 +104,49 @@ __device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& ad
   addr = raw_addr + pad;
   return smem_raw + pad;
 }
+
+// A block of the wgmma kernels over its ring of T::kStages stages (T: the kernel's tile, with its
+// kN, kStages, kRingOff, kStageBytes, kWeightOff and kPagesOff). start() is the block's opening,
+// the same in every such kernel: its span of the row, its 1024-aligned shared memory, the row's
+// query loaded into `q` (in flight while the first tiles are queued), the page ids published, and
+// the copies of tiles 0 .. kStages - 2 queued, one commit group each (kSwizzledRaw: fp8 rows in
+// the swizzled raw layout, issue_tile). It returns false, before any barrier, for a block past
+// seq_len (padded rows and tails cost two loads); the caller returns.
+template <class T, bool kSwizzledRaw = false>
+struct RingBlock {
+  int64_t t0 = 0, end = 0;  // the block's tokens [t0, end) of its row
+  int tiles = 0;
+  uint32_t base = 0;         // the shared address of smem
+  uint8_t* smem = nullptr;   // 1024-aligned
+  float* weight = nullptr;   // [kMaxHeads] the heads' weights (store_query writes them)
+  int32_t* pages = nullptr;  // the block's page ids
+
+  __device__ __forceinline__ int stage_offset(int i) const {
+    return T::kRingOff + (i % T::kStages) * T::kStageBytes;
+  }
+  __device__ __forceinline__ uint8_t* stage(int i) const { return smem + stage_offset(i); }
+  // Queues the copies of tile i of the block into its stage: one commit group.
+  __device__ __forceinline__ void issue(const IndexerLogitsParams& p, int i) const {
+    issue_tile<T, kSwizzledRaw>(p, pages, t0, end, t0 + int64_t(i) * T::kN, stage(i));
+  }
+
+  __device__ __forceinline__ bool start(const IndexerLogitsParams& p, int block_tokens,
+                                        uint8_t* smem_raw, QueryLoad<kWgWarps>& q) {
+    const BlockSpan span = block_span(p, block_tokens);
+    if (span.end <= span.t0) return false;
+    t0 = span.t0, end = span.end;
+    tiles = int((end - t0 + T::kN - 1) / T::kN);
+    smem = atom_aligned(smem_raw, base);
+    weight = reinterpret_cast<float*>(smem + T::kWeightOff);
+    pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
+    load_query(p, int(blockIdx.y), q, [](int) { return true; });
+    pages[threadIdx.x] = span.page_id;
+    __syncthreads();  // pages is complete
+#pragma unroll
+    for (int i = 0; i < T::kStages - 1; ++i) issue(p, i);
+    return true;
+  }
+};
 
 // The loaded query into the two 128-byte-swizzled K blocks at `query` (rows = heads, K-major; bf16,
 // or f16 holding the e4m3 values for fp8) and the weights: lane holds dims [4 lane, 4 lane + 4)

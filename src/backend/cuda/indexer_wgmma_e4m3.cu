@@ -80,35 +80,17 @@ struct E4m3Tile {
 __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
     indexer_logits_wgmma_e4m3(IndexerLogitsParams p, int block_tokens) {
   using T = E4m3Tile;
-  constexpr int kN = T::kN, kStages = T::kStages;
-  const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const BlockSpan span = block_span(p, block_tokens);
-  if (span.end <= span.t0) return;  // past seq_len: padded rows and tails cost two loads
-  const int64_t block_t0 = span.t0, block_end = span.end;
-  const int tiles = int((block_end - block_t0 + kN - 1) / kN);
-
+  constexpr int kStages = T::kStages;
+  const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint32_t base;  // the shared address of smem
-  uint8_t* smem = atom_aligned(smem_raw, base);
-  float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
-  int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
-  auto stage_off = [&](int i) { return T::kRingOff + (i % kStages) * T::kStageBytes; };
+  RingBlock<T, true> b;
   QueryLoad<kWgWarps> q;
-  load_query(p, row, q, [](int) { return true; });
-  block_pages[tid] = span.page_id;
-  __syncthreads();  // block_pages is complete
-
-  // Commit group i carries tile i (empty groups past the last tile keep the count regular).
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    issue_tile<T, true>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN,
-                        smem + stage_off(i));
-  }
-  store_query<KvDtype::kFp8, true>(q, smem + T::kQueryOff, weight);
+  if (!b.start(p, block_tokens, smem_raw, q)) return;
+  store_query<KvDtype::kFp8, true>(q, b.smem + T::kQueryOff, b.weight);
 
   __syncthreads();  // the query and the weights are published
   const int g = lane / 4;
-  const StWeights w(weight);
+  const StWeights w(b.weight);
   float* logits = p.logits + int64_t(row) * p.ld_logits;
 
   // Tile i: wait for its copies (this thread's, then everyone's at the barrier, which also says
@@ -123,10 +105,8 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
     cp_async_wait<kStages - 2>();
     fence_proxy_async();  // this thread's landed copies, to the tensor core's proxy
     __syncthreads();
-    issue_tile<T, true>(p, block_pages, block_t0, block_end,
-                        block_t0 + int64_t(i + kStages - 1) * kN,
-                        smem + stage_off(i + kStages - 1));
-    const float* scales = reinterpret_cast<const float*>(smem + stage_off(i) + T::kRawKeyBytes);
+    b.issue(p, i + kStages - 1);
+    const float* scales = reinterpret_cast<const float*>(b.stage(i) + T::kRawKeyBytes);
     scale[0] = scales[16 * warp + g];
     scale[1] = scales[16 * warp + g + 8];
     // Tile i - 1's relu, taken before the wgmma are issued: ptxas makes a read of the other
@@ -138,31 +118,31 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
       fence_operand(relu[j]);
     }
     wgmma_fence();
-    const uint32_t a = base + stage_off(i), b = base + T::kQueryOff;
+    const uint32_t a = b.base + b.stage_offset(i), q_tile = b.base + T::kQueryOff;
 #pragma unroll
     for (int kk = 0; kk < kIndexHeadDim / 32; ++kk) {
-      wgmma_e4m3_64(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), kk > 0);
+      wgmma_e4m3_64(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(q_tile + 32 * kk), kk > 0);
     }
     wgmma_commit();
-    if (i > 0) st_epilogue(p, logits, block_pages, block_t0, block_end, i - 1, relu, prev_scale, w);
+    if (i > 0) st_epilogue(p, logits, b.pages, b.t0, b.end, i - 1, relu, prev_scale, w);
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < 32; ++j) fence_operand(acc[j]);
   };
 
   float acc[32], acc_odd[32], scale[2], scale_odd[2];
-  for (int i = 0; i < tiles; i += 2) {
+  for (int i = 0; i < b.tiles; i += 2) {
     step(i, acc, scale, acc_odd, scale_odd);
-    if (i + 1 < tiles) step(i + 1, acc_odd, scale_odd, acc, scale);
+    if (i + 1 < b.tiles) step(i + 1, acc_odd, scale_odd, acc, scale);
   }
   // The last tile's epilogue (its set: acc when the count is odd).
   auto last = [&](const float(&set)[32], const float(&set_scale)[2]) {
     float relu[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) relu[j] = fmaxf(set[j], 0.0f);
-    st_epilogue(p, logits, block_pages, block_t0, block_end, tiles - 1, relu, set_scale, w);
+    st_epilogue(p, logits, b.pages, b.t0, b.end, b.tiles - 1, relu, set_scale, w);
   };
-  if (tiles % 2) {
+  if (b.tiles % 2) {
     last(acc, scale);
   } else {
     last(acc_odd, scale_odd);

@@ -99,33 +99,15 @@ __device__ __forceinline__ void widen_fragments(const uint8_t* stage, int warp, 
 __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
     indexer_logits_wgmma_pipe(IndexerLogitsParams p, int block_tokens) {
   using T = PipeTile;
-  constexpr int kN = T::kN, kStages = T::kStages;
-  const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const BlockSpan span = block_span(p, block_tokens);
-  if (span.end <= span.t0) return;  // past seq_len: padded rows and tails cost two loads
-  const int64_t block_t0 = span.t0, block_end = span.end;
-  const int tiles = int((block_end - block_t0 + kN - 1) / kN);
-
+  constexpr int kStages = T::kStages;
+  const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint32_t base;  // the shared address of smem
-  uint8_t* smem = atom_aligned(smem_raw, base);
-  float* weight = reinterpret_cast<float*>(smem + T::kWeightOff);
-  int32_t* block_pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
-  auto stage_of = [&](int i) { return smem + T::kRingOff + (i % kStages) * T::kStageBytes; };
+  RingBlock<T, true> b;
   QueryLoad<kWgWarps> q;
-  load_query(p, row, q, [](int) { return true; });
-  block_pages[tid] = span.page_id;
-  __syncthreads();  // block_pages is complete
-
-  // Commit group i carries tile i (empty groups past the last tile keep the count regular).
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    issue_tile<T, true>(p, block_pages, block_t0, block_end, block_t0 + int64_t(i) * kN,
-                        stage_of(i));
-  }
+  if (!b.start(p, block_tokens, smem_raw, q)) return;
 
   // The query into B (rows = heads, K-major: the bytes "wgmma" uses as A).
-  store_query<KvDtype::kFp8>(q, smem + T::kQueryOff, weight);
+  store_query<KvDtype::kFp8>(q, b.smem + T::kQueryOff, b.weight);
 
   const int g = lane / 4, qd = lane % 4;
   // Tile i: wait for its copies (this thread's, then everyone's at the barrier, which also says
@@ -135,9 +117,8 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
   auto widen = [&](int i, uint32_t(&a)[kKSteps][4], float(&scale)[2]) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    issue_tile<T, true>(p, block_pages, block_t0, block_end,
-                        block_t0 + int64_t(i + kStages - 1) * kN, stage_of(i + kStages - 1));
-    widen_fragments(stage_of(i), warp, g, qd, a, scale);
+    b.issue(p, i + kStages - 1);
+    widen_fragments(b.stage(i), warp, g, qd, a, scale);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
@@ -147,7 +128,7 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
   uint32_t a[kKSteps][4], a_odd[kKSteps][4];  // tiles 2 k and 2 k + 1
   float scale[2], scale_odd[2];
   widen(0, a, scale);  // its barrier also publishes the query and the weights
-  const StWeights w(weight);
+  const StWeights w(b.weight);
 
   float* logits = p.logits + int64_t(row) * p.ld_logits;
   // Tile i, whose A registers `a` are widened; widens tile i + 1 into `a_next`. The loop below
@@ -168,7 +149,7 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         wgmma_f16_rs64(acc, a[4 * kb + kk],
-                       wgmma_desc_sw128(base + T::kQueryOff + kb * kQueryKBlockBytes + 32 * kk));
+                       wgmma_desc_sw128(b.base + T::kQueryOff + kb * kQueryKBlockBytes + 32 * kk));
       }
     }
     wgmma_commit();
@@ -183,11 +164,11 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
     float relu[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) relu[j] = fmaxf(acc[j], 0.0f);
-    st_epilogue(p, logits, block_pages, block_t0, block_end, i, relu, scale, w);
+    st_epilogue(p, logits, b.pages, b.t0, b.end, i, relu, scale, w);
   };
-  for (int i = 0; i < tiles; i += 2) {
+  for (int i = 0; i < b.tiles; i += 2) {
     step(i, a, scale, a_odd, scale_odd);
-    if (i + 1 < tiles) step(i + 1, a_odd, scale_odd, a, scale);
+    if (i + 1 < b.tiles) step(i + 1, a_odd, scale_odd, a, scale);
   }
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
 }
