@@ -17,9 +17,11 @@
 //       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma), .../wgmma/serial and
 //       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
-//       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel) and at
-//       B = 1 .../graph, .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16)
-//       .../wgmma64/graph (graph-launched)
+//       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
+//       .../ws, .../ws/splits=16 and .../ws/splits=4 (its warp-specialized form, =ws) and at B =
+//       1 .../graph,
+//       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
+//       .../ws/graph (graph-launched)
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -245,8 +247,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     const char* value;
     const char* suffix;
     bool graph;
-    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma | wgmma64); null:
-                                   // the default
+    const char* kernel = nullptr;  // DSA_CUDA_SPARSE_MLA_VARIANT (mma | wgmma | wgmma64 | ws);
+                                   // null: the default
   };
   std::vector<Variant> variants = {
       {nullptr, "", "", false},
@@ -265,6 +267,9 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({nullptr, "", "/wgmma64", false, "wgmma64"});
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma64/splits=16", false, "wgmma64"});
+    variants.push_back({nullptr, "", "/ws", false, "ws"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
   }
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
@@ -273,6 +278,7 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap/graph", true, "wgmma"});
     if (bf16) variants.push_back({nullptr, "", "/wgmma64/graph", true, "wgmma64"});
+    if (bf16) variants.push_back({nullptr, "", "/ws/graph", true, "ws"});
   }
   for (const Variant& v : variants) {
     int64_t call = 0;

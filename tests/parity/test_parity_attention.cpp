@@ -891,49 +891,59 @@ TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
   }
 }
 
-// ---- the 64-token wgmma kernel (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64) ---------------------------
-// Its own families: 64-token chunks, S split by tokens, a shared row max per chunk: other bits
-// than the wgmma kernel's, within the same tolerances against the CPU. bf16 caches; an fp8 cache
-// under this variant runs the wgmma kernel (one case each below checks that dispatch).
+// ---- the 64-token wgmma kernels (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64 and =ws) -----------------
+// Their own families: 64-token chunks, a shared row max per chunk: other bits than the wgmma
+// kernel's, within the same tolerances against the CPU. "ws" (warp-specialized) runs wgmma64's
+// arithmetic with the warpgroups split by role: the same bits, checked below. bf16 caches; an fp8
+// cache under either variant runs the wgmma kernel (one case each below checks that dispatch).
 
 constexpr const char* kWgmma64 = "wgmma64";
+constexpr const char* kWs = "ws";
+constexpr const char* kTokenSplitVariants[] = {kWgmma64, kWs};
 
 // The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
 // groups: 128); topk 37 (one chunk, fewer than 64 tokens), 100 (2 splits of 1 chunk), 150 (2
 // splits of 2 and 1), 300 (4 splits of 2: the last one empty); the real topk (8 splits of 4: the
-// 2-tile ring and the 3-stage slot ring wrap), 700 (8 splits of 2: the last two empty), and 16
-// splits (a non-portable cluster); padded, short, sentinel, negative and out-of-pool slots;
-// strides that are not a multiple of 4 floats; a spare output row that must stay poison.
+// 2-tile ring and the 3-stage slot ring wrap), 700 (8 splits of 2: the last two empty), 16
+// splits (a non-portable cluster) and 4 (8 chunks per split); padded, short, sentinel, negative and
+// out-of-pool slots; strides that are not a multiple of 4 floats; a spare output row that must stay
+// poison.
 TEST_F(ParityAttention, SparseMlaWgmma64MatchesCpu) {
-  int cases = 0;
-  for (int heads : {128, 16, 4}) {
-    for (int topk : {100, 37, 150, 300}) {
-      SparseMlaCase c({KvDtype::kBf16, 5, heads, topk, topk == 37, 0, true, 0, kWgmma64});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1300 + cases++));
+  for (const char* variant : kTokenSplitVariants) {
+    int cases = 0;
+    for (int heads : {128, 16, 4}) {
+      for (int topk : {100, 37, 150, 300}) {
+        SparseMlaCase c({KvDtype::kBf16, 5, heads, topk, topk == 37, 0, true, 0, variant});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1300 + cases++)) << c.vars();
+      }
     }
+    SparseMlaCase full({KvDtype::kBf16, 4, 128, 2048, false, 0, true, 0, variant});
+    EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1350 + cases++)) << full.vars();
+    SparseMlaCase shallow({KvDtype::kBf16, 4, 32, 700, true, 0, true, 0, variant});
+    EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1350 + cases++)) << shallow.vars();
+    SparseMlaCase wide({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 16, variant});
+    EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1350 + cases++)) << wide.vars();
+    SparseMlaCase narrow({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 4, variant});
+    EXPECT_TRUE(check_parity(narrow, cpu(), cuda(), 1350 + cases++)) << narrow.vars();
+    SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, variant});  // wgmma's
+    EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 1350 + cases++)) << fp8.vars();
   }
-  SparseMlaCase full({KvDtype::kBf16, 4, 128, 2048, false, 0, true, 0, kWgmma64});
-  EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1350 + cases++));
-  SparseMlaCase shallow({KvDtype::kBf16, 4, 32, 700, true, 0, true, 0, kWgmma64});
-  EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1350 + cases++));
-  SparseMlaCase wide({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 16, kWgmma64});
-  EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1350 + cases++));
-  SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, kWgmma64});  // wgmma's
-  EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 1350 + cases++));
 }
 
 // topk not a multiple of 64: the last chunk partly past topk (its tail rows zero and masked),
 // at 2048 - 17 (32 chunks, the last of 47 tokens), 63 and 1 (one chunk, mostly past topk) and
 // 65 (a second chunk of one token, in a split of its own).
 TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
-  int cases = 0;
-  SparseMlaCase ragged({KvDtype::kBf16, 4, 128, 2048 - 17, true, 0, true, 0, kWgmma64});
-  EXPECT_TRUE(check_parity(ragged, cpu(), cuda(), 1400 + cases++));
-  SparseMlaCase ragged16({KvDtype::kBf16, 3, 64, 2048 - 17, false, 0, true, 16, kWgmma64});
-  EXPECT_TRUE(check_parity(ragged16, cpu(), cuda(), 1400 + cases++));
-  for (int topk : {63, 1, 65}) {
-    SparseMlaCase c({KvDtype::kBf16, 5, 128, topk, true, 0, true, 0, kWgmma64});
-    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1400 + cases++));
+  for (const char* variant : kTokenSplitVariants) {
+    int cases = 0;
+    SparseMlaCase ragged({KvDtype::kBf16, 4, 128, 2048 - 17, true, 0, true, 0, variant});
+    EXPECT_TRUE(check_parity(ragged, cpu(), cuda(), 1400 + cases++)) << ragged.vars();
+    SparseMlaCase ragged16({KvDtype::kBf16, 3, 64, 2048 - 17, false, 0, true, 16, variant});
+    EXPECT_TRUE(check_parity(ragged16, cpu(), cuda(), 1400 + cases++)) << ragged16.vars();
+    for (int topk : {63, 1, 65}) {
+      SparseMlaCase c({KvDtype::kBf16, 5, 128, topk, true, 0, true, 0, variant});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1400 + cases++)) << c.vars();
+    }
   }
 }
 
@@ -942,28 +952,76 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 // split holds 3, the eighth none) and 2 with 16; short, padded and sentinel rows, a spare output
 // row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
-  uint64_t seed = 1380;
-  for (int max_splits : {0, 16}) {
-    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-      SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, kWgmma64});
-      EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+  for (const char* variant : kTokenSplitVariants) {
+    uint64_t seed = 1380;
+    for (int max_splits : {0, 16}) {
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+        SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, variant});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+      }
     }
   }
 }
 
 // A probe row (row 0, full) alone, among 7 and among 255 rows (padded and short rows among them),
-// bitwise: topk 2048 with 8 and 16 splits, 2048 - 17 and 512.
+// bitwise: topk 2048 with 8, 16 and 4 splits, 2048 - 17 and 512.
 TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
   struct Shape {
     int topk, max_splits;
   };
-  for (const Shape sh : {Shape{2048, 0}, Shape{2048, 16}, Shape{2048 - 17, 0}, Shape{512, 0}}) {
-    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
-      return std::make_unique<SparseMlaCase>(
-          MlaSpec{KvDtype::kBf16, rows, 128, sh.topk, false, 0, false, sh.max_splits, kWgmma64});
-    };
-    EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
-        << "wgmma64, topk " << sh.topk << ", max_splits " << sh.max_splits;
+  for (const char* variant : kTokenSplitVariants) {
+    for (const Shape sh :
+         {Shape{2048, 0}, Shape{2048, 16}, Shape{2048, 4}, Shape{2048 - 17, 0}, Shape{512, 0}}) {
+      auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+        return std::make_unique<SparseMlaCase>(
+            MlaSpec{KvDtype::kBf16, rows, 128, sh.topk, false, 0, false, sh.max_splits, variant});
+      };
+      EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
+          << variant << ", topk " << sh.topk << ", max_splits " << sh.max_splits;
+    }
+  }
+}
+
+// The warp-specialized kernel gives the 64-token kernel's outputs and lse bit for bit: 4, 16, 64
+// and 128 heads; topk 1, 37 to 2048 and ragged (empty splits, 1 to 8 chunks per split, both rings
+// wrapping, a last chunk partly past topk); 4, 8 and 16 splits; padded, short, sentinel and
+// out-of-pool slots; odd strides; a spare row that stays poison in both.
+TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
+  struct Shape {
+    int rows, heads, topk;
+    bool padded_stride;
+    int max_splits;
+  };
+  std::vector<Shape> shapes;
+  for (int heads : {128, 16, 4}) {
+    for (int topk : {100, 37, 150, 300}) shapes.push_back({5, heads, topk, topk == 37, 0});
+  }
+  shapes.push_back({4, 128, 2048, false, 0});
+  shapes.push_back({4, 32, 700, true, 0});
+  shapes.push_back({3, 128, 2048, true, 16});
+  shapes.push_back({3, 128, 2048, true, 4});
+  shapes.push_back({4, 128, 2048 - 17, true, 0});
+  shapes.push_back({3, 64, 2048 - 17, false, 16});
+  shapes.push_back({5, 128, 1, true, 0});
+  shapes.push_back({5, 128, 65, true, 0});
+  shapes.push_back({4, 16, 1697, true, 0});
+  uint64_t seed = 1500;
+  for (const Shape& sh : shapes) {
+    Outputs outs[2];
+    for (int v = 0; v < 2; ++v) {
+      SparseMlaCase c({KvDtype::kBf16, sh.rows, sh.heads, sh.topk, sh.padded_stride, 0, true,
+                       sh.max_splits, kTokenSplitVariants[v]});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(seed);
+      c.init(ws, rng);
+      auto r = run_side(c, ws, Side::kCuda);
+      EXPECT_EQ(r.guard_report, "") << c.vars();
+      outs[v] = std::move(r.outputs);
+    }
+    ++seed;
+    EXPECT_TRUE(same_outputs(outs[1], outs[0]))
+        << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
+        << sh.max_splits << ": ws against wgmma64";
   }
 }
 

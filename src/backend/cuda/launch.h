@@ -103,6 +103,9 @@ cudaError_t sparse_mla_wgmma(const SparseMlaParams& p, cudaStream_t stream);  //
 // The 64-token, token-split wgmma kernel (sparse_mla_wgmma64.cu; DSA_CUDA_SPARSE_MLA_VARIANT=
 // wgmma64): bf16 caches, an fp8 cache goes to sparse_mla_wgmma.
 cudaError_t sparse_mla_wgmma64(const SparseMlaParams& p, cudaStream_t stream);
+// The warp-specialized 64-token kernel (sparse_mla_ws.cu; DSA_CUDA_SPARSE_MLA_VARIANT=ws): the
+// 64-token kernel's bits; bf16 caches, an fp8 cache goes to sparse_mla_wgmma.
+cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream);
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);    // audit.cu
 cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream);    // audit.cu

@@ -290,10 +290,11 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 }
 
 // The kernel family, the one place the default is chosen: the mma.sync kernel of this file, the
-// wgmma kernel (sparse_mla_wgmma.cu) or the 64-token one (sparse_mla_wgmma64.cu).
-// DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64|wgmma|mma forces one (read at every call; anything else:
-// the default). They give different bits (their f32 sums run in different orders), each
-// batch-invariant on its own: pick one for a whole process.
+// wgmma kernel (sparse_mla_wgmma.cu) or the 64-token one (sparse_mla_wgmma64.cu, and its
+// warp-specialized form sparse_mla_ws.cu). DSA_CUDA_SPARSE_MLA_VARIANT=ws|wgmma64|wgmma|mma forces
+// one (read at every call; anything else: the default). They give different bits (their f32 sums
+// run in different orders; ws and wgmma64 alone share theirs), each batch-invariant on its own:
+// pick one for a whole process.
 // The wgmma kernel replaced mma.sync on 2026-12-03: on the H200 it took 297.8 / 1143.6 us at B = 64
 // / 256 (bf16; mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us
 // at B = 1 (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md. The 64-token,
@@ -301,14 +302,20 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // default since 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
 // kernel's 31.4 / 271.8 / 1052.8 in the same process (bench/results/2026-12-04-h200-variants.md).
 // It serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma kernel, a
-// choice fixed by the pool, never by the batch.
-enum class MlaKernel { kMma, kWgmma, kWgmma64 };
+// choice fixed by the pool, never by the batch. Its warp-specialized form (sparse_mla_ws.cu,
+// =ws: the same bits, the warpgroups split by role) is faster at every batch: 20.9 / 194.7 / 725.5
+// us at B = 1 (graph) / 64 / 256 against wgmma64's 23.1 / 212.1 / 820.3 in the same process
+// (bench/results/2026-12-04-h200-mla-ws.md). It stays opt-in until compute-sanitizer's racecheck
+// is clean over it: it reports 27 read-after-write hazards on the combine's coefficients, across
+// the __syncthreads that orders them (the same combine code is clean under wgmma64).
+enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
 constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma64;
 MlaKernel mla_kernel() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
   if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
   if (v != nullptr && std::strcmp(v, "wgmma64") == 0) return MlaKernel::kWgmma64;
+  if (v != nullptr && std::strcmp(v, "ws") == 0) return MlaKernel::kWs;
   return kDefaultMlaKernel;
 }
 
@@ -320,6 +327,7 @@ cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   const MlaKernel kernel = mla_kernel();
   if (kernel == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
   if (kernel == MlaKernel::kWgmma64) return sparse_mla_wgmma64(p, stream);
+  if (kernel == MlaKernel::kWs) return sparse_mla_ws(p, stream);
   return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
                                         : launch_dtype<KvDtype::kFp8>(p, stream);
 }

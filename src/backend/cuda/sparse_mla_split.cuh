@@ -104,6 +104,56 @@ __device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluste
   __syncthreads();  // the staged slots are visible
 }
 
+// Phase 2 of the combine for kSplits splits: out = sum_s coef_s o_s in split order over this
+// CTA's slice of the output dims. The thread's remote loads (its float4s of every split: kHeads *
+// 512 / kThreads floats, 128 in every kernel) are issued in two batches, each before the first of
+// its values is used, so the slice costs two round trips through the cluster instead of one per
+// item (kHeads * 512 / splits / 4 / kThreads: 4 at 8 splits of 64 heads; on the H200,
+// Nsight Compute put a fifth of a B = 64 launch's stall samples of the warp-specialized kernel on
+// that chain, bench/results/2026-12-04-h200-mla-ws.md). The arithmetic per output float is the
+// same fmaf chain in split order: the same bits.
+template <class V, int kSplits>
+__device__ __forceinline__ void combine_slice(const SparseMlaParams& p, cg::cluster_group& cluster,
+                                              int split, int row, int head0, uint8_t* smem,
+                                              const float* coef) {
+  constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
+  constexpr int kItems = V::kHeads * kVecs;
+  constexpr int kIters = (kItems + V::kThreads - 1) / V::kThreads;
+  // Items whose loads fly together: 64 registers of float4s (128 would spill beside the rest).
+  constexpr int kGroup = kSplits >= 16 ? 1 : 16 / kSplits;
+  const int d0 = split * (kKvLoraRank / kSplits);
+#pragma unroll
+  for (int i0 = 0; i0 < kIters; i0 += kGroup) {
+    float4 v[kGroup][kSplits];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int it = int(threadIdx.x) + (i0 + i) * V::kThreads;
+      const int h = it / kVecs, d = d0 + (it % kVecs) * 4;
+      if (i0 + i >= kIters || it >= kItems || head0 + h >= p.heads) continue;
+#pragma unroll
+      for (int s = 0; s < kSplits; ++s) {
+        const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
+        v[i][s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int it = int(threadIdx.x) + (i0 + i) * V::kThreads;
+      const int h = it / kVecs, d = d0 + (it % kVecs) * 4;
+      if (i0 + i >= kIters || it >= kItems || head0 + h >= p.heads) continue;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kSplits; ++s) {
+        const float w = coef[h * kMaxSplits + s];
+        acc.x = fmaf(v[i][s].x, w, acc.x), acc.y = fmaf(v[i][s].y, w, acc.y);
+        acc.z = fmaf(v[i][s].z, w, acc.z), acc.w = fmaf(v[i][s].w, w, acc.w);
+      }
+      float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
+      out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+    }
+  }
+}
+
 // The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
 // [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
 // and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
@@ -157,38 +207,56 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   }
   __syncthreads();  // coef is complete
 
-  const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
-  const int d0 = split * (kKvLoraRank / splits);
-  for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
-    const int h = it / vecs, d = d0 + (it % vecs) * 4;
-    if (head0 + h >= p.heads) continue;
-    float4 v[kMaxSplits];
+  if constexpr (V::kThreads < 256) {
+    // The mma.sync kernel's CTAs (64 to 256 threads, every register taken): one item at a time,
+    // its splits' loads together (the batched slices spill there).
+    const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
+    const int d0 = split * (kKvLoraRank / splits);
+    for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
+      const int h = it / vecs, d = d0 + (it % vecs) * 4;
+      if (head0 + h >= p.heads) continue;
+      float4 v[kMaxSplits];
 #pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) {
-        const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
-        v[s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < splits) {
+          const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
+          v[s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+        }
       }
-    }
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      const float w = coef[h * kMaxSplits + s];
-      acc.x = fmaf(v[s].x, w, acc.x), acc.y = fmaf(v[s].y, w, acc.y);
-      acc.z = fmaf(v[s].z, w, acc.z), acc.w = fmaf(v[s].w, w, acc.w);
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s >= splits) break;
+        const float w = coef[h * kMaxSplits + s];
+        acc.x = fmaf(v[s].x, w, acc.x), acc.y = fmaf(v[s].y, w, acc.y);
+        acc.z = fmaf(v[s].z, w, acc.z), acc.w = fmaf(v[s].w, w, acc.w);
+      }
+      float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
+      out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
     }
-    float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
-    out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+    return;
+  }
+  switch (splits) {  // a power of two (split_plan)
+    case 16:
+      return combine_slice<V, 16>(p, cluster, split, row, head0, smem, coef);
+    case 8:
+      return combine_slice<V, 8>(p, cluster, split, row, head0, smem, coef);
+    case 4:
+      return combine_slice<V, 4>(p, cluster, split, row, head0, smem, coef);
+    case 2:
+      return combine_slice<V, 2>(p, cluster, split, row, head0, smem, coef);
+    default:
+      return combine_slice<V, 1>(p, cluster, split, row, head0, smem, coef);
   }
 }
 
-// The bound on splits per row: 8 (the portable cluster size), or 16 with
-// DSA_CUDA_SPARSE_MLA_MAX_SPLITS=16 (read at every call). It changes the split boundaries, so it
-// changes the bits: set it for a whole process or not at all.
+// The bound on splits per row: 8 (the portable cluster size), or 2, 4 or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: 8). It changes the split
+// boundaries, so it changes the bits: set it for a whole process or not at all.
 inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
-  return v != nullptr && std::atoi(v) == kMaxSplits ? kMaxSplits : kDefaultSplits;
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n == 2 || n == 4 || n == kMaxSplits ? n : kDefaultSplits;
 }
 
 // The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
@@ -278,7 +346,10 @@ __device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::clust
   }
   cluster.sync();  // every split's partial is complete and visible to the cluster
   combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  // No CTA leaves while another still reads its shared memory. Relaxed: this CTA's remote loads
+  // have all returned (their values are used above), and nothing it wrote is read after this.
+  cluster_arrive_relaxed();
+  cluster_wait_acquire();
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail

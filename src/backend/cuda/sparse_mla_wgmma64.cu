@@ -134,6 +134,7 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/sparse_mla_split.cuh"
+#include "backend/cuda/sparse_mla_tile64.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {
@@ -141,24 +142,11 @@ namespace {
 
 namespace cg = cooperative_groups;
 using namespace sparse_mla_detail;
+using namespace sparse_mla_tile64;
 
-constexpr int kHeadsPerCta = 64;                    // one wgmma M
-constexpr int kThreadsPerCta = 256;                 // two warpgroups
-constexpr int kTokens = 64;                         // selected tokens per chunk
-constexpr int kWgTokens = kTokens / 2;              // 32: S's N per warpgroup
-constexpr int kTiles64 = kLatentDim / 64;           // 9 swizzled 64-dim tiles per row
-constexpr int kTileBytes = 64 * kSwizzleRowBytes;   // 8 KiB: [64 heads or tokens][64 dims]
-constexpr int kQBytes = kTiles64 * kTileBytes;      // 72 KiB
-constexpr int kChunkBytes = kTiles64 * kTileBytes;  // 72 KiB
-constexpr int kRing = 2;                            // chunk tiles: 1 landing, 1 computed
-constexpr int kSlotStages = 3;                      // chunks k, k + 1 staged, k + 2 staging
-constexpr int kScoreSteps = kLatentDim / 16;        // 36 k16 steps of S
-constexpr int kSRegs = kWgTokens / 2;               // 16: m64n32 f32 per thread
-constexpr int kOutTiles = kKvLoraRank / 2 / 64;     // 4 n64 tiles of O per warpgroup
-constexpr int kPvSteps = kTokens / 16;              // 4 k16 steps of P V
-constexpr int kPexBytes = 2 * 2 * 128 * 16;         // [wg][2 k16 steps][128 threads] uint4
-constexpr size_t kPartBytes = size_t(kHeadsPerCta) * kPartPitch * 4;  // the partial o
-static_assert(kKvLoraRank % 128 == 0 && kLatentDim % 64 == 0);
+constexpr int kWgTokens = kTokens / 2;       // 32: S's N per warpgroup
+constexpr int kSRegs = kWgTokens / 2;        // 16: m64n32 f32 per thread
+constexpr int kPexBytes = 2 * 2 * 128 * 16;  // [wg][2 k16 steps][128 threads] uint4
 
 // Offsets in bytes from the 1024-aligned base. combine_splits and finish_split read m, l, coef.
 struct Smem64 {

@@ -1,0 +1,418 @@
+// Absorbed sparse MLA decode (DESIGN §1.7), warp-specialized: the DSA_CUDA_SPARSE_MLA_VARIANT=ws
+// kernel. The arithmetic of the 64-token kernel (sparse_mla_wgmma64.cu), term for term, with the
+// work of a chunk split between the two warpgroups by role instead of by tokens, so that they
+// stop waiting for each other at every step. bf16 latent caches only (an fp8 cache under this
+// variant runs the wgmma kernel, sparse_mla_wgmma.cu, as under wgmma64).
+//
+// Why: the 64-token kernel runs both warpgroups in lock step through three CTA barriers per
+// chunk (S of 32 tokens each, the shared row max, the P exchange, P V of 256 dims each), with one
+// CTA per SM: while the warpgroups do softmax or wait, the tensor cores idle, and the chunk's S
+// runs as m64n32 (3 KiB of shared operands per 16 clocks of tensor work: above the 128 B/clk
+// shared memory gives). Measured on the H200, a 64-token chunk takes ~4 us there against ~1.2 us
+// of tensor work (216 us at B = 64: 168 TFLOP/s).
+//
+// Roles (warpgroup 0: "scores", warpgroup 1: "copies"):
+//   wg 0: S [64 heads x 64 tokens] = Q K^T over 576 dims (36 wgmma.m64n64k16 in k order: 128
+//         B/clk of shared operands, the tensor rate), the online softmax of the whole chunk, P
+//         (bf16, the register-A fragments of P V) and the rows' rescale factors into shared
+//         memory, then O[:, 0:256] += P V.
+//   wg 1: every copy (the chunks' cp.async gathers and zero fills, the staged slots), then, per
+//         chunk, P from shared memory and O[:, 256:512] += P V. Its P V of chunk k runs beside
+//         warpgroup 0's S of chunk k + 1.
+// The two meet at four named barriers (bar.arrive by the producer, bar.sync by the consumer) and
+// two shared-memory barriers (mbarrier, 128 arrivals: every producer thread arrives, each
+// releasing its own stores, and every consumer thread waits on the phase's parity):
+//   K_READY[b] (bar 3 + b): chunk k's copies into tile b = k % 2 have landed and are fenced for
+//                       the async proxy (wg 1 arrives, wg 0 waits before S);
+//   p_full (mbarrier):  P and the factors of chunk k are in shared memory, and wg 0 is past the
+//                       mask of chunk k (its last read of the chunk's slot stage); phase k;
+//   p_empty (mbarrier): wg 1 has read P of chunk k (wg 0 waits before storing chunk k + 1's);
+//                       phase k;
+//   K_FREE[b] (bar 5 + b): wg 0's S and P V of chunk k are done (wg 1 waits before copying chunk
+//                       k + 2 into the same tile; its own P V it waits for itself).
+// Every arrive has its wait under the same condition, and a barrier is never arrived at again
+// before its previous phase completed (each chain of a producer's second arrive passes through the
+// consumer's wait of the first; see the loops), so no phase is left open at the cluster's combine.
+// (The P handoff is on mbarriers because compute-sanitizer's racecheck reports every bar.arrive /
+// bar.sync handoff of registers' data through shared memory as a RAW hazard; it models an
+// mbarrier's per-thread release.)
+//
+// Batch invariance and bits. Every number that enters a head's sums is the 64-token kernel's, in
+// its order: S per token (36 k16 steps in k order; wgmma is element-wise, N does not enter an
+// element's sum), the mask, the chunk's row max max(max over tokens 0..31, max over 32..63),
+// p = 2^(s - m), the two l sums (tokens 0..31 and 32..63, each l = l alpha + its 16 p in register
+// order, added at the end: l_0 + l_1), o's rescale, P V (k16 steps 0..3 per accumulator, chunks
+// ascending), the split plan (64-token chunks, split_plan(topk, max_splits(), 64)) and the
+// combine (sparse_mla_split.cuh). So it gives the 64-token kernel's bits, which the parity tests
+// check bitwise, and is batch-invariant for the same reasons.
+//
+// Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
+// the 64-token kernel; P [4 k16 steps][128 threads] uint4 (8 KiB); the factors alpha [64 heads]
+// f32; slots [3][64] int32; m, l [64] f32; the two mbarriers: 231,952 of the 232,448 bytes.
+// After the loop the partial o and the combine's coefficients overlay q and the ring.
+//
+// Slot stages (chunk c in stage c % 3): the prologue stages chunks 0, 1, 2. wg 1 stages chunk
+// k + 3 in its step k, after p_full(k) (wg 0 is past its mask of chunk k, the stage's last
+// reader; the copies of chunk k read it in step k - 2) and before its K_READY(k + 1) arrive, which
+// orders the write before wg 0's mask of chunk k + 3; its own copies of chunk k + 3 (step k + 1)
+// come after its K_FREE(k + 1) wait, a bar.sync of every thread of wg 1 (the writers too).
+//
+// Napkin math (H200, per 64-token chunk and CTA): tensor work 72 wgmma-equivalents of m64n32k16
+// for S (1152 clk at ~4 Kflop/clk) + 32 m64n64k16 for P V (1024 clk); shared memory: S 144 KiB,
+// P V 64 KiB, copies 72 KiB, P 16 KiB: ~2300 clk. wg 0's chain (S, softmax ~300 clk, its P V)
+// is ~2000 clk with wg 1's P V beside the next S: ~1.3 us per chunk, against ~4 us in the lock-step
+// kernel. The copies of chunk k + 2 start once both P V of chunk k are done and must land before
+// S of chunk k + 2: one chunk period (~1.3 us) for a 72 KiB gather.
+// Measured (H200, bench/results/2026-12-04-h200-mla-ws.md): 21.8 / 194.7 / 725.5 us at B = 1 /
+// 64 / 256 against the 64-token kernel's 24.2 / 212.1 / 820.3, far from the paper figure: about a
+// third of the stall samples are in the split machinery (q's broadcast, the combine, the cluster
+// barriers), paid once per 4 chunks. Opt-in (sparse_mla.cu says why) until racecheck is clean.
+// ptxas (sm_90a, nvcc 13.0): 204 registers, no spills, no wgmma serialization warning.
+#include <cooperative_groups.h>
+
+#include <climits>
+#include <cstdint>
+#include <utility>
+
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/sparse_mla_load.cuh"
+#include "backend/cuda/sparse_mla_split.cuh"
+#include "backend/cuda/sparse_mla_tile64.cuh"
+#include "backend/cuda/tma.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsa::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace sparse_mla_detail;
+using namespace sparse_mla_tile64;
+
+constexpr int kWgThreads = 128;                      // one warpgroup
+constexpr int kHalfTokens = kTokens / 2;             // the two l sums' token halves
+constexpr int kSRegs = kTokens / 2;                  // 32: m64n64 f32 per thread
+constexpr int kPBytes = kPvSteps * kWgThreads * 16;  // [4 k16 steps][128 threads] uint4
+
+// The named barriers (0 is __syncthreads); each joins the 256 threads of the CTA.
+enum Barrier : int { kKReady = 3, kKFree = 5 };
+__device__ __forceinline__ void bar_wait(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
+}
+
+// Offsets in bytes from the 1024-aligned base. combine_splits and finish_split read m, l, coef.
+struct SmemWs {
+  size_t q, kv, pfrag, alpha, slots, m, l, bars, coef, bytes;
+};
+constexpr SmemWs ws_layout() {
+  SmemWs s{};
+  s.q = 0;                                            // 1024-aligned
+  s.kv = s.q + kQBytes;                               // 1024-aligned
+  s.pfrag = s.kv + size_t(kRing) * kChunkBytes;       // 16-byte aligned
+  s.alpha = s.pfrag + kPBytes;                        // [64] f32
+  s.slots = s.alpha + kHeadsPerCta * 4;               // [3][64] int32
+  s.m = s.slots + size_t(kSlotStages) * kTokens * 4;  // [64] f32
+  s.l = s.m + kHeadsPerCta * 4;                       // [64] f32
+  s.bars = s.l + kHeadsPerCta * 4;                    // p_full, p_empty: 8-byte aligned
+  s.coef = kPartBytes;                                // [64][kMaxSplits] f32, overlaid
+  s.bytes = s.bars + 2 * 8 + kSwizzleAtomBytes;       // + align slack
+  return s;
+}
+
+struct WsVariant {
+  static constexpr int kHeads = kHeadsPerCta;
+  static constexpr int kThreads = kThreadsPerCta;
+  static constexpr SmemWs kSmem = ws_layout();
+  static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
+  static_assert(kSmem.coef + size_t(kHeads) * kMaxSplits * 4 <= kSmem.pfrag,
+                "the partial o and the coefficients overlay q and the ring only");
+  static_assert(kSmem.kv % kSwizzleAtomBytes == 0 && kChunkBytes % kSwizzleAtomBytes == 0);
+  static_assert(kSmem.bars % 8 == 0);
+};
+
+// The copies of one chunk into its tile, by warpgroup 1 (t: the thread's index in it), given the
+// checked slots of the thread's tokens (slot[i]: token t / 8 + 16 i, i < 4): cp.async for every
+// 16-byte piece of a used token's row, zeros for the unused ones (-1: never read). Eight threads
+// per token: thread t copies 16-byte chunk t % 8 of each of the 9 tile rows of its tokens (36
+// pieces). A quarter warp writes the 8 chunks of one tile row (8 distinct bank groups under any
+// swizzle row) and reads 128 contiguous bytes of the pool. The caller commits the group.
+constexpr int kTokensPerPass = kWgThreads / 8;          // 16
+constexpr int kFetchPasses = kTokens / kTokensPerPass;  // 4
+static_assert(kTokens % kTokensPerPass == 0);
+__device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p,
+                                            const int64_t (&slot)[kFetchPasses], uint8_t* tile,
+                                            int t) {
+  const int c = t % 8;
+#pragma unroll
+  for (int pass = 0; pass < kFetchPasses; ++pass) {
+    const int token = t / 8 + pass * kTokensPerPass;
+    uint8_t* dst = tile + swizzle128_offset(token, c);
+    const uint8_t* src =
+        p.pool.data + (slot[pass] >= 0 ? slot[pass] : 0) * (kLatentDim * 2) + c * 16;
+#pragma unroll
+    for (int b = 0; b < kTiles64; ++b) {  // tile b: dims [64 b, 64 b + 64) of the token
+      if (slot[pass] >= 0) {
+        cp_async16(dst + b * kTileBytes, src + b * kSwizzleRowBytes);
+      } else {
+        *reinterpret_cast<uint4*>(dst + b * kTileBytes) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+// The same from the chunk's staged slots [64].
+__device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int32_t* slots,
+                                            uint8_t* tile, int t) {
+  int64_t slot[kFetchPasses];
+#pragma unroll
+  for (int pass = 0; pass < kFetchPasses; ++pass) slot[pass] = slots[t / 8 + pass * kTokensPerPass];
+  fetch_chunk(p, slot, tile, t);
+}
+
+// S over all 576 dims and the chunk's 64 tokens, in k order: step i reads k16 block i % 4 of
+// 64-dim tile i / 4 of q and of the chunk (both tiles 8 KiB: the same offset from either base).
+template <int... kI>
+__device__ __forceinline__ void scores(float (&s)[kSRegs], uint64_t desc_q, uint64_t desc_kv,
+                                       std::integer_sequence<int, kI...>) {
+  (wgmma_bf16_n64_at<((kI / 4) * kTileBytes + (kI % 4) * 32) / 16,
+                     ((kI / 4) * kTileBytes + (kI % 4) * 32) / 16>(s, desc_q, desc_kv),
+   ...);
+}
+
+__global__ void __launch_bounds__(kThreadsPerCta, 1)
+    sparse_mla_ws_kernel(SparseMlaParams p, SplitPlan plan) {
+  using V = WsVariant;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // The swizzle atoms need 1024-byte alignment. The pad is the same in every CTA of the cluster
+  // (the same kernel), so mapped addresses agree.
+  uint8_t* smem = align_to_atom(smem_raw);
+  const uint32_t base = smem_addr(smem);
+
+  auto* slots_s = reinterpret_cast<int32_t*>(smem + V::kSmem.slots);
+  auto* pfrag = reinterpret_cast<uint4*>(smem + V::kSmem.pfrag);    // [4 kk][128 t]
+  auto* alpha_s = reinterpret_cast<float*>(smem + V::kSmem.alpha);  // [64 heads]
+  auto slots_of = [&](int chunk) { return slots_s + (chunk % kSlotStages) * kTokens; };
+  auto tile_at = [&](int chunk) {
+    return base + uint32_t(V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes);
+  };
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()), kTokens);
+  const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
+  const int wg = int(threadIdx.x) / kWgThreads, t = int(threadIdx.x) % kWgThreads;
+  const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
+  const int row0 = 16 * warp + g;  // this thread's heads: row0 and row0 + 8 (both warpgroups)
+  auto fetch = [&](int chunk) {
+    fetch_chunk(p, slots_of(chunk), smem + V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes, t);
+  };
+
+  // Prologue, the two warpgroups side by side: warpgroup 1 loads and stages the slots of chunks
+  // 0..2 and issues chunks 0 and 1's copies (one group each) while warpgroup 0 brings this CTA's
+  // share of q into every CTA of the cluster, so the first gather's latency overlaps q's round
+  // trip. Both keep the cluster barrier's two phases (started; q stored), which every thread of
+  // every CTA arrives at.
+  auto* p_full = reinterpret_cast<uint64_t*>(smem + V::kSmem.bars);
+  uint64_t* p_empty = p_full + 1;
+  if (threadIdx.x == 0) {  // visible to every thread after the cluster barrier's second phase
+    mbar_init(p_full, kWgThreads);
+    mbar_init(p_empty, kWgThreads);
+    mbar_init_fence();
+  }
+  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
+  if (wg == 1) {
+    // Each thread copies its own tokens of chunks 0 and 1 from slots it loads itself (no wait on
+    // another thread's staging); threads t < 64 stage chunks 0..2's for the masks.
+    int64_t first[kSlotStages];
+#pragma unroll
+    for (int i = 0; i < kSlotStages; ++i) {
+      first[i] = t < kTokens && i < n_chunks ? raw_slot(p, work.indices, chunk0 + i, t, kTokens)
+                                             : int64_t(-1);
+    }
+    int64_t own[2][kFetchPasses];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int pass = 0; pass < kFetchPasses; ++pass) {
+        const int token = t / 8 + pass * kTokensPerPass;
+        own[i][pass] = i < n_chunks
+                           ? checked_slot(p, raw_slot(p, work.indices, chunk0 + i, token, kTokens))
+                           : int64_t(-1);
+      }
+    }
+    if (t < kTokens) {
+#pragma unroll
+      for (int i = 0; i < kSlotStages; ++i) {
+        slots_of(i)[t] = int32_t(checked_slot(p, first[i]));
+      }
+    }
+    if (n_chunks > 0) fetch_chunk(p, own[0], smem + V::kSmem.kv, t);
+    cp_async_commit();
+    if (n_chunks > 1) fetch_chunk(p, own[1], smem + V::kSmem.kv + kChunkBytes, t);
+    cp_async_commit();
+    cluster_wait_acquire();    // the first phase (every CTA has started)
+    cluster_arrive_release();  // this warpgroup stores no q
+  } else {
+    share_queries<V::kHeads, kWgThreads>(p, cluster, plan.splits, work.split, work.row, work.head0,
+                                         SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
+    fence_proxy_async_all();   // q's stores, in any CTA
+    cluster_arrive_release();  // this CTA's q stores are done
+  }
+  cluster_wait_acquire();  // q is complete in every CTA of the cluster
+  fence_proxy_async();     // ... and visible to this thread's wgmma (reader side)
+
+  float o[kOutTiles][32];
+  zero_accumulators(o);
+  auto fence_o = [&] { fence_accumulators(o); };
+  auto o_flat = [&]() -> float(&)[kOutTiles * 32] {
+    return reinterpret_cast<float(&)[kOutTiles * 32]>(o);
+  };
+  // Rows row0, row0 + 8, log2 units. l: tokens 0..31 of every chunk (l) and 32..63 (l_hi), as
+  // the 64-token kernel's warpgroups 0 and 1 keep them; warpgroup 0's alone are used.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  auto fence_a = [](uint32_t(&a)[kPvSteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fence_operand(a[kk][r]);
+    }
+  };
+
+  if (wg == 0) {
+    const uint64_t desc_q = wgmma_desc_sw128(base + uint32_t(V::kSmem.q));
+    const float scale_log2 = p.scale * 1.4426950408889634f;
+    float m_hi[2] = {-INFINITY, -INFINITY}, l_hi[2] = {0.0f, 0.0f};
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      // S of the chunk once its copies have landed (K_READY).
+      bar_wait(kKReady + ch % kRing);
+      const uint32_t tile = tile_at(ch);
+      float s[kSRegs];
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) {
+        s[i] = 0.0f;
+        fence_operand(s[i]);
+      }
+      wgmma_fence();
+      scores(s, desc_q, wgmma_desc_sw128(tile), std::make_integer_sequence<int, kScoreSteps>{});
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) fence_operand(s[i]);
+
+      // The softmax step on the two token halves (the D fragment's registers 0..15 are tokens
+      // 0..31, 16..31 are 32..63), with the chunk's max of both; the same m and alpha in both
+      // halves' updates.
+      float lo[16], hi[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) lo[i] = s[i], hi[i] = s[16 + i];
+      float cmax[2], cmax_hi[2];
+      mask_scores(lo, slots_of(ch), qd, scale_log2, cmax);
+      mask_scores(hi, slots_of(ch) + kHalfTokens, qd, scale_log2, cmax_hi);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) cmax[r] = fmaxf(cmax[r], cmax_hi[r]);
+      float alpha[2], alpha_hi[2];
+      const bool rescale = update_softmax(lo, cmax, m, l, alpha);
+      update_softmax(hi, cmax, m_hi, l_hi, alpha_hi);
+
+      // P as register-A fragments (k16 step kk: tokens [16 kk, 16 kk + 16)), stored for
+      // warpgroup 1 once it has read the previous chunk's (p_empty), with the factors.
+      uint32_t a[kPvSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float* half = kk < 2 ? lo : hi;
+          a[kk][r] = pack_bf16(half[8 * (kk % 2) + 2 * r], half[8 * (kk % 2) + 2 * r + 1]);
+        }
+      }
+      if (ch > 0) mbar_wait(p_empty, uint32_t(ch - 1) & 1u);
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+        pfrag[kk * kWgThreads + t] = make_uint4(a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
+      }
+      if (qd == 0) {
+        alpha_s[row0] = alpha[0];
+        alpha_s[row0 + 8] = alpha[1];
+      }
+      mbar_arrive(p_full);
+      fence_a(a);
+      if (rescale) rescale_rows(o_flat(), alpha);
+      fence_o();
+
+      // O[:, 0:256] += P V, waited here (no group pending across the back edge: C7515).
+      issue_pv_group<kPvSteps, kOutTiles, kTileBytes>(o, a, tile, 0);
+      wgmma_wait<0>();
+      fence_o();
+      fence_a(a);
+      if (ch + 2 < n_chunks) bar_arrive(kKFree + ch % kRing);  // the tile may take chunk ch + 2
+    }
+    // l = l_0 + l_1 thread by thread, as the 64-token kernel adds its warpgroups' sums.
+    l[0] += l_hi[0];
+    l[1] += l_hi[1];
+  } else {
+    cp_async_wait<1>();   // chunk 0's copies (chunk 1's may still fly)
+    fence_proxy_async();  // this thread's copies and zero fills -> wgmma
+    if (n_chunks > 0) bar_arrive(kKReady + 0);
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      const bool restage = t < kTokens && ch + 3 < n_chunks;
+      const int64_t next_slot =
+          restage ? raw_slot(p, work.indices, chunk0 + ch + 3, t, kTokens) : int64_t(-1);
+      // P of the chunk and its factors, then its stage is free for chunk ch + 3's slots.
+      mbar_wait(p_full, uint32_t(ch) & 1u);
+      uint32_t a[kPvSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+        const uint4 v = pfrag[kk * kWgThreads + t];
+        a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+      }
+      const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
+      if (ch + 1 < n_chunks) mbar_arrive(p_empty);
+      if (restage) slots_of(ch + 3)[t] = int32_t(checked_slot(p, next_slot));
+      fence_a(a);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+        rescale_rows(o_flat(), alpha);
+      }
+      fence_o();
+
+      // O[:, 256:512] += P V; while it runs, chunk ch + 1's copies are waited for and announced.
+      const uint32_t tile = tile_at(ch);
+      issue_pv_group<kPvSteps, kOutTiles, kTileBytes>(o, a, tile, 1);
+      if (ch + 1 < n_chunks) {
+        cp_async_wait<0>();  // chunk ch + 1's copies: the only group in flight
+        fence_proxy_async();
+        bar_arrive(kKReady + (ch + 1) % kRing);
+      }
+      wgmma_wait<0>();
+      fence_o();
+      fence_a(a);
+      // Chunk ch + 2 into this tile once warpgroup 0 is done with it too (K_FREE).
+      if (ch + 2 < n_chunks) {
+        bar_wait(kKFree + ch % kRing);
+        fetch(ch + 2);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
+  }
+
+  finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
+                  row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
+}
+
+}  // namespace
+
+cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
+  // fp8 caches: the wgmma kernel, as under wgmma64. Slots are staged as int32 (a pool of 2^31
+  // tokens goes there too). Either choice is fixed per process and pool, never by the batch.
+  if (p.pool.dtype != KvDtype::kBf16 || p.pool.capacity() > INT32_MAX) {
+    return sparse_mla_wgmma(p, stream);
+  }
+  static LaunchOnce once;
+  return launch_split_clusters(sparse_mla_ws_kernel, p, split_plan(p.topk, max_splits(), kTokens),
+                               kHeadsPerCta, kThreadsPerCta, WsVariant::kSmem.bytes, stream, once);
+}
+
+}  // namespace dsa::cuda
