@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The sparse MLA kernels' GPU check, the commands of bench/results/2026-12-04-h200-mla-ws.md in one
+# device call. Runs ON the device, from the repository root, with the build of
+# scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}), in about 5 minutes:
+#   1. every sparse MLA parity test (ParityAttention.SparseMla*: each kernel against the CPU, the
+#      warp-specialized kernel bitwise against wgmma64, ragged topk, 4 / 8 / 16 splits, batch
+#      invariance);
+#   2. memcheck, racecheck, synccheck and initcheck over SparseMlaWgmma64Compact (wgmma64 and ws,
+#      8 and 16 splits, bf16 and the fp8 dispatch); racecheck's hazards tabled by source line
+#      (racecheck.md);
+#   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
+#      in table.md.
+# MLA_DECODE=1 adds the V3.2 decode step with the default kernel and with ws (bench-decode, 1
+# layer, B = 1 / 8 / 64 / 256) and a 1500-step check-replay with ws; MLA_NCU=1 adds Nsight Compute
+# on the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
+# Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
+# mla.log, parity.json, bench.json, table.md, racecheck.md; with the options decode-*.json,
+# replay.txt, ncu-*-stalls.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/gpu-steps.sh
+steps_setup mla.log
+P="$B/tests/dsa_parity_tests"
+G="$B/bench/dsa_gpu_bench"
+COMPACT=ParityAttention.SparseMlaWgmma64Compact
+
+step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+step parity 300 "$P" --gtest_filter='ParityAttention.SparseMla*' \
+  --gtest_output="json:$OUT/parity.json"
+for tool in memcheck synccheck initcheck; do
+  sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
+done
+step sanitizer-racecheck 120 "$SAN" --tool racecheck --racecheck-report all --print-limit 100000 \
+  "$P" --gtest_filter="$COMPACT" --gtest_brief=1
+step racecheck-table 10 python3 - "$LOG" "$OUT/racecheck.md" <<'EOF'
+import collections, re, sys
+text = open(sys.argv[1]).read()
+part = text.split("=== sanitizer-racecheck:")[1] if "=== sanitizer-racecheck:" in text else ""
+pairs = collections.Counter()
+for m in re.finditer(r"Potential (\w+) hazard.*?\n.*?(Write|Read) Thread.*? in (\S+:\d+)\n.*?"
+                     r"(Write|Read) Thread.*? in (\S+:\d+)", part):
+    pairs[(m.group(1), m.group(3), m.group(5))] += 1
+lines = ["| hazard | first access | second access | count |", "|---|---|---|---|"]
+lines += [f"| {k[0]} | {k[1]} | {k[2]} | {n} |" for k, n in pairs.most_common()]
+if not pairs:
+    lines.append("| none | | | 0 |")
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only sparse_mla \
+  --json "$OUT/bench.json"
+step table 10 python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+lines = ["| row | us | TFLOP/s | % of bf16 |", "|---|---|---|---|"]
+for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
+    if not r["name"].startswith("sparse_mla/"):
+        continue
+    e = r.get("extra", {})
+    lines.append(f"| {r['name']} | {r['us']:.2f} | {e.get('tflops', 0):.1f} | "
+                 f"{e.get('pct_of_bf16', 0):.1f}% |")
+open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+
+if [[ ${MLA_DECODE:-0} == 1 ]]; then
+  for kernel in default ws; do
+    env_args=()
+    [[ $kernel == ws ]] && env_args=(DSA_CUDA_SPARSE_MLA_VARIANT=ws)
+    step "decode-v32-$kernel" 150 env "${env_args[@]}" "$B/dsa" bench-decode --backend cuda \
+      --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
+      --json "$OUT/decode-$kernel.json"
+  done
+  step check-replay-ws 120 env DSA_CUDA_SPARSE_MLA_VARIANT=ws "$B/dsa" --log error check-replay \
+    --backend cuda --steps 1500 --seed 7
+fi
+
+if [[ ${MLA_NCU:-0} == 1 ]]; then
+  NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+  for rows in 64 1; do
+    name="ncu-ws-b$rows"
+    step "$name" 150 "$NCU" --kernel-name regex:sparse_mla_ws_kernel --launch-skip 3 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+      --section LaunchStats --section Occupancy --import-source yes -f -o "$OUT/$name" \
+      "$G" --skip-store --skip-gemm --attention-only sparse_mla --sparse-mla-rows "$rows"
+    step "$name-stalls" 90 bash -c "'$NCU' -i '$OUT/$name.ncu-rep' --page source --csv \
+      --print-source cuda,sass > '$OUT/$name.csv' && python3 bench/gpu/ncu_stalls.py \
+      '$OUT/$name.csv' 40 > '$OUT/$name-stalls.txt'"
+    rm -f "$OUT/$name.ncu-rep" "$OUT/$name.csv"
+  done
+fi
+
+{
+  steps_summary "GPU sparse MLA check"
+  for f in table.md racecheck.md; do
+    [[ -f $OUT/$f ]] && { echo; echo "## $f"; echo; cat "$OUT/$f"; }
+  done
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
