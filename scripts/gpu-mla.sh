@@ -9,12 +9,14 @@
 #      8 and 16 splits, bf16 and the fp8 dispatch); racecheck's hazards tabled by source line
 #      (racecheck.md);
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
-#      in table.md.
+#      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
+#      first chunk, token loop, combine, in trace.md).
 # MLA_DECODE=1 adds the V3.2 decode step with the default kernel and with ws (bench-decode, 1
 # layer, B = 1 / 8 / 64 / 256) and a 1500-step check-replay with ws; MLA_NCU=1 adds Nsight Compute
 # on the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
-# mla.log, parity.json, bench.json, table.md, racecheck.md; with the options decode-*.json,
+# mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
+# decode-*.json,
 # replay.txt, ncu-*-stalls.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +50,7 @@ if not pairs:
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
-step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only sparse_mla \
+step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only sparse_mla --mla-trace \
   --json "$OUT/bench.json"
 step table 10 python3 - "$OUT" <<'EOF'
 import json, os, sys
@@ -62,6 +64,16 @@ for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
                  f"{e.get('pct_of_bf16', 0):.1f}% |")
 open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
+keys = ["ctas", "sms", "covered", "prologue_us", "first_chunk_us", "loop_us", "chunk_us",
+        "wg1_after_wg0_us", "combine_us", "life_us"]
+trace = ["| row | span us | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
+    if r["name"].startswith("sparse_mla_trace/"):
+        e = r.get("extra", {})
+        trace.append(f"| {r['name']} | {r['us']:.2f} | " +
+                     " | ".join(f"{e.get(k, 0):.2f}" for k in keys) + " |")
+open(os.path.join(out, "trace.md"), "w").write("\n".join(trace) + "\n")
+print("\n".join(trace))
 EOF
 
 if [[ ${MLA_DECODE:-0} == 1 ]]; then
@@ -93,7 +105,7 @@ fi
 
 {
   steps_summary "GPU sparse MLA check"
-  for f in table.md racecheck.md; do
+  for f in table.md trace.md racecheck.md; do
     [[ -f $OUT/$f ]] && { echo; echo "## $f"; echo; cat "$OUT/$f"; }
   done
 } > "$OUT/summary.md"

@@ -21,11 +21,13 @@
 //       .../ws, .../ws/splits=16 and .../ws/splits=4 (its warp-specialized form, =ws) and at B =
 //       1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
-//       .../ws/graph (graph-launched)
+//       .../ws/graph (graph-launched); with --mla-trace, sparse_mla_trace/bf16/B=.../ws: one
+//       traced launch of the ws kernel, its CTAs' mean time per phase
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -204,6 +206,72 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
   ctx.add(std::move(r));
 }
 
+// One launch of the warp-specialized sparse MLA kernel with SparseMlaParams::trace set (p as the
+// bench built it), summarized: the mean over CTAs of each phase in microseconds (clock64 spans
+// scaled by the CTAs' own globaltimer span), the mean chunk of the token loop, the launch's span
+// and how much of span x SMs the CTAs' lifetimes cover.
+void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
+  Backend& be = ctx.backend;
+  const int ctas = kRows * 2 * 8;  // 128 heads in groups of 64, 8 splits (the default bound)
+  DeviceBuffer<uint64_t> trace(be, size_t(ctas) * kSparseMlaTraceWords);
+  be.fill(trace.data(), 0, trace.bytes());
+  p.trace = trace.data();
+  with_env("DSA_CUDA_SPARSE_MLA_VARIANT", "ws", [&] {
+    be.sparse_mla(p);  // warm (the first launch sets the kernel's attributes)
+    be.sparse_mla(p);
+  });
+  be.synchronize();
+  std::vector<uint64_t> w(size_t(ctas) * kSparseMlaTraceWords);
+  be.copy_to_host(w.data(), trace.data(), trace.bytes());
+  enum { kStart, kPrologue, kFirstS, kLoop0, kLoop1, kEnd, kNsStart, kNsEnd, kWhere };
+  double sum[6] = {}, chunk_us = 0, life_us = 0;
+  int chunked = 0;
+  uint64_t first = UINT64_MAX, last = 0;
+  std::vector<int> sms;
+  for (int c = 0; c < ctas; ++c) {
+    const uint64_t* t = w.data() + size_t(c) * kSparseMlaTraceWords;
+    const double cycles = double(t[kEnd] - t[kStart]);
+    const double us_per_cycle = cycles > 0 ? double(t[kNsEnd] - t[kNsStart]) * 1e-3 / cycles : 0;
+    auto span = [&](int a, int b) { return double(int64_t(t[b] - t[a])) * us_per_cycle; };
+    sum[0] += span(kStart, kPrologue);   // q broadcast, slots, the cluster barrier
+    sum[1] += span(kPrologue, kFirstS);  // chunk 0's copies landing
+    sum[2] += span(kFirstS, kLoop0);     // warpgroup 0's token loop
+    sum[3] += span(kLoop0, kLoop1);      // warpgroup 1 past warpgroup 0's loop end
+    sum[4] += span(kLoop0, kEnd);        // the combine and the cluster barriers
+    sum[5] += span(kStart, kEnd);
+    const int n_chunks = int(t[kWhere] >> 32);
+    if (n_chunks > 0) chunk_us += span(kFirstS, kLoop0) / n_chunks, ++chunked;
+    life_us += double(t[kNsEnd] - t[kNsStart]) * 1e-3;
+    first = std::min(first, t[kNsStart]);
+    last = std::max(last, t[kNsEnd]);
+    sms.push_back(int(t[kWhere] & 0xffffffffu));
+  }
+  std::sort(sms.begin(), sms.end());
+  const int used_sms = int(std::unique(sms.begin(), sms.end()) - sms.begin());
+  const double span_us = double(last - first) * 1e-3;
+  const double cover = life_us / (span_us * std::max(1, used_sms));
+  std::printf(
+      "  sparse_mla_trace/bf16/B=%d/ws: %d CTAs on %d SMs over %.2f us (%.0f%% covered); per CTA "
+      "us: prologue %.2f, first chunk %.2f, token loop %.2f (%.2f a chunk), wg1 after wg0 %.2f, "
+      "combine %.2f, life %.2f\n",
+      kRows, ctas, used_sms, span_us, 100 * cover, sum[0] / ctas, sum[1] / ctas, sum[2] / ctas,
+      chunked ? chunk_us / chunked : 0.0, sum[3] / ctas, sum[4] / ctas, sum[5] / ctas);
+  BenchResult r;
+  r.name = "sparse_mla_trace/bf16/B=" + std::to_string(kRows) + "/ws";
+  r.us = span_us;
+  r.extra = {{"ctas", ctas},
+             {"sms", used_sms},
+             {"covered", cover},
+             {"prologue_us", sum[0] / ctas},
+             {"first_chunk_us", sum[1] / ctas},
+             {"loop_us", sum[2] / ctas},
+             {"chunk_us", chunked ? chunk_us / chunked : 0.0},
+             {"wg1_after_wg0_us", sum[3] / ctas},
+             {"combine_us", sum[4] / ctas},
+             {"life_us", sum[5] / ctas}};
+  ctx.add(std::move(r));
+}
+
 void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_64& gen) {
   constexpr int kHeads = 128, kTopk = 2048;
   Backend& be = ctx.backend;
@@ -325,6 +393,10 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     std::printf("    %.0f TFLOP/s = %.0f%% of bf16 %.0f TFLOP/s\n", tflops,
                 100.0 * tflops / ctx.bf16_tflops, ctx.bf16_tflops);
     ctx.add(std::move(r));
+  }
+  if (ctx.mla_trace && bf16) {
+    p.q = q.data(), p.indices = d_indices.data(), p.out = out.data(), p.lse = lse.data();
+    trace_sparse_mla_ws(ctx, p, kRows);
   }
 }
 

@@ -55,6 +55,9 @@ class BenchContext {
   std::vector<int> indexer_rows;
   // Batch sizes of the sparse MLA rows (1, 64, 256); empty: all of them (e.g. one B under ncu).
   std::vector<int> sparse_mla_rows;
+  // After the bf16 sparse MLA rows of each B, one traced launch of the warp-specialized kernel
+  // (SparseMlaParams::trace): its CTAs' phases, in rows sparse_mla_trace/bf16/B=.../ws.
+  bool mla_trace = false;
 
   // Median microseconds per call of fn (which enqueues on `stream`): warm-up, then several
   // repeats of `iters` calls between CUDA events.

@@ -221,6 +221,12 @@ int main(int argc, char** argv) {
                  "run only these batch sizes of the sparse MLA rows (1, 64, 256)")
       ->check(CLI::IsMember({1, 64, 256}))
       ->delimiter(',');
+  bool mla_trace = false;
+  app.add_flag("--mla-trace", mla_trace,
+               "after the bf16 sparse MLA rows of each B, one traced launch of the "
+               "warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws): the mean time its CTAs "
+               "spend in each phase (prologue, first chunk, token loop, combine), rows "
+               "sparse_mla_trace/bf16/B=.../ws");
   std::vector<std::string> gemm_kernels;
   app.add_option("--gemm-kernels", gemm_kernels,
                  "the invariant GEMM kernels the GEMM benches time (default: mma,wgmma)")
@@ -245,6 +251,7 @@ int main(int argc, char** argv) {
     ctx.attention_only = attention_only;
     ctx.legacy_rows = legacy_rows;
     ctx.sparse_mla_rows = sparse_mla_rows;
+    ctx.mla_trace = mla_trace;
     ctx.indexer_variants = indexer_variants;
     ctx.indexer_rows = indexer_rows;
     ctx.gemm_kernels = gemm_kernels;

@@ -407,7 +407,12 @@ struct SparseMlaParams {
   int rows = 0, heads = 0, topk = 0;
   int64_t ld_q = 0, ld_indices = 0, ld_out = 0;
   float scale = 0.0f;
+  // Diagnostics, CUDA only: when set, the warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws)
+  // writes kSparseMlaTraceWords words per CTA (its phases' clock64 stamps, globaltimer at start
+  // and end, the SM id; see sparse_mla_ws.cu); every other kernel and backend ignores it.
+  uint64_t* trace = nullptr;
 };
+inline constexpr int kSparseMlaTraceWords = 10;
 
 // ---- Sampling ---------------------------------------------------------------------------------
 

@@ -171,6 +171,21 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int3
   fetch_chunk(p, slot, tile, t);
 }
 
+// The diagnostics trace (SparseMlaParams::trace): kSparseMlaTraceWords words per CTA, in blockIdx
+// order. Words 0..5: clock64 at the CTA's start, the end of the prologue (q in place), warpgroup
+// 0's first S (chunk 0 landed), warpgroup 0's and warpgroup 1's loop ends, and the CTA's end;
+// 6, 7: globaltimer (ns) at the start and the end; 8: the SM id | n_chunks << 32. Written by
+// thread 0 (and 128, word 4) only when the pointer is set.
+enum TraceWord : int { kStart, kPrologue, kFirstS, kLoop0, kLoop1, kEnd, kNsStart, kNsEnd, kWhere };
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) {
+  p.trace[size_t(blockIdx.x) * kSparseMlaTraceWords + word] = uint64_t(clock64());
+}
+
 // S over all 576 dims and the chunk's 64 tokens, in k order: step i reads k16 block i % 4 of
 // 64-dim tile i / 4 of q and of the chunk (both tiles 8 KiB: the same offset from either base).
 template <int... kI>
@@ -220,6 +235,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     mbar_init(p_empty, kWgThreads);
     mbar_init_fence();
   }
+  const bool tracing = p.trace != nullptr && threadIdx.x == 0;
+  if (tracing) {
+    trace_stamp(p, kStart);
+    p.trace[size_t(blockIdx.x) * kSparseMlaTraceWords + kNsStart] = global_ns();
+  }
   cluster_arrive_relaxed();  // this CTA has started: the others may write its q
   if (wg == 1) {
     // Each thread copies its own tokens of chunks 0 and 1 from slots it loads itself (no wait on
@@ -261,6 +281,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
   cluster_wait_acquire();  // q is complete in every CTA of the cluster
   fence_proxy_async();     // ... and visible to this thread's wgmma (reader side)
+  if (tracing) trace_stamp(p, kPrologue);
 
   float o[kOutTiles][32];
   zero_accumulators(o);
@@ -286,6 +307,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     for (int ch = 0; ch < n_chunks; ++ch) {
       // S of the chunk once its copies have landed (K_READY).
       bar_wait(kKReady + ch % kRing);
+      if (tracing && ch == 0) trace_stamp(p, kFirstS);
       const uint32_t tile = tile_at(ch);
       float s[kSRegs];
 #pragma unroll
@@ -348,6 +370,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       if (ch + 2 < n_chunks) bar_arrive(kKFree + ch % kRing);  // the tile may take chunk ch + 2
     }
     // l = l_0 + l_1 thread by thread, as the 64-token kernel adds its warpgroups' sums.
+    if (tracing) trace_stamp(p, kLoop0);
     l[0] += l_hi[0];
     l[1] += l_hi[1];
   } else {
@@ -394,10 +417,30 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       cp_async_commit();
     }
     cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
+    if (p.trace != nullptr && t == 0) trace_stamp(p, kLoop1);
   }
 
+  // The P handoff is over: every thread is past its last wait on and arrival at p_full and
+  // p_empty (the barrier), and they are invalidated before the combine. (Not run on the GPU yet:
+  // added after the runs of bench/results/2026-12-04-h200-mla-ws.md, whose racecheck reported
+  // hazards on the combine's coefficients, across a __syncthreads, only once the handoff moved
+  // to these mbarriers; scripts/gpu-mla.sh tables them.)
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_inval(p_full);
+    mbar_inval(p_empty);
+  }
   finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
                   row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
+  if (tracing) {
+    trace_stamp(p, kEnd);
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    uint64_t* w = p.trace + size_t(blockIdx.x) * kSparseMlaTraceWords;
+    w[kNsEnd] = global_ns();
+    w[kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
+    if (n_chunks == 0) w[kFirstS] = w[kPrologue];  // no S: the loops are empty
+  }
 }
 
 }  // namespace
