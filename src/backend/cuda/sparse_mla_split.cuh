@@ -112,10 +112,11 @@ __device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluste
 // Nsight Compute put a fifth of a B = 64 launch's stall samples of the warp-specialized kernel on
 // that chain, bench/results/2026-12-04-h200-mla-ws.md). The arithmetic per output float is the
 // same fmaf chain in split order: the same bits.
-template <class V, int kSplits>
-__device__ __forceinline__ void combine_slice(const SparseMlaParams& p, cg::cluster_group& cluster,
-                                              int split, int row, int head0, uint8_t* smem,
-                                              const float* coef) {
+// part(s, h, d): the 4 floats of split s's partial o at head h, output dims d..d + 3 (in this
+// CTA's slice): another CTA's shared memory (the pull combine) or this CTA's (the push one).
+template <class V, int kSplits, class Part>
+__device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int split, int row,
+                                              int head0, const float* coef, Part part) {
   constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
   constexpr int kItems = V::kHeads * kVecs;
   constexpr int kIters = (kItems + V::kThreads - 1) / V::kThreads;
@@ -131,10 +132,7 @@ __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, cg::clus
       const int h = it / kVecs, d = d0 + (it % kVecs) * 4;
       if (i0 + i >= kIters || it >= kItems || head0 + h >= p.heads) continue;
 #pragma unroll
-      for (int s = 0; s < kSplits; ++s) {
-        const float* part = cluster.map_shared_rank(reinterpret_cast<float*>(smem), s);
-        v[i][s] = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
-      }
+      for (int s = 0; s < kSplits; ++s) v[i][s] = *reinterpret_cast<const float4*>(part(s, h, d));
     }
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
@@ -151,6 +149,63 @@ __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, cg::clus
       float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
       out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
     }
+  }
+}
+// combine_slice for the plan's split count (a power of two, split_plan).
+template <class V, class Part>
+__device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int splits, int split,
+                                               int row, int head0, const float* coef, Part part) {
+  switch (splits) {
+    case 16:
+      return combine_slice<V, 16>(p, split, row, head0, coef, part);
+    case 8:
+      return combine_slice<V, 8>(p, split, row, head0, coef, part);
+    case 4:
+      return combine_slice<V, 4>(p, split, row, head0, coef, part);
+    case 2:
+      return combine_slice<V, 2>(p, split, row, head0, coef, part);
+    default:
+      return combine_slice<V, 1>(p, split, row, head0, coef, part);
+  }
+}
+
+// Phase 1 of the combine: per head h < kHeads (threads 0..kHeads - 1), the weights of the
+// splits, coef[h][s] = 2^(m_s - M) / L with M = max m_s and L = sum_s l_s 2^(m_s - M), in split
+// order, and split 0's lse; ml(s, h, m, l) loads split s's m and l of head h. The caller
+// synchronizes the CTA before coef is read.
+template <class V, class Ml>
+__device__ __forceinline__ void combine_coefficients(const SparseMlaParams& p, int splits,
+                                                     int split, int row, int head0, float* coef,
+                                                     Ml ml) {
+  if (threadIdx.x >= V::kHeads) return;
+  const int h = threadIdx.x;
+  float ms[kMaxSplits], ls[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) ml(s, h, ms[s], ls[s]);
+  }
+  float m_max = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s >= splits) break;
+    m_max = fmaxf(m_max, ms[s]);
+  }
+  float l_sum = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s >= splits) break;
+    ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
+    l_sum += ls[s] * ms[s];
+  }
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s >= splits) break;
+    coef[h * kMaxSplits + s] = ms[s] * inv;
+  }
+  if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
+    p.lse[int64_t(row) * p.heads + head0 + h] =
+        l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
   }
 }
 
@@ -171,40 +226,11 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   // the H200, Nsight Compute's source page put about a sixth of a B = 64 launch's stall samples
   // on that chain of FFMAs, bench/results/2026-12-04-h200-attn.md). The arithmetic after the
   // loads is the same chain, in split order, as before: the same bits.
-  if (threadIdx.x < V::kHeads) {
-    const int h = threadIdx.x;
-    float ms[kMaxSplits], ls[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) {
-        ms[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-        ls[s] = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
-      }
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      m_max = fmaxf(m_max, ms[s]);
-    }
-    float l_sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
-      l_sum += ls[s] * ms[s];
-    }
-    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      coef[h * kMaxSplits + s] = ms[s] * inv;
-    }
-    if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
-      p.lse[int64_t(row) * p.heads + head0 + h] =
-          l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
-    }
-  }
+  combine_coefficients<V>(
+      p, splits, split, row, head0, coef, [&](int s, int h, float& m, float& l) {
+        m = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+        l = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+      });
   __syncthreads();  // coef is complete
 
   if constexpr (V::kThreads < 256) {
@@ -236,18 +262,9 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
     }
     return;
   }
-  switch (splits) {  // a power of two (split_plan)
-    case 16:
-      return combine_slice<V, 16>(p, cluster, split, row, head0, smem, coef);
-    case 8:
-      return combine_slice<V, 8>(p, cluster, split, row, head0, smem, coef);
-    case 4:
-      return combine_slice<V, 4>(p, cluster, split, row, head0, smem, coef);
-    case 2:
-      return combine_slice<V, 2>(p, cluster, split, row, head0, smem, coef);
-    default:
-      return combine_slice<V, 1>(p, cluster, split, row, head0, smem, coef);
-  }
+  combine_slices<V>(p, splits, split, row, head0, coef, [&](int s, int h, int d) {
+    return cluster.map_shared_rank(reinterpret_cast<const float*>(smem), s) + h * kPartPitch + d;
+  });
 }
 
 // The bound on splits per row: 8 (the portable cluster size), or 2, 4 or 16 with
