@@ -839,17 +839,20 @@ Outputs schedule_outputs(OpCase& c, Workspace& ws, const char* schedule) {
   return std::move(rb.outputs);
 }
 
+// One shape of the sparse MLA bitwise families below: the batch, heads, topk, odd strides and
+// the split bound (0: the default).
+struct MlaShape {
+  int rows, heads, topk;
+  bool padded_stride;
+  int max_splits;
+};
+
 // The two schedules of the token loop (serial, overlapped) run the same arithmetic: the same
 // outputs and lse bit for bit on every shape of the families above: 4, 16, 32 and 128 heads,
 // topk 37 to 2048 (empty splits, 1 to 8 chunks per split, the rings wrapping), 8 and 16 splits,
 // padded, short, sentinel and out-of-pool slots, odd strides, a spare row that stays poison.
 TEST_F(ParityAttention, SparseMlaWgmmaSchedulesAgreeBitwise) {
-  struct Shape {
-    int rows, heads, topk;
-    bool padded_stride;
-    int max_splits;
-  };
-  std::vector<Shape> shapes;
+  std::vector<MlaShape> shapes;
   for (int heads : {128, 16, 4}) {
     for (int topk : {100, 37, 150}) shapes.push_back({5, heads, topk, topk == 37, 0});
   }
@@ -860,7 +863,7 @@ TEST_F(ParityAttention, SparseMlaWgmmaSchedulesAgreeBitwise) {
   shapes.push_back({4, 16, 1300, true, 16});
   uint64_t seed = 1200;
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
-    for (const Shape& sh : shapes) {
+    for (const MlaShape& sh : shapes) {
       SparseMlaCase c(
           {dtype, sh.rows, sh.heads, sh.topk, sh.padded_stride, 0, true, sh.max_splits, kWgmma});
       Workspace ws(cpu(), cuda());
@@ -987,12 +990,7 @@ TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
 // wrapping, a last chunk partly past topk); 4, 8 and 16 splits; padded, short, sentinel and
 // out-of-pool slots; odd strides; a spare row that stays poison in both.
 TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
-  struct Shape {
-    int rows, heads, topk;
-    bool padded_stride;
-    int max_splits;
-  };
-  std::vector<Shape> shapes;
+  std::vector<MlaShape> shapes;
   for (int heads : {128, 16, 4}) {
     for (int topk : {100, 37, 150, 300}) shapes.push_back({5, heads, topk, topk == 37, 0});
   }
@@ -1006,7 +1004,7 @@ TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
   shapes.push_back({5, 128, 65, true, 0});
   shapes.push_back({4, 16, 1697, true, 0});
   uint64_t seed = 1500;
-  for (const Shape& sh : shapes) {
+  for (const MlaShape& sh : shapes) {
     Outputs outs[2];
     for (int v = 0; v < 2; ++v) {
       SparseMlaCase c({KvDtype::kBf16, sh.rows, sh.heads, sh.topk, sh.padded_stride, 0, true,

@@ -177,44 +177,6 @@ struct Wg64Variant {
   static_assert(size_t(2) * 128 * 4 <= kPexBytes, "the l exchange lives in pex");
 };
 
-// The copies of one chunk into its tile from its staged slots [64]: cp.async for every 16-byte
-// piece of a used token's row, zeros for the unused ones (-1: never read). Eight threads per
-// token: thread t copies 16-byte chunk t % 8 of each of the 9 tile rows of tokens t / 8 and
-// t / 8 + 32 (18 pieces, two slots: few live registers beside o). A quarter warp writes the 8
-// chunks of one tile row (8 distinct bank groups under any swizzle row) and reads 128
-// contiguous bytes of the pool. The caller commits the group.
-__device__ __forceinline__ void fetch_chunk64(const SparseMlaParams& p, const int32_t* slots,
-                                              uint8_t* tile) {
-  constexpr int kTokensPerPass = kThreadsPerCta / 8;  // 32
-  static_assert(kTokens % kTokensPerPass == 0);
-  const int c = int(threadIdx.x) % 8;
-#pragma unroll
-  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
-    const int token = int(threadIdx.x) / 8 + pass * kTokensPerPass;
-    const int64_t slot = slots[token];
-    uint8_t* dst = tile + swizzle128_offset(token, c);
-    const uint8_t* src = p.pool.data + (slot >= 0 ? slot : 0) * (kLatentDim * 2) + c * 16;
-#pragma unroll
-    for (int b = 0; b < kTiles64; ++b) {  // tile b: dims [64 b, 64 b + 64) of the token
-      if (slot >= 0) {
-        cp_async16(dst + b * kTileBytes, src + b * kSwizzleRowBytes);
-      } else {
-        *reinterpret_cast<uint4*>(dst + b * kTileBytes) = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-}
-
-// S_w over all 576 dims, in k order: step i reads k16 block i % 4 of 64-dim tile i / 4 of q and
-// of the chunk (both tiles 8 KiB, so the same offset from either base descriptor).
-template <int... kI>
-__device__ __forceinline__ void scores(float (&s)[kSRegs], uint64_t desc_q, uint64_t desc_kv,
-                                       std::integer_sequence<int, kI...>) {
-  (wgmma_bf16_n32_at<((kI / 4) * kTileBytes + (kI % 4) * 32) / 16,
-                     ((kI / 4) * kTileBytes + (kI % 4) * 32) / 16>(s, desc_q, desc_kv),
-   ...);
-}
-
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_wgmma64_kernel(SparseMlaParams p, SplitPlan plan) {
   using V = Wg64Variant;
@@ -231,7 +193,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   auto tile_offset = [&](int chunk) {
     return uint32_t(V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes);
   };
-  auto fetch = [&](int chunk) { fetch_chunk64(p, slots_of(chunk), smem + tile_offset(chunk)); };
+  auto fetch = [&](int chunk) {
+    fetch_chunk<kThreadsPerCta>(p, slots_of(chunk), smem + tile_offset(chunk), int(threadIdx.x));
+  };
 
   cg::cluster_group cluster = cg::this_cluster();
   const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()), kTokens);
@@ -281,8 +245,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       fence_operand(s[i]);
     }
     wgmma_fence();
-    scores(s, desc_q, wgmma_desc_sw128(tile + uint32_t(wg * kWgTokens * kSwizzleRowBytes)),
-           std::make_integer_sequence<int, kScoreSteps>{});
+    scores<kWgTokens>(s, desc_q,
+                      wgmma_desc_sw128(tile + uint32_t(wg * kWgTokens * kSwizzleRowBytes)),
+                      std::make_integer_sequence<int, kScoreSteps>{});
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll

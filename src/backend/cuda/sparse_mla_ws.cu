@@ -94,10 +94,14 @@ constexpr int kHalfTokens = kTokens / 2;             // the two l sums' token ha
 constexpr int kSRegs = kTokens / 2;                  // 32: m64n64 f32 per thread
 constexpr int kPBytes = kPvSteps * kWgThreads * 16;  // [4 k16 steps][128 threads] uint4
 
-// The named barriers (0 is __syncthreads); each joins the 256 threads of the CTA.
-enum Barrier : int { kKReady = 3, kKFree = 5 };
+// The named barriers (0 is __syncthreads); each joins the 256 threads of the CTA, but
+// kSlotsStaged, warpgroup 1's own in the prologue (bar_wait_wg1).
+enum Barrier : int { kKReady = 3, kKFree = 5, kSlotsStaged = 7 };
 __device__ __forceinline__ void bar_wait(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
+}
+__device__ __forceinline__ void bar_wait_wg1(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kWgThreads) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
@@ -133,44 +137,6 @@ struct WsVariant {
   static_assert(kSmem.bars % 8 == 0);
 };
 
-// The copies of one chunk into its tile, by warpgroup 1 (t: the thread's index in it), given the
-// checked slots of the thread's tokens (slot[i]: token t / 8 + 16 i, i < 4): cp.async for every
-// 16-byte piece of a used token's row, zeros for the unused ones (-1: never read). Eight threads
-// per token: thread t copies 16-byte chunk t % 8 of each of the 9 tile rows of its tokens (36
-// pieces). A quarter warp writes the 8 chunks of one tile row (8 distinct bank groups under any
-// swizzle row) and reads 128 contiguous bytes of the pool. The caller commits the group.
-constexpr int kTokensPerPass = kWgThreads / 8;          // 16
-constexpr int kFetchPasses = kTokens / kTokensPerPass;  // 4
-static_assert(kTokens % kTokensPerPass == 0);
-__device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p,
-                                            const int64_t (&slot)[kFetchPasses], uint8_t* tile,
-                                            int t) {
-  const int c = t % 8;
-#pragma unroll
-  for (int pass = 0; pass < kFetchPasses; ++pass) {
-    const int token = t / 8 + pass * kTokensPerPass;
-    uint8_t* dst = tile + swizzle128_offset(token, c);
-    const uint8_t* src =
-        p.pool.data + (slot[pass] >= 0 ? slot[pass] : 0) * (kLatentDim * 2) + c * 16;
-#pragma unroll
-    for (int b = 0; b < kTiles64; ++b) {  // tile b: dims [64 b, 64 b + 64) of the token
-      if (slot[pass] >= 0) {
-        cp_async16(dst + b * kTileBytes, src + b * kSwizzleRowBytes);
-      } else {
-        *reinterpret_cast<uint4*>(dst + b * kTileBytes) = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-}
-// The same from the chunk's staged slots [64].
-__device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int32_t* slots,
-                                            uint8_t* tile, int t) {
-  int64_t slot[kFetchPasses];
-#pragma unroll
-  for (int pass = 0; pass < kFetchPasses; ++pass) slot[pass] = slots[t / 8 + pass * kTokensPerPass];
-  fetch_chunk(p, slot, tile, t);
-}
-
 // The diagnostics trace (SparseMlaParams::trace): kSparseMlaTraceWords words per CTA, in blockIdx
 // order. Words 0..5: clock64 at the CTA's start, the end of the prologue (q in place), warpgroup
 // 0's first S (chunk 0 landed), warpgroup 0's and warpgroup 1's loop ends, and the CTA's end;
@@ -184,16 +150,6 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 __device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) {
   p.trace[size_t(blockIdx.x) * kSparseMlaTraceWords + word] = uint64_t(clock64());
-}
-
-// S over all 576 dims and the chunk's 64 tokens, in k order: step i reads k16 block i % 4 of
-// 64-dim tile i / 4 of q and of the chunk (both tiles 8 KiB: the same offset from either base).
-template <int... kI>
-__device__ __forceinline__ void scores(float (&s)[kSRegs], uint64_t desc_q, uint64_t desc_kv,
-                                       std::integer_sequence<int, kI...>) {
-  (wgmma_bf16_n64_at<((kI / 4) * kTileBytes + (kI % 4) * 32) / 16,
-                     ((kI / 4) * kTileBytes + (kI % 4) * 32) / 16>(s, desc_q, desc_kv),
-   ...);
 }
 
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
@@ -220,7 +176,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
   const int row0 = 16 * warp + g;  // this thread's heads: row0 and row0 + 8 (both warpgroups)
   auto fetch = [&](int chunk) {
-    fetch_chunk(p, slots_of(chunk), smem + V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes, t);
+    fetch_chunk<kWgThreads>(p, slots_of(chunk),
+                            smem + V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes, t);
   };
 
   // Prologue, the two warpgroups side by side: warpgroup 1 loads and stages the slots of chunks
@@ -242,34 +199,20 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
   cluster_arrive_relaxed();  // this CTA has started: the others may write its q
   if (wg == 1) {
-    // Each thread copies its own tokens of chunks 0 and 1 from slots it loads itself (no wait on
-    // another thread's staging); threads t < 64 stage chunks 0..2's for the masks.
     int64_t first[kSlotStages];
 #pragma unroll
     for (int i = 0; i < kSlotStages; ++i) {
       first[i] = t < kTokens && i < n_chunks ? raw_slot(p, work.indices, chunk0 + i, t, kTokens)
                                              : int64_t(-1);
     }
-    int64_t own[2][kFetchPasses];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int pass = 0; pass < kFetchPasses; ++pass) {
-        const int token = t / 8 + pass * kTokensPerPass;
-        own[i][pass] = i < n_chunks
-                           ? checked_slot(p, raw_slot(p, work.indices, chunk0 + i, token, kTokens))
-                           : int64_t(-1);
-      }
-    }
     if (t < kTokens) {
 #pragma unroll
-      for (int i = 0; i < kSlotStages; ++i) {
-        slots_of(i)[t] = int32_t(checked_slot(p, first[i]));
-      }
+      for (int i = 0; i < kSlotStages; ++i) slots_of(i)[t] = int32_t(checked_slot(p, first[i]));
     }
-    if (n_chunks > 0) fetch_chunk(p, own[0], smem + V::kSmem.kv, t);
+    bar_wait_wg1(kSlotsStaged);  // warpgroup 1 alone: the staged slots are visible to it
+    if (n_chunks > 0) fetch(0);
     cp_async_commit();
-    if (n_chunks > 1) fetch_chunk(p, own[1], smem + V::kSmem.kv + kChunkBytes, t);
+    if (n_chunks > 1) fetch(1);
     cp_async_commit();
     cluster_wait_acquire();    // the first phase (every CTA has started)
     cluster_arrive_release();  // this warpgroup stores no q
@@ -316,7 +259,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         fence_operand(s[i]);
       }
       wgmma_fence();
-      scores(s, desc_q, wgmma_desc_sw128(tile), std::make_integer_sequence<int, kScoreSteps>{});
+      scores<kTokens>(s, desc_q, wgmma_desc_sw128(tile),
+                      std::make_integer_sequence<int, kScoreSteps>{});
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
