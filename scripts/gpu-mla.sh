@@ -4,15 +4,15 @@
 # scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,dsa}), in about 5 minutes:
 #   1. every sparse MLA parity test (ParityAttention.SparseMla*: each kernel against the CPU, the
 #      warp-specialized kernel bitwise against wgmma64, ragged topk, 4 / 8 / 16 splits, batch
-#      invariance);
+#      invariance) and the graph-replay parity tests (*ParityGraph*: the default kernel in a step);
 #   2. memcheck, racecheck, synccheck and initcheck over SparseMlaWgmma64Compact (wgmma64 and ws,
 #      8 and 16 splits, bf16 and the fp8 dispatch); racecheck's hazards tabled by source line
 #      (racecheck.md);
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
-# MLA_DECODE=1 adds the V3.2 decode step with the default kernel and with ws (bench-decode, 1
-# layer, B = 1 / 8 / 64 / 256) and a 1500-step check-replay with ws; MLA_NCU=1 adds Nsight Compute
+# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits (bench-decode, 1 layer, B = 1 / 8 /
+# 64 / 256) and a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute
 # on the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
@@ -28,7 +28,7 @@ G="$B/bench/dsa_gpu_bench"
 COMPACT=ParityAttention.SparseMlaWgmma64Compact
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-step parity 300 "$P" --gtest_filter='ParityAttention.SparseMla*' \
+step parity 420 "$P" --gtest_filter='ParityAttention.SparseMla*:*ParityGraph*' \
   --gtest_output="json:$OUT/parity.json"
 for tool in memcheck synccheck initcheck; do
   sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
@@ -64,28 +64,33 @@ for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
                  f"{e.get('pct_of_bf16', 0):.1f}% |")
 open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
-keys = ["ctas", "sms", "covered", "prologue_us", "first_chunk_us", "loop_us", "chunk_us",
-        "wg1_after_wg0_us", "combine_us", "life_us"]
+keys = ["ctas", "sms", "covered", "q_stored_us", "prologue_us", "first_chunk_us", "loop_us",
+        "chunk_us", "wg1_after_wg0_us", "parts_us", "pull_us", "exit_us", "combine_us", "life_us"]
 trace = ["| row | span us | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
 for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
     if r["name"].startswith("sparse_mla_trace/"):
         e = r.get("extra", {})
         trace.append(f"| {r['name']} | {r['us']:.2f} | " +
                      " | ".join(f"{e.get(k, 0):.2f}" for k in keys) + " |")
+trace += ["", "| exchange | us a CTA | cycles | remote B/clk | launch span us | SMs |",
+          "|---|---|---|---|---|---|"]
+for r in json.load(open(os.path.join(out, "bench.json"))).get("results", []):
+    if r["name"].startswith("cluster_exchange/"):
+        e = r.get("extra", {})
+        trace.append(f"| {r['name']} | {r['us']:.2f} | {e.get('cta_cycles', 0):.0f} | "
+                     f"{e.get('remote_bytes_per_clk', 0):.1f} | {e.get('launch_us', 0):.2f} | "
+                     f"{e.get('sms', 0)} |")
 open(os.path.join(out, "trace.md"), "w").write("\n".join(trace) + "\n")
 print("\n".join(trace))
 EOF
 
 if [[ ${MLA_DECODE:-0} == 1 ]]; then
-  for kernel in default ws; do
-    env_args=()
-    [[ $kernel == ws ]] && env_args=(DSA_CUDA_SPARSE_MLA_VARIANT=ws)
-    step "decode-v32-$kernel" 150 env "${env_args[@]}" "$B/dsa" bench-decode --backend cuda \
-      --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
-      --json "$OUT/decode-$kernel.json"
+  for splits in 8 4; do
+    step "decode-v32-splits$splits" 150 env DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$B/dsa" \
+      bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
+      --iters 10 --gemm invariant --json "$OUT/decode-splits$splits.json"
   done
-  step check-replay-ws 120 env DSA_CUDA_SPARSE_MLA_VARIANT=ws "$B/dsa" --log error check-replay \
-    --backend cuda --steps 1500 --seed 7
+  step check-replay 120 "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7
 fi
 
 if [[ ${MLA_NCU:-0} == 1 ]]; then

@@ -22,7 +22,8 @@
 //       1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
 //       .../ws/graph (graph-launched); with --mla-trace, sparse_mla_trace/bf16/B=.../ws: one
-//       traced launch of the ws kernel, its CTAs' mean time per phase
+//       traced launch of the ws kernel, its CTAs' mean time per phase, and
+//       cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement alone
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -211,9 +213,11 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
 // scaled by the CTAs' own globaltimer span), the mean chunk of the token loop, the launch's span
 // and how much of span x SMs the CTAs' lifetimes cover.
 void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
+  using T = SparseMlaTrace;
   Backend& be = ctx.backend;
-  const int ctas = kRows * 2 * 8;  // 128 heads in groups of 64, 8 splits (the default bound)
-  DeviceBuffer<uint64_t> trace(be, size_t(ctas) * kSparseMlaTraceWords);
+  // 128 heads in groups of 64, at most 16 splits: the CTAs launched are the first ones written.
+  const int most = kRows * 2 * 16;
+  DeviceBuffer<uint64_t> trace(be, size_t(most) * T::kWords);
   be.fill(trace.data(), 0, trace.bytes());
   p.trace = trace.data();
   with_env("DSA_CUDA_SPARSE_MLA_VARIANT", "ws", [&] {
@@ -221,54 +225,64 @@ void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
     be.sparse_mla(p);
   });
   be.synchronize();
-  std::vector<uint64_t> w(size_t(ctas) * kSparseMlaTraceWords);
+  std::vector<uint64_t> w(size_t(most) * T::kWords);
   be.copy_to_host(w.data(), trace.data(), trace.bytes());
-  enum { kStart, kPrologue, kFirstS, kLoop0, kLoop1, kEnd, kNsStart, kNsEnd, kWhere };
-  double sum[6] = {}, chunk_us = 0, life_us = 0;
+  int ctas = 0;
+  while (ctas < most && w[size_t(ctas) * T::kWords + T::kNsStart] != 0) ++ctas;
+  if (ctas == 0) return;
+  // The phases: name, from word, to word (each CTA's mean in us).
+  struct Phase {
+    const char* name;
+    int from, to;
+  };
+  static constexpr Phase kPhases[] = {
+      {"q_stored_us", T::kStart, T::kQStored},       // q's loads and the stores into the cluster
+      {"prologue_us", T::kStart, T::kPrologue},      // ... and the cluster barrier after them
+      {"first_chunk_us", T::kPrologue, T::kFirstS},  // chunk 0's copies landing
+      {"loop_us", T::kFirstS, T::kLoop0},            // warpgroup 0's token loop
+      {"wg1_after_wg0_us", T::kLoop0, T::kLoop1},    // warpgroup 1 past warpgroup 0's loop end
+      {"parts_us", T::kLoop0, T::kParts},    // the partial into shared memory, the cluster barrier
+      {"pull_us", T::kParts, T::kCombined},  // the remote loads and the sums of this CTA's slice
+      {"exit_us", T::kCombined, T::kEnd},    // the last cluster barrier
+      {"combine_us", T::kLoop0, T::kEnd},           {"life_us", T::kStart, T::kEnd},
+  };
+  constexpr int kN = int(std::size(kPhases));
+  double sum[kN] = {}, chunk_us = 0, life_us = 0;
   int chunked = 0;
   uint64_t first = UINT64_MAX, last = 0;
   std::vector<int> sms;
   for (int c = 0; c < ctas; ++c) {
-    const uint64_t* t = w.data() + size_t(c) * kSparseMlaTraceWords;
-    const double cycles = double(t[kEnd] - t[kStart]);
-    const double us_per_cycle = cycles > 0 ? double(t[kNsEnd] - t[kNsStart]) * 1e-3 / cycles : 0;
+    const uint64_t* t = w.data() + size_t(c) * T::kWords;
+    const double cycles = double(t[T::kEnd] - t[T::kStart]);
+    const double us_per_cycle =
+        cycles > 0 ? double(t[T::kNsEnd] - t[T::kNsStart]) * 1e-3 / cycles : 0;
     auto span = [&](int a, int b) { return double(int64_t(t[b] - t[a])) * us_per_cycle; };
-    sum[0] += span(kStart, kPrologue);   // q broadcast, slots, the cluster barrier
-    sum[1] += span(kPrologue, kFirstS);  // chunk 0's copies landing
-    sum[2] += span(kFirstS, kLoop0);     // warpgroup 0's token loop
-    sum[3] += span(kLoop0, kLoop1);      // warpgroup 1 past warpgroup 0's loop end
-    sum[4] += span(kLoop0, kEnd);        // the combine and the cluster barriers
-    sum[5] += span(kStart, kEnd);
-    const int n_chunks = int(t[kWhere] >> 32);
-    if (n_chunks > 0) chunk_us += span(kFirstS, kLoop0) / n_chunks, ++chunked;
-    life_us += double(t[kNsEnd] - t[kNsStart]) * 1e-3;
-    first = std::min(first, t[kNsStart]);
-    last = std::max(last, t[kNsEnd]);
-    sms.push_back(int(t[kWhere] & 0xffffffffu));
+    for (int i = 0; i < kN; ++i) sum[i] += span(kPhases[i].from, kPhases[i].to);
+    const int n_chunks = int(t[T::kWhere] >> 32);
+    if (n_chunks > 0) chunk_us += span(T::kFirstS, T::kLoop0) / n_chunks, ++chunked;
+    life_us += double(t[T::kNsEnd] - t[T::kNsStart]) * 1e-3;
+    first = std::min(first, t[T::kNsStart]);
+    last = std::max(last, t[T::kNsEnd]);
+    sms.push_back(int(t[T::kWhere] & 0xffffffffu));
   }
   std::sort(sms.begin(), sms.end());
   const int used_sms = int(std::unique(sms.begin(), sms.end()) - sms.begin());
   const double span_us = double(last - first) * 1e-3;
   const double cover = life_us / (span_us * std::max(1, used_sms));
   std::printf(
-      "  sparse_mla_trace/bf16/B=%d/ws: %d CTAs on %d SMs over %.2f us (%.0f%% covered); per CTA "
-      "us: prologue %.2f, first chunk %.2f, token loop %.2f (%.2f a chunk), wg1 after wg0 %.2f, "
-      "combine %.2f, life %.2f\n",
-      kRows, ctas, used_sms, span_us, 100 * cover, sum[0] / ctas, sum[1] / ctas, sum[2] / ctas,
-      chunked ? chunk_us / chunked : 0.0, sum[3] / ctas, sum[4] / ctas, sum[5] / ctas);
+      "  sparse_mla_trace/bf16/B=%d/ws: %d CTAs on %d SMs over %.2f us (%.0f%% covered); "
+      "per CTA us:",
+      kRows, ctas, used_sms, span_us, 100 * cover);
+  for (int i = 0; i < kN; ++i) std::printf(" %s %.2f", kPhases[i].name, sum[i] / ctas);
+  std::printf(", a chunk %.2f\n", chunked ? chunk_us / chunked : 0.0);
   BenchResult r;
   r.name = "sparse_mla_trace/bf16/B=" + std::to_string(kRows) + "/ws";
   r.us = span_us;
   r.extra = {{"ctas", ctas},
              {"sms", used_sms},
              {"covered", cover},
-             {"prologue_us", sum[0] / ctas},
-             {"first_chunk_us", sum[1] / ctas},
-             {"loop_us", sum[2] / ctas},
-             {"chunk_us", chunked ? chunk_us / chunked : 0.0},
-             {"wg1_after_wg0_us", sum[3] / ctas},
-             {"combine_us", sum[4] / ctas},
-             {"life_us", sum[5] / ctas}};
+             {"chunk_us", chunked ? chunk_us / chunked : 0.0}};
+  for (int i = 0; i < kN; ++i) r.extra[kPhases[i].name] = sum[i] / ctas;
   ctx.add(std::move(r));
 }
 
@@ -325,6 +339,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/heads=32", false, "mma"},
       {"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/heads=64", false, "mma"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false, "mma"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4", false},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/default/splits=8", false},
       {nullptr, "", "/wgmma", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"},
@@ -341,6 +357,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   }
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4/graph", true});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/default/splits=8/graph", true});
     variants.push_back({nullptr, "", "/mma/graph", true, "mma"});
     variants.push_back({nullptr, "", "/wgmma/graph", true, "wgmma"});
     variants.push_back(
@@ -402,6 +420,38 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
 
 }  // namespace
 
+// The split combine's data movement alone (run_cluster_exchange), at 2 clusters (B = 1's 16 CTAs)
+// and 128 (B = 64's 1024): rows cluster_exchange/<how>/ctas=N, the mean per-CTA span, and the
+// bytes each CTA brings in from elsewhere (7 of its 8 slices: 112 KiB; through global memory also
+// the 128 KiB it writes).
+void bench_cluster_exchange(BenchContext& ctx) {
+  const char* names[] = {"pull", "push", "global"};
+  for (int clusters : {2, 128}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      ClusterExchangeResult x;
+      const cudaError_t err = run_cluster_exchange(mode, clusters, ctx.stream, x);
+      if (err != cudaSuccess) {
+        std::printf("  cluster_exchange/%s FAILED: %s\n", names[mode], cudaGetErrorString(err));
+        continue;
+      }
+      const double remote = 7.0 * 64 * 64 * 4, bytes = remote + (mode == 2 ? 64.0 * 512 * 4 : 0);
+      std::printf(
+          "  cluster_exchange/%s/ctas=%d: %.2f us a CTA (%.0f cycles, %.1f B/clk remote), "
+          "launch span %.2f us on %d SMs\n",
+          names[mode], x.ctas, x.cta_us, x.cta_cycles, remote / x.cta_cycles, x.launch_us, x.sms);
+      BenchResult r;
+      r.name = std::string("cluster_exchange/") + names[mode] + "/ctas=" + std::to_string(x.ctas);
+      r.us = x.cta_us;
+      r.bytes = bytes;
+      r.extra = {{"cta_cycles", x.cta_cycles},
+                 {"remote_bytes_per_clk", remote / x.cta_cycles},
+                 {"launch_us", x.launch_us},
+                 {"sms", x.sms}};
+      ctx.add(std::move(r));
+    }
+  }
+}
+
 void run_attention_benches(BenchContext& ctx) {
   std::mt19937_64 gen(2025);
   std::puts("attention benches");
@@ -445,6 +495,7 @@ void run_attention_benches(BenchContext& ctx) {
         }
       }
     }
+    if (ctx.mla_trace) bench_cluster_exchange(ctx);
   }
 }
 

@@ -91,6 +91,19 @@ class BenchContext {
 // An empty kernel on `stream` (empty_kernel.cu), for the launch floor.
 cudaError_t launch_empty_kernel(cudaStream_t stream);
 
+// The split combine's data movement alone (cluster_exchange.cu): clusters of 8 CTAs, each with a
+// 64 x 512 f32 partial, each left with its 64-dim slice of the 8 partials' sum; mode 0 pulls the
+// slices from the other CTAs' shared memory, 1 pushes them into their owners', 2 goes through
+// global memory. The result is kept from the last of three launches (synchronized).
+struct ClusterExchangeResult {
+  double cta_us = 0;      // mean over CTAs of the exchange's span
+  double cta_cycles = 0;  // the same in SM clocks
+  double launch_us = 0;   // the launch's span (first start to last end, globaltimer)
+  int ctas = 0, sms = 0;  // CTAs launched, distinct SMs used
+};
+cudaError_t run_cluster_exchange(int mode, int clusters, cudaStream_t stream,
+                                 ClusterExchangeResult& out);
+
 // Defined in bench_store.cpp.
 void run_store_benches(BenchContext& ctx);
 // Defined in bench_gemm.cpp.

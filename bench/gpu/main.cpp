@@ -225,8 +225,10 @@ int main(int argc, char** argv) {
   app.add_flag("--mla-trace", mla_trace,
                "after the bf16 sparse MLA rows of each B, one traced launch of the "
                "warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws): the mean time its CTAs "
-               "spend in each phase (prologue, first chunk, token loop, combine), rows "
-               "sparse_mla_trace/bf16/B=.../ws");
+               "spend in each phase (q's broadcast, first chunk, token loop, the combine's "
+               "barrier, loads and exit), rows sparse_mla_trace/bf16/B=.../ws; then the combine's "
+               "data movement alone, pulled, pushed and through global memory, rows "
+               "cluster_exchange/...");
   std::vector<std::string> gemm_kernels;
   app.add_option("--gemm-kernels", gemm_kernels,
                  "the invariant GEMM kernels the GEMM benches time (default: mma,wgmma)")

@@ -403,7 +403,7 @@ class ParityAttention : public ParityTest {
     ScopedEnv pv_env("DSA_CUDA_SPARSE_MLA_WGMMA_PV", pv);
     std::optional<ScopedEnv> schedule_env;
     if (schedule != nullptr) schedule_env.emplace("DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", schedule);
-    for (int max_splits : {0, 16}) {
+    for (int max_splits : {0, 8, 16}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1300, true, 0, true, max_splits, "wgmma"});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++))
@@ -730,13 +730,14 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
           EXPECT_TRUE(check_parity(c, cpu(), cuda(), 800 + cases++));
         }
       }
-      // The real topk, 8 splits of 8 chunks (deeper than every latent ring); row 3 is padded.
-      // All 128 heads with the batch's choice; 32 (fewer CPU seconds) with a forced variant.
+      // The real topk at 8 splits, 8 chunks each (deeper than every latent ring); row 3 is
+      // padded. All 128 heads with the batch's choice; 32 (fewer CPU seconds) with a forced
+      // variant.
       const int full_heads = heads_per_cta == 0 ? 128 : 32;
-      SparseMlaCase full({dtype, 4, full_heads, 2048, false, heads_per_cta, true});
+      SparseMlaCase full({dtype, 4, full_heads, 2048, false, heads_per_cta, true, 8});
       EXPECT_TRUE(check_parity(full, cpu(), cuda(), 900 + cases++));
-      // 3 chunks per split: fewer than the deeper rings hold.
-      SparseMlaCase shallow({dtype, 4, 32, 700, true, heads_per_cta, true});
+      // 3 chunks per split at 8 splits: fewer than the deeper rings hold.
+      SparseMlaCase shallow({dtype, 4, 32, 700, true, heads_per_cta, true, 8});
       EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 950 + cases++));
     }
   }
@@ -744,10 +745,11 @@ TEST_F(ParityAttention, SparseMlaMatchesCpu) {
 
 // One small case per CUDA variant and dtype, for the sanitizers (scripts/gpu-attn.sh): 6 chunks
 // per split (the rings wrap; 3 with 16 splits), short, padded and sentinel rows, a spare output
-// row; with the default bound of 8 splits and with 16 (a non-portable cluster).
+// row; with the default bound (4 splits), 8 (the portable cluster size) and 16 (a non-portable
+// cluster).
 TEST_F(ParityAttention, SparseMlaVariantsCompact) {
   int cases = 0;
-  for (int max_splits : {0, 16}) {
+  for (int max_splits : {0, 8, 16}) {
     for (int heads_per_cta : {16, 32, 64}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1300, true, heads_per_cta, true, max_splits});
@@ -797,10 +799,10 @@ TEST_F(ParityAttention, SparseMlaBatchInvariant) {
 constexpr const char* kWgmma = "wgmma";
 
 // The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
-// groups: 128), 2 / 4 / 4 splits of 1-2 chunks (one empty split at 150), the real topk (8 splits
-// of 8 chunks: the 3-stage ring wraps), 3 chunks per split, and 16 splits (a non-portable
-// cluster); padded, short, sentinel and out-of-pool slots; strides that are not a multiple of 4
-// floats; a spare output row that must stay poison.
+// groups: 128), 2 / 4 / 4 splits of 1-2 chunks (one empty split at 150), the real topk (the
+// default 4 splits of 16 chunks: the 3-stage ring wraps), 3 chunks per split (8 splits), and 16
+// splits (a non-portable cluster); padded, short, sentinel and out-of-pool slots; strides that are
+// not a multiple of 4 floats; a spare output row that must stay poison.
 TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
   int cases = 0;
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
@@ -812,7 +814,7 @@ TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
     }
     SparseMlaCase full({dtype, 4, 128, 2048, false, 0, true, 0, kWgmma});
     EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1150 + cases++));
-    SparseMlaCase shallow({dtype, 4, 32, 700, true, 0, true, 0, kWgmma});
+    SparseMlaCase shallow({dtype, 4, 32, 700, true, 0, true, 8, kWgmma});
     EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1150 + cases++));
     SparseMlaCase wide({dtype, 3, 128, 2048, true, 0, true, 16, kWgmma});
     EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1150 + cases++));
@@ -820,7 +822,7 @@ TEST_F(ParityAttention, SparseMlaWgmmaMatchesCpu) {
 }
 
 // One small case per dtype for the sanitizers (scripts/gpu-attn.sh): 6 chunks per split (the
-// rings wrap twice), short, padded and sentinel rows, a spare output row; 8 and 16 splits.
+// rings wrap twice), short, padded and sentinel rows, a spare output row; 4, 8 and 16 splits.
 TEST_F(ParityAttention, SparseMlaWgmmaCompact) { wgmma_compact_cases(nullptr, 1180); }
 // The check path (DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma): passing here but not above points at the
 // register-A / MN-major wgmma of P V; failing both, at the rest of the kernel.
@@ -849,7 +851,7 @@ struct MlaShape {
 
 // The two schedules of the token loop (serial, overlapped) run the same arithmetic: the same
 // outputs and lse bit for bit on every shape of the families above: 4, 16, 32 and 128 heads,
-// topk 37 to 2048 (empty splits, 1 to 8 chunks per split, the rings wrapping), 8 and 16 splits,
+// topk 37 to 2048 (empty splits, 1 to 16 chunks per split, the rings wrapping), 4 and 16 splits,
 // padded, short, sentinel and out-of-pool slots, odd strides, a spare row that stays poison.
 TEST_F(ParityAttention, SparseMlaWgmmaSchedulesAgreeBitwise) {
   std::vector<MlaShape> shapes;
@@ -877,11 +879,11 @@ TEST_F(ParityAttention, SparseMlaWgmmaSchedulesAgreeBitwise) {
 }
 
 // A row's bits alone and inside batches of 7, 64 and 256 (padded and short rows among them),
-// with 8 and with 16 splits per row.
+// with 4 (the default), 8 and 16 splits per row.
 TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
   for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
     for (int topk : {512, 2048}) {
-      for (int max_splits : {0, 16}) {
+      for (int max_splits : {0, 8, 16}) {
         if (topk == 512 && max_splits == 16) continue;
         auto make = [&](int rows) -> std::unique_ptr<OpCase> {
           return std::make_unique<SparseMlaCase>(
@@ -906,11 +908,11 @@ constexpr const char* kTokenSplitVariants[] = {kWgmma64, kWs};
 
 // The CPU's output and lse: every head count (a partial 64-head group: 16 and 4 heads; two
 // groups: 128); topk 37 (one chunk, fewer than 64 tokens), 100 (2 splits of 1 chunk), 150 (2
-// splits of 2 and 1), 300 (4 splits of 2: the last one empty); the real topk (8 splits of 4: the
-// 2-tile ring and the 3-stage slot ring wrap), 700 (8 splits of 2: the last two empty), 16
-// splits (a non-portable cluster) and 4 (8 chunks per split); padded, short, sentinel, negative and
-// out-of-pool slots; strides that are not a multiple of 4 floats; a spare output row that must stay
-// poison.
+// splits of 2 and 1), 300 (4 splits of 2: the last one empty); the real topk (the default 4
+// splits of 8: the 2-tile ring and the 3-stage slot ring wrap), 700 (8 splits of 2: the last two
+// empty), 16 splits (a non-portable cluster) and 8 (4 chunks per split); padded, short, sentinel,
+// negative and out-of-pool slots; strides that are not a multiple of 4 floats; a spare output row
+// that must stay poison.
 TEST_F(ParityAttention, SparseMlaWgmma64MatchesCpu) {
   for (const char* variant : kTokenSplitVariants) {
     int cases = 0;
@@ -922,12 +924,12 @@ TEST_F(ParityAttention, SparseMlaWgmma64MatchesCpu) {
     }
     SparseMlaCase full({KvDtype::kBf16, 4, 128, 2048, false, 0, true, 0, variant});
     EXPECT_TRUE(check_parity(full, cpu(), cuda(), 1350 + cases++)) << full.vars();
-    SparseMlaCase shallow({KvDtype::kBf16, 4, 32, 700, true, 0, true, 0, variant});
+    SparseMlaCase shallow({KvDtype::kBf16, 4, 32, 700, true, 0, true, 8, variant});
     EXPECT_TRUE(check_parity(shallow, cpu(), cuda(), 1350 + cases++)) << shallow.vars();
     SparseMlaCase wide({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 16, variant});
     EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1350 + cases++)) << wide.vars();
-    SparseMlaCase narrow({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 4, variant});
-    EXPECT_TRUE(check_parity(narrow, cpu(), cuda(), 1350 + cases++)) << narrow.vars();
+    SparseMlaCase eight({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 8, variant});
+    EXPECT_TRUE(check_parity(eight, cpu(), cuda(), 1350 + cases++)) << eight.vars();
     SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, variant});  // wgmma's
     EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 1350 + cases++)) << fp8.vars();
   }
@@ -951,13 +953,13 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 }
 
 // One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
-// 64 (the last of 33 tokens), so 4 chunks per split with 8 splits (both rings wrap; the last
-// split holds 3, the eighth none) and 2 with 16; short, padded and sentinel rows, a spare output
-// row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
+// 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, 4 with 8 (both
+// rings wrap; the last split holds 3, the eighth none) and 2 with 16; short, padded and sentinel
+// rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   for (const char* variant : kTokenSplitVariants) {
     uint64_t seed = 1380;
-    for (int max_splits : {0, 16}) {
+    for (int max_splits : {0, 8, 16}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, variant});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
@@ -967,14 +969,14 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
 }
 
 // A probe row (row 0, full) alone, among 7 and among 255 rows (padded and short rows among them),
-// bitwise: topk 2048 with 8, 16 and 4 splits, 2048 - 17 and 512.
+// bitwise: topk 2048 with 4 (the default), 16 and 8 splits, 2048 - 17 and 512.
 TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
   struct Shape {
     int topk, max_splits;
   };
   for (const char* variant : kTokenSplitVariants) {
     for (const Shape sh :
-         {Shape{2048, 0}, Shape{2048, 16}, Shape{2048, 4}, Shape{2048 - 17, 0}, Shape{512, 0}}) {
+         {Shape{2048, 0}, Shape{2048, 16}, Shape{2048, 8}, Shape{2048 - 17, 0}, Shape{512, 0}}) {
       auto make = [&](int rows) -> std::unique_ptr<OpCase> {
         return std::make_unique<SparseMlaCase>(
             MlaSpec{KvDtype::kBf16, rows, 128, sh.topk, false, 0, false, sh.max_splits, variant});
@@ -997,7 +999,7 @@ TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
   shapes.push_back({4, 128, 2048, false, 0});
   shapes.push_back({4, 32, 700, true, 0});
   shapes.push_back({3, 128, 2048, true, 16});
-  shapes.push_back({3, 128, 2048, true, 4});
+  shapes.push_back({3, 128, 2048, true, 8});
   shapes.push_back({4, 128, 2048 - 17, true, 0});
   shapes.push_back({3, 64, 2048 - 17, false, 16});
   shapes.push_back({5, 128, 1, true, 0});

@@ -408,11 +408,32 @@ struct SparseMlaParams {
   int64_t ld_q = 0, ld_indices = 0, ld_out = 0;
   float scale = 0.0f;
   // Diagnostics, CUDA only: when set, the warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws)
-  // writes kSparseMlaTraceWords words per CTA (its phases' clock64 stamps, globaltimer at start
-  // and end, the SM id; see sparse_mla_ws.cu); every other kernel and backend ignores it.
+  // writes SparseMlaTrace::kWords words per CTA, in blockIdx order; every other kernel and
+  // backend ignores it.
   uint64_t* trace = nullptr;
 };
-inline constexpr int kSparseMlaTraceWords = 10;
+// The words of one CTA's SparseMlaParams::trace. clock64 at: the CTA's start; warpgroup 0's share
+// of q stored into the cluster; the prologue's end (q complete in every CTA); warpgroup 0's first
+// S (chunk 0 landed); warpgroup 0's and warpgroup 1's token-loop ends; the cluster's partials
+// complete (after the cluster barrier); this CTA's slice combined; the CTA's end. Then globaltimer
+// (ns) at the start and the end, and the SM id | n_chunks << 32.
+struct SparseMlaTrace {
+  enum Word : int {
+    kStart,
+    kQStored,
+    kPrologue,
+    kFirstS,
+    kLoop0,
+    kLoop1,
+    kParts,
+    kCombined,
+    kEnd,
+    kNsStart,
+    kNsEnd,
+    kWhere,
+    kWords
+  };
+};
 
 // ---- Sampling ---------------------------------------------------------------------------------
 

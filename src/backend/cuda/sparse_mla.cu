@@ -298,18 +298,18 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // The wgmma kernel replaced mma.sync on 2026-12-03: on the H200 it took 297.8 / 1143.6 us at B = 64
 // / 256 (bf16; mma.sync 325.1 / 1251.6) and 335.6 / 1306.4 (fp8; 367.9 / 1436.5), and lost 3.5 us
 // at B = 1 (34.6 against 31.1): bench/results/2026-12-03-h200-variants.md. The 64-token,
-// token-split wgmma kernel (sparse_mla_wgmma64.cu, DSA_CUDA_SPARSE_MLA_VARIANT= wgmma64) is the
-// default since 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
+// token-split wgmma kernel (sparse_mla_wgmma64.cu, DSA_CUDA_SPARSE_MLA_VARIANT= wgmma64) became
+// the default on 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
 // kernel's 31.4 / 271.8 / 1052.8 in the same process (bench/results/2026-12-04-h200-variants.md).
 // It serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma kernel, a
 // choice fixed by the pool, never by the batch. Its warp-specialized form (sparse_mla_ws.cu,
 // =ws: the same bits, the warpgroups split by role) is faster at every batch: 20.9 / 194.7 / 725.5
 // us at B = 1 (graph) / 64 / 256 against wgmma64's 23.1 / 212.1 / 820.3 in the same process
-// (bench/results/2026-12-04-h200-mla-ws.md). It stays opt-in until compute-sanitizer's racecheck
-// is clean over it: it reports 27 read-after-write hazards on the combine's coefficients, across
-// the __syncthreads that orders them (the same combine code is clean under wgmma64).
+// (bench/results/2026-12-04-h200-mla-ws.md), and the default since the evening of 2026-12-04,
+// once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md). Same bits as
+// wgmma64, so a process that forces wgmma64 matches one that does not.
 enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
-constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWgmma64;
+constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWs;
 MlaKernel mla_kernel() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;

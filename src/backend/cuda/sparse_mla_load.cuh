@@ -24,9 +24,15 @@ namespace dsa::cuda::sparse_mla_detail {
 
 namespace cg = cooperative_groups;
 
-constexpr int kChunk = 32;         // selected tokens per step
-constexpr int kMaxSplits = 16;     // CTAs per cluster at most (16: a non-portable cluster size)
-constexpr int kDefaultSplits = 8;  // the portable cluster size: the default bound
+constexpr int kChunk = 32;          // selected tokens per step
+constexpr int kMaxSplits = 16;      // CTAs per cluster at most (16: a non-portable cluster size)
+constexpr int kPortableSplits = 8;  // the portable cluster size
+// The default bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS moves it; max_splits). Since
+// 2026-12-04 4, was 8: every split pays a fixed q broadcast and combine through distributed shared
+// memory, about 11 us a CTA against the 7.3 us token loop of 4 chunks of 64 (ws at 8 splits, its
+// phase trace, bench/results/2026-12-04-h200-mla-splits.md). At 4 splits the V3.2 decode step is
+// 2-9% faster at B = 8 / 64 / 256 and 2% slower at B = 1.
+constexpr int kDefaultSplits = 4;
 constexpr int kPitch = kLatentDim + 8;        // smem row pitch in bf16: 1168 B, no bank conflicts
 constexpr int kPieces = kLatentDim / 8;       // 16-byte pieces of a bf16 token row: 72
 constexpr int kHalfDims = kLatentDim / 2;     // 288: the QK^T dims of one warp of a pair

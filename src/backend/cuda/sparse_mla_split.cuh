@@ -104,138 +104,159 @@ __device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluste
   __syncthreads();  // the staged slots are visible
 }
 
-// Phase 2 of the combine for kSplits splits: out = sum_s coef_s o_s in split order over this
-// CTA's slice of the output dims. The thread's remote loads (its float4s of every split: kHeads *
-// 512 / kThreads floats, 128 in every kernel) are issued in two batches, each before the first of
-// its values is used, so the slice costs two round trips through the cluster instead of one per
-// item (kHeads * 512 / splits / 4 / kThreads: 4 at 8 splits of 64 heads; on the H200,
-// Nsight Compute put a fifth of a B = 64 launch's stall samples of the warp-specialized kernel on
-// that chain, bench/results/2026-12-04-h200-mla-ws.md). The arithmetic per output float is the
-// same fmaf chain in split order: the same bits.
-// part(s, h, d): the 4 floats of split s's partial o at head h, output dims d..d + 3 (in this
-// CTA's slice): another CTA's shared memory (the pull combine) or this CTA's (the push one).
-template <class V, int kSplits, class Part>
-__device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int split, int row,
-                                              int head0, const float* coef, Part part) {
-  constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
-  constexpr int kItems = V::kHeads * kVecs;
-  constexpr int kIters = (kItems + V::kThreads - 1) / V::kThreads;
-  // Items whose loads fly together: 64 registers of float4s (128 would spill beside the rest).
-  constexpr int kGroup = kSplits >= 16 ? 1 : 16 / kSplits;
-  const int d0 = split * (kKvLoraRank / kSplits);
+// The weights of one head's splits, in place: m[s] (split s's max, log2 units, -inf when it saw
+// no valid slot) becomes w_s = 2^(m_s - M) / L with M = max m_s and L = sum_s l_s 2^(m_s - M), in
+// split order over the first `splits` entries. Returns the head's lse (natural log; -inf when no
+// split saw a valid slot).
+template <int kN>
+__device__ __forceinline__ float split_weights(float (&m)[kN], const float (&l)[kN], int splits) {
+  float m_max = -INFINITY;
 #pragma unroll
-  for (int i0 = 0; i0 < kIters; i0 += kGroup) {
+  for (int s = 0; s < kN; ++s) {
+    if (s >= splits) break;
+    m_max = fmaxf(m_max, m[s]);
+  }
+  float l_sum = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kN; ++s) {
+    if (s >= splits) break;
+    m[s] = m[s] == -INFINITY ? 0.0f : exp2f(m[s] - m_max);  // the split's weight
+    l_sum += l[s] * m[s];
+  }
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+#pragma unroll
+  for (int s = 0; s < kN; ++s) {
+    if (s >= splits) break;
+    m[s] *= inv;
+  }
+  return l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
+}
+
+// The combine of the 256-thread kernels for kSplits splits: out = sum_s w_s o_s in split order
+// over this CTA's slice of the output dims. Each head's kThreads / kHeads consecutive threads
+// share it (4 in every kernel), so a thread loads its head's m and l from every split once and
+// computes the weights itself (split_weights): no table of weights and no CTA barrier between
+// the cluster barrier and the sums, and 2 remote loads of m and l per split per thread. Item k of
+// a thread is the float4 at vec j + 4 k of its head's slice (j: the thread's place among the
+// head's), so a warp's loads cover 8 heads' 64 consecutive bytes each. The remote loads of a
+// group of items (64 registers of float4s) are issued before the first of their values is used:
+// at 8 splits two round trips through the cluster. The head's first thread in split 0's CTA also
+// writes lse. The arithmetic per output float is the fmaf chain in split order with the weights of
+// split_weights, as in the mma.sync kernel's combine: the same bits, whatever thread does it.
+// part(s, h, d): the 4 floats of split s's partial o at head h, output dims d..d + 3 (in this
+// CTA's slice); ml(s, h, m, l): split s's m and l of head h.
+template <class V, int kSplits, class Part, class Ml>
+__device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int split, int row,
+                                              int head0, Part part, Ml ml) {
+  static_assert(V::kThreads % V::kHeads == 0, "whole threads per head");
+  constexpr int kTph = V::kThreads / V::kHeads;     // threads per head
+  constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
+  static_assert(kVecs % kTph == 0);
+  constexpr int kPer = kVecs / kTph;  // items per thread
+  constexpr int kGroup = kPer < 16 / kSplits ? kPer : (kSplits >= 16 ? 1 : 16 / kSplits);
+  const int h = int(threadIdx.x) / kTph, j = int(threadIdx.x) % kTph;
+  if (head0 + h >= p.heads) return;
+  const int d0 = split * (kKvLoraRank / kSplits);
+  // 16-byte stores when every output row keeps 16-byte alignment (the same values either way).
+  const bool out_vec4 = (reinterpret_cast<uintptr_t>(p.out) & 15u) == 0 && p.ld_out % 4 == 0;
+  float w[kSplits], l[kSplits];
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) ml(s, h, w[s], l[s]);
+#pragma unroll
+  for (int k0 = 0; k0 < kPer; k0 += kGroup) {
     float4 v[kGroup][kSplits];
 #pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int it = int(threadIdx.x) + (i0 + i) * V::kThreads;
-      const int h = it / kVecs, d = d0 + (it % kVecs) * 4;
-      if (i0 + i >= kIters || it >= kItems || head0 + h >= p.heads) continue;
+    for (int k = 0; k < kGroup; ++k) {
+      const int d = d0 + (j + kTph * (k0 + k)) * 4;
 #pragma unroll
-      for (int s = 0; s < kSplits; ++s) v[i][s] = *reinterpret_cast<const float4*>(part(s, h, d));
+      for (int s = 0; s < kSplits; ++s) v[k][s] = *reinterpret_cast<const float4*>(part(s, h, d));
+    }
+    if (k0 == 0) {
+      const float lse = split_weights(w, l, kSplits);
+      if (p.lse != nullptr && split == 0 && j == 0) p.lse[int64_t(row) * p.heads + head0 + h] = lse;
     }
 #pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int it = int(threadIdx.x) + (i0 + i) * V::kThreads;
-      const int h = it / kVecs, d = d0 + (it % kVecs) * 4;
-      if (i0 + i >= kIters || it >= kItems || head0 + h >= p.heads) continue;
+    for (int k = 0; k < kGroup; ++k) {
+      const int d = d0 + (j + kTph * (k0 + k)) * 4;
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kSplits; ++s) {
-        const float w = coef[h * kMaxSplits + s];
-        acc.x = fmaf(v[i][s].x, w, acc.x), acc.y = fmaf(v[i][s].y, w, acc.y);
-        acc.z = fmaf(v[i][s].z, w, acc.z), acc.w = fmaf(v[i][s].w, w, acc.w);
+        acc.x = fmaf(v[k][s].x, w[s], acc.x), acc.y = fmaf(v[k][s].y, w[s], acc.y);
+        acc.z = fmaf(v[k][s].z, w[s], acc.z), acc.w = fmaf(v[k][s].w, w[s], acc.w);
       }
       float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
-      out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+      if (out_vec4) {
+        *reinterpret_cast<float4*>(out) = acc;
+      } else {
+        out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
+      }
     }
   }
 }
 // combine_slice for the plan's split count (a power of two, split_plan).
-template <class V, class Part>
+template <class V, class Part, class Ml>
 __device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int splits, int split,
-                                               int row, int head0, const float* coef, Part part) {
+                                               int row, int head0, Part part, Ml ml) {
   switch (splits) {
     case 16:
-      return combine_slice<V, 16>(p, split, row, head0, coef, part);
+      return combine_slice<V, 16>(p, split, row, head0, part, ml);
     case 8:
-      return combine_slice<V, 8>(p, split, row, head0, coef, part);
+      return combine_slice<V, 8>(p, split, row, head0, part, ml);
     case 4:
-      return combine_slice<V, 4>(p, split, row, head0, coef, part);
+      return combine_slice<V, 4>(p, split, row, head0, part, ml);
     case 2:
-      return combine_slice<V, 2>(p, split, row, head0, coef, part);
+      return combine_slice<V, 2>(p, split, row, head0, part, ml);
     default:
-      return combine_slice<V, 1>(p, split, row, head0, coef, part);
-  }
-}
-
-// Phase 1 of the combine: per head h < kHeads (threads 0..kHeads - 1), the weights of the
-// splits, coef[h][s] = 2^(m_s - M) / L with M = max m_s and L = sum_s l_s 2^(m_s - M), in split
-// order, and split 0's lse; ml(s, h, m, l) loads split s's m and l of head h. The caller
-// synchronizes the CTA before coef is read.
-template <class V, class Ml>
-__device__ __forceinline__ void combine_coefficients(const SparseMlaParams& p, int splits,
-                                                     int split, int row, int head0, float* coef,
-                                                     Ml ml) {
-  if (threadIdx.x >= V::kHeads) return;
-  const int h = threadIdx.x;
-  float ms[kMaxSplits], ls[kMaxSplits];
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    if (s < splits) ml(s, h, ms[s], ls[s]);
-  }
-  float m_max = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    if (s >= splits) break;
-    m_max = fmaxf(m_max, ms[s]);
-  }
-  float l_sum = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    if (s >= splits) break;
-    ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - m_max);  // the split's weight
-    l_sum += ls[s] * ms[s];
-  }
-  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    if (s >= splits) break;
-    coef[h * kMaxSplits + s] = ms[s] * inv;
-  }
-  if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
-    p.lse[int64_t(row) * p.heads + head0 + h] =
-        l_sum > 0.0f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
+      return combine_slice<V, 1>(p, split, row, head0, part, ml);
   }
 }
 
 // The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
 // [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
-// and l [kHeads]. Phase 1: per head, the weights of the splits, w_s = 2^(m_s - M) / L with
-// M = max m_s and L = sum_s l_s 2^(m_s - M), in split order. Phase 2: this CTA's slice of the
-// output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
+// and l [kHeads]. Per head, the weights of the splits (split_weights); over this CTA's slice of
+// the output dims, out = sum_s w_s o_s in split order. The same order for every row, batch and
 // variant.
-// V: the kernel's variant (kHeads, kThreads, kSmem's m, l and coef offsets); smem: the CTA's
-// shared memory base, at the same offset in every CTA of the cluster, where part starts.
+// V: the kernel's variant (kHeads, kThreads, kSmem's m and l offsets, and coef for the mma.sync
+// kernel); smem: the CTA's shared memory base, at the same offset in every CTA of the cluster,
+// where part starts.
 template <class V>
 __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
                                int split, int row, int head0, uint8_t* smem) {
-  auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
-  // Every remote load of a phase is issued before the first of them is used: a load behind a
-  // branch on `splits` that follows a use waits out the cluster's round trip once per split (on
-  // the H200, Nsight Compute's source page put about a sixth of a B = 64 launch's stall samples
-  // on that chain of FFMAs, bench/results/2026-12-04-h200-attn.md). The arithmetic after the
-  // loads is the same chain, in split order, as before: the same bits.
-  combine_coefficients<V>(
-      p, splits, split, row, head0, coef, [&](int s, int h, float& m, float& l) {
-        m = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-        l = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
-      });
-  __syncthreads();  // coef is complete
-
-  if constexpr (V::kThreads < 256) {
-    // The mma.sync kernel's CTAs (64 to 256 threads, every register taken): one item at a time,
-    // its splits' loads together (the batched slices spill there).
+  auto ml = [&](int s, int h, float& m, float& l) {
+    m = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
+    l = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+  };
+  if constexpr (V::kThreads >= 256) {
+    combine_slices<V>(
+        p, splits, split, row, head0,
+        [&](int s, int h, int d) {
+          return cluster.map_shared_rank(reinterpret_cast<const float*>(smem), s) + h * kPartPitch +
+                 d;
+        },
+        ml);
+  } else {
+    // The mma.sync kernel's CTAs (64 to 256 threads, every register taken): per head h <
+    // kHeads (threads 0..kHeads - 1), the weights into the table coef [kHeads][kMaxSplits], then
+    // one item at a time, its splits' loads together (the batched slices spill there).
+    auto* coef = reinterpret_cast<float*>(smem + V::kSmem.coef);
+    if (threadIdx.x < V::kHeads) {
+      const int h = threadIdx.x;
+      float ms[kMaxSplits], ls[kMaxSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < splits) ml(s, h, ms[s], ls[s]);
+      }
+      const float lse = split_weights(ms, ls, splits);
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s >= splits) break;
+        coef[h * kMaxSplits + s] = ms[s];
+      }
+      if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
+        p.lse[int64_t(row) * p.heads + head0 + h] = lse;
+      }
+    }
+    __syncthreads();                            // coef is complete
     const int vecs = kKvLoraRank / splits / 4;  // float4s of this CTA's slice, per head
     const int d0 = split * (kKvLoraRank / splits);
     for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
@@ -260,20 +281,18 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
       float* out = p.out + int64_t(row) * p.ld_out + int64_t(head0 + h) * kKvLoraRank + d;
       out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
     }
-    return;
   }
-  combine_slices<V>(p, splits, split, row, head0, coef, [&](int s, int h, int d) {
-    return cluster.map_shared_rank(reinterpret_cast<const float*>(smem), s) + h * kPartPitch + d;
-  });
 }
 
-// The bound on splits per row: 8 (the portable cluster size), or 2, 4 or 16 with
-// DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: 8). It changes the split
-// boundaries, so it changes the bits: set it for a whole process or not at all.
+// The bound on splits per row: kDefaultSplits (4), or 2, 8 or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: the default). It changes the
+// split boundaries, so it changes the bits: set it for a whole process or not at all. 8 is the
+// choice for latency at one or two rows (B = 1: 23 us against 32 in the bf16 kernel, 37 against
+// 60 in the fp8 one).
 inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
-  return n == 2 || n == 4 || n == kMaxSplits ? n : kDefaultSplits;
+  return n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
 }
 
 // The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
@@ -311,7 +330,7 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  if (plan.splits > kDefaultSplits) {  // asked once per device
+  if (plan.splits > kPortableSplits) {  // asked once per device
     int device = 0;
     err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
@@ -335,12 +354,18 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
 // every warp is done with after the barrier) and the cluster's combine. The thread holds rows
 // `row0` and row0 + 8 of the CTA's heads and, of each, 256 consecutive output dims starting at
 // dim0 in the m16n8 C layout repeated: o[4 j + e] is row row0 + 8 (e / 2), dim dim0 + 8 j + e % 2
-// (dim0 includes 2 (lane % 4)); writes_ml: this thread stores m and l of its rows.
-template <class V>
+// (dim0 includes 2 (lane % 4)); writes_ml: this thread stores m and l of its rows. stamp(word):
+// the diagnostics trace's hook (SparseMlaTrace::kParts once the partials are complete, kCombined
+// once this CTA's slice is), a no-op but in the traced kernel.
+struct NoStamp {
+  __device__ void operator()(int) const {}
+};
+template <class V, class Stamp = NoStamp>
 __device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::cluster_group& cluster,
                                              const SplitPlan& plan, const CtaWork& w, uint8_t* smem,
                                              const float (&o)[128], const float (&m)[2],
-                                             float (&l)[2], int row0, int dim0, bool writes_ml) {
+                                             float (&l)[2], int row0, int dim0, bool writes_ml,
+                                             Stamp stamp = {}) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -362,7 +387,9 @@ __device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::clust
     }
   }
   cluster.sync();  // every split's partial is complete and visible to the cluster
+  stamp(SparseMlaTrace::kParts);
   combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
+  stamp(SparseMlaTrace::kCombined);
   // No CTA leaves while another still reads its shared memory. Relaxed: this CTA's remote loads
   // have all returned (their values are used above), and nothing it wrote is read after this.
   cluster_arrive_relaxed();

@@ -49,7 +49,7 @@
 // Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
 // the 64-token kernel; P [4 k16 steps][128 threads] uint4 (8 KiB); the factors alpha [64 heads]
 // f32; slots [3][64] int32; m, l [64] f32; the two mbarriers: 231,952 of the 232,448 bytes.
-// After the loop the partial o and the combine's coefficients overlay q and the ring.
+// After the loop the partial o overlays q and the ring.
 //
 // Slot stages (chunk c in stage c % 3): the prologue stages chunks 0, 1, 2. wg 1 stages chunk
 // k + 3 in its step k, after p_full(k) (wg 0 is past its mask of chunk k, the stage's last
@@ -64,10 +64,14 @@
 // kernel. The copies of chunk k + 2 start once both P V of chunk k are done and must land before
 // S of chunk k + 2: one chunk period (~1.3 us) for a 72 KiB gather.
 // Measured (H200, bench/results/2026-12-04-h200-mla-ws.md): 21.8 / 194.7 / 725.5 us at B = 1 /
-// 64 / 256 against the 64-token kernel's 24.2 / 212.1 / 820.3, far from the paper figure: about a
-// third of the stall samples are in the split machinery (q's broadcast, the combine, the cluster
-// barriers), paid once per 4 chunks. Opt-in (sparse_mla.cu says why) until racecheck is clean.
-// ptxas (sm_90a, nvcc 13.0): 204 registers, no spills, no wgmma serialization warning.
+// 64 / 256 (8 splits) against the 64-token kernel's 24.2 / 212.1 / 820.3. The default since the
+// evening of 2026-12-04 (racecheck clean once the combine lost its table of weights,
+// sparse_mla_split.cuh). Far from the paper figure because of the split machinery: its phase trace
+// (dsa_gpu_bench --mla-trace, bench/results/2026-12-04-h200-mla-splits.md) at 8 splits and B = 64
+// gives a CTA's 21.6 us as q's broadcast 4.8 us, the token loop 7.4 (1.85 a chunk), the combine
+// 8.8 (its pull alone 6.5, where moving the same bytes alone takes 4.7), so the default bound is 4
+// splits (kDefaultSplits).
+// ptxas (sm_90a, nvcc 13.0): 206 registers, no spills, no wgmma serialization warning.
 #include <cooperative_groups.h>
 
 #include <climits>
@@ -137,19 +141,16 @@ struct WsVariant {
   static_assert(kSmem.bars % 8 == 0);
 };
 
-// The diagnostics trace (SparseMlaParams::trace): kSparseMlaTraceWords words per CTA, in blockIdx
-// order. Words 0..5: clock64 at the CTA's start, the end of the prologue (q in place), warpgroup
-// 0's first S (chunk 0 landed), warpgroup 0's and warpgroup 1's loop ends, and the CTA's end;
-// 6, 7: globaltimer (ns) at the start and the end; 8: the SM id | n_chunks << 32. Written by
-// thread 0 (and 128, word 4) only when the pointer is set.
-enum TraceWord : int { kStart, kPrologue, kFirstS, kLoop0, kLoop1, kEnd, kNsStart, kNsEnd, kWhere };
+// The diagnostics trace (SparseMlaParams::trace, the words of SparseMlaTrace), written by thread
+// 0 (and 128, kLoop1) only when the pointer is set.
+using Trace = SparseMlaTrace;
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
 __device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) {
-  p.trace[size_t(blockIdx.x) * kSparseMlaTraceWords + word] = uint64_t(clock64());
+  p.trace[size_t(blockIdx.x) * Trace::kWords + word] = uint64_t(clock64());
 }
 
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
@@ -194,8 +195,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
   const bool tracing = p.trace != nullptr && threadIdx.x == 0;
   if (tracing) {
-    trace_stamp(p, kStart);
-    p.trace[size_t(blockIdx.x) * kSparseMlaTraceWords + kNsStart] = global_ns();
+    trace_stamp(p, Trace::kStart);
+    p.trace[size_t(blockIdx.x) * Trace::kWords + Trace::kNsStart] = global_ns();
   }
   cluster_arrive_relaxed();  // this CTA has started: the others may write its q
   if (wg == 1) {
@@ -221,10 +222,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                          SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
     fence_proxy_async_all();   // q's stores, in any CTA
     cluster_arrive_release();  // this CTA's q stores are done
+    if (tracing) trace_stamp(p, Trace::kQStored);
   }
   cluster_wait_acquire();  // q is complete in every CTA of the cluster
   fence_proxy_async();     // ... and visible to this thread's wgmma (reader side)
-  if (tracing) trace_stamp(p, kPrologue);
+  if (tracing) trace_stamp(p, Trace::kPrologue);
 
   float o[kOutTiles][32];
   zero_accumulators(o);
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     for (int ch = 0; ch < n_chunks; ++ch) {
       // S of the chunk once its copies have landed (K_READY).
       bar_wait(kKReady + ch % kRing);
-      if (tracing && ch == 0) trace_stamp(p, kFirstS);
+      if (tracing && ch == 0) trace_stamp(p, Trace::kFirstS);
       const uint32_t tile = tile_at(ch);
       float s[kSRegs];
 #pragma unroll
@@ -314,7 +316,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       if (ch + 2 < n_chunks) bar_arrive(kKFree + ch % kRing);  // the tile may take chunk ch + 2
     }
     // l = l_0 + l_1 thread by thread, as the 64-token kernel adds its warpgroups' sums.
-    if (tracing) trace_stamp(p, kLoop0);
+    if (tracing) trace_stamp(p, Trace::kLoop0);
     l[0] += l_hi[0];
     l[1] += l_hi[1];
   } else {
@@ -361,29 +363,28 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       cp_async_commit();
     }
     cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
-    if (p.trace != nullptr && t == 0) trace_stamp(p, kLoop1);
+    if (p.trace != nullptr && t == 0) trace_stamp(p, Trace::kLoop1);
   }
 
   // The P handoff is over: every thread is past its last wait on and arrival at p_full and
-  // p_empty (the barrier), and they are invalidated before the combine. (Not run on the GPU yet:
-  // added after the runs of bench/results/2026-12-04-h200-mla-ws.md, whose racecheck reported
-  // hazards on the combine's coefficients, across a __syncthreads, only once the handoff moved
-  // to these mbarriers; scripts/gpu-mla.sh tables them.)
+  // p_empty (the barrier), and they are invalidated before the combine.
   __syncthreads();
   if (threadIdx.x == 0) {
     mbar_inval(p_full);
     mbar_inval(p_empty);
   }
   finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
-                  row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0);
+                  row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0, [&](int word) {
+                    if (tracing) trace_stamp(p, word);
+                  });
   if (tracing) {
-    trace_stamp(p, kEnd);
+    trace_stamp(p, Trace::kEnd);
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    uint64_t* w = p.trace + size_t(blockIdx.x) * kSparseMlaTraceWords;
-    w[kNsEnd] = global_ns();
-    w[kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
-    if (n_chunks == 0) w[kFirstS] = w[kPrologue];  // no S: the loops are empty
+    uint64_t* w = p.trace + size_t(blockIdx.x) * Trace::kWords;
+    w[Trace::kNsEnd] = global_ns();
+    w[Trace::kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
+    if (n_chunks == 0) w[Trace::kFirstS] = w[Trace::kPrologue];  // no S: the loops are empty
   }
 }
 
