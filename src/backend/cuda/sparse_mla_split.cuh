@@ -64,8 +64,9 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
       if (at >= share) continue;
       const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
       const uint2 bf = make_uint2(pack_bf16(v[i].x, v[i].y), pack_bf16(v[i].z, v[i].w));
-      for (int r = 0; r < splits; ++r) {
-        *reinterpret_cast<uint2*>(cluster.map_shared_rank(q_at(h, d), r)) = bf;
+      for (int r = 0; r < splits; ++r) {  // this CTA's own copy through its local address
+        *reinterpret_cast<uint2*>(r == split ? q_at(h, d)
+                                             : cluster.map_shared_rank(q_at(h, d), r)) = bf;
       }
     }
   }
@@ -222,18 +223,20 @@ __device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int spl
 template <class V>
 __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
                                int split, int row, int head0, uint8_t* smem) {
+  // Split s's copy of an array at this offset of the shared memory: this CTA's own through its
+  // local address, the others' through the cluster's.
+  auto at = [&](int s, size_t offset) {
+    float* local = reinterpret_cast<float*>(smem + offset);
+    return s == split ? local : cluster.map_shared_rank(local, s);
+  };
   auto ml = [&](int s, int h, float& m, float& l) {
-    m = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.m), s)[h];
-    l = cluster.map_shared_rank(reinterpret_cast<float*>(smem + V::kSmem.l), s)[h];
+    m = at(s, V::kSmem.m)[h];
+    l = at(s, V::kSmem.l)[h];
   };
   if constexpr (V::kThreads >= 256) {
     combine_slices<V>(
         p, splits, split, row, head0,
-        [&](int s, int h, int d) {
-          return cluster.map_shared_rank(reinterpret_cast<const float*>(smem), s) + h * kPartPitch +
-                 d;
-        },
-        ml);
+        [&](int s, int h, int d) -> const float* { return at(s, 0) + h * kPartPitch + d; }, ml);
   } else {
     // The mma.sync kernel's CTAs (64 to 256 threads, every register taken): per head h <
     // kHeads (threads 0..kHeads - 1), the weights into the table coef [kHeads][kMaxSplits], then
