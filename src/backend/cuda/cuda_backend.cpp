@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/env_knobs.h"
 #include "backend/cuda/launch.h"
 #include "dsa/error.h"
 
@@ -159,6 +160,7 @@ class CudaBackend final : public Backend {
         gemm_fp8_(gemm_fp8_from_env()),
         gemm_fp8_tile_(gemm_fp8_tile_from_env()),
         gemm_kn_(gemm_kn_from_env()) {
+    cuda::check_env_knobs();  // before any CUDA state: a bad knob leaves nothing to clean up
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
@@ -175,6 +177,7 @@ class CudaBackend final : public Backend {
         gemm_fp8_(gemm_fp8_from_env()),
         gemm_fp8_tile_(gemm_fp8_tile_from_env()),
         gemm_kn_(gemm_kn_from_env()) {
+    cuda::check_env_knobs();
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
   }

@@ -1,0 +1,58 @@
+#include "backend/cuda/env_knobs.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dsa/error.h"
+
+namespace dsa::cuda {
+
+const std::vector<EnvKnob>& env_knobs() {
+  static const std::vector<EnvKnob> knobs = {
+      {"DSA_CUDA_SPARSE_MLA_VARIANT",
+       {"ws", "wgmma64", "wgmma", "mma"},
+       "the sparse MLA kernel (default: ws for bf16 caches, wgmma for fp8)"},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
+       {"2", "4", "8", "16"},
+       "the bound on splits per row (default: 4; 8 for single-stream latency)"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS",
+       {"16", "32", "64"},
+       "the mma.sync kernel's heads per CTA (default: chosen from the batch; the same bits)"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_PV",
+       {"wgmma", "mma"},
+       "P V in the wgmma kernel (default: wgmma; mma is a check path with other bits)"},
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE",
+       {"serial", "overlap"},
+       "the wgmma kernel's token loop (default: serial; the same bits)"},
+      {"DSA_CUDA_INDEXER_VARIANT",
+       {"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"},
+       "the indexer kernel (default: wgmma for bf16 caches, wgmma-e4m3 for fp8)"},
+      {"DSA_CUDA_INDEXER_BLOCK_TOKENS",
+       {"128", "256", "512", "1024", "2048", "4096", "8192"},
+       "the indexer's tokens per block (default: from the batch; the same bits; the legacy and "
+       "resident variants ignore 128 and 256)"},
+      {"DSA_CUDA_INDEXER_CLUSTER",
+       {"1", "2", "4"},
+       "the resident indexer's blocks per cluster (default: from the block size)"},
+      {"DSA_CUDA_TOPK",
+       {"legacy"},
+       "the former three-pass top-k (default: unset, the two-pass one)"},
+  };
+  return knobs;
+}
+
+void check_env_knobs() {
+  for (const EnvKnob& knob : env_knobs()) {
+    const char* v = std::getenv(knob.name);
+    if (v == nullptr || *v == '\0') continue;
+    if (std::find(knob.values.begin(), knob.values.end(), v) != knob.values.end()) continue;
+    std::string list;
+    for (const std::string& value : knob.values) list += (list.empty() ? "" : ", ") + value;
+    fail(ErrorCode::kInvalidArgument, "{} '{}' must be one of {} (unset: {})", knob.name, v, list,
+         knob.what);
+  }
+}
+
+}  // namespace dsa::cuda

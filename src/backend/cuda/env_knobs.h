@@ -1,0 +1,26 @@
+// The CUDA kernels' environment knobs: variables the kernels' dispatch reads at every call (so a
+// test or a bench may move one for a single call), each falling back to its default on a value it
+// does not know. A typo there would change a row's kernel or split plan, and with them its bits,
+// without a word; so every CUDA backend checks them when it is made (check_env_knobs) and refuses
+// an unknown value, naming the variable and the values it takes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dsa::cuda {
+
+struct EnvKnob {
+  const char* name;                 // "DSA_CUDA_SPARSE_MLA_MAX_SPLITS"
+  std::vector<std::string> values;  // the values it takes; unset or empty: the default
+  const char* what;                 // one line: what it chooses and its default
+};
+
+// Every knob the attention kernels read (sparse MLA, the indexer, top-k).
+const std::vector<EnvKnob>& env_knobs();
+
+// Throws dsa::Error (kInvalidArgument) for the first knob set to a value outside its list:
+// "DSA_CUDA_SPARSE_MLA_MAX_SPLITS '3' must be one of 2, 4, 8, 16 (unset: the default, ...)".
+void check_env_knobs();
+
+}  // namespace dsa::cuda
