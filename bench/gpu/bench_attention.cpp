@@ -10,7 +10,8 @@
 // rows are timed as eager launches (us) and as launches captured into one CUDA graph (graph_us:
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
-//       per row, or the measured launch latency when that is more (the default kernel); also
+//       per row, or the measured launch latency when that is more (the default kernel, and
+//       .../default/splits=4|8 with the split bound set); also
 //       .../mma (the mma.sync kernel, DSA_CUDA_SPARSE_MLA_VARIANT=mma) with .../heads=H (its heads
 //       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
 //       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
@@ -18,7 +19,8 @@
 //       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
-//       .../ws, .../ws/splits=16 and .../ws/splits=4 (its warp-specialized form, =ws) and at B =
+//       .../ws, .../ws/splits=16, .../ws/splits=4 and .../ws/heads=64|32|16 (its
+//       warp-specialized form, =ws; heads per CTA forced) and at B =
 //       1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
 //       .../ws/graph (graph-launched); with --mla-trace, sparse_mla_trace/bf16/B=.../ws: one
@@ -215,8 +217,9 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
 void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
   using T = SparseMlaTrace;
   Backend& be = ctx.backend;
-  // 128 heads in groups of 64, at most 16 splits: the CTAs launched are the first ones written.
-  const int most = kRows * 2 * 16;
+  // 128 heads in groups of 16 at the least, at most 16 splits: the CTAs launched are the first
+  // ones written.
+  const int most = kRows * 8 * 16;
   DeviceBuffer<uint64_t> trace(be, size_t(most) * T::kWords);
   be.fill(trace.data(), 0, trace.bytes());
   p.trace = trace.data();
@@ -354,6 +357,10 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({nullptr, "", "/ws", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
+    // ws's heads per CTA forced (the default picks 16 or 32 at small batches, 64 otherwise).
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
   }
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});

@@ -268,14 +268,15 @@ struct MlaSpec {
   KvDtype dtype;
   int rows, heads, topk;
   bool padded_stride;
-  // CUDA's heads per CTA (DSA_CUDA_SPARSE_MLA_HEADS while it runs): 16, 32 or 64; 0 leaves the
-  // choice to the batch. Every variant must give the same bits.
+  // CUDA's heads per CTA (DSA_CUDA_SPARSE_MLA_HEADS while it runs; the mma.sync and ws kernels):
+  // 16, 32 or 64; -1 "auto" (the batch's choice); 0 unset (the kernel's default). Every choice
+  // must give the same bits.
   int heads_per_cta = 0;
   // The outputs get one more row than the batch, which must stay poison (nothing written past
   // the batch). Off in the batch-invariance families, whose rows are compared by prefix.
   bool spare_row = false;
-  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 16, or 0 for
-  // the default (8). It moves the split boundaries, so only runs with the same bound compare.
+  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 2, 8 or 16, or
+  // 0 for the default (4). It moves the split boundaries, so only runs with the same bound compare.
   int max_splits = 0;
   // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma", "wgmma64" or
   // "mma"; null is "mma", whose heads per CTA the families above force. The families give different
@@ -370,7 +371,9 @@ class SparseMlaCase final : public OpCase {
     p.scale = 1.0f / std::sqrt(float(128 + kRopeDim));
     const std::string forced = std::to_string(s_.heads_per_cta);
     const std::string splits = std::to_string(s_.max_splits);
-    ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta ? forced.c_str() : nullptr);
+    ScopedEnv heads_env("DSA_CUDA_SPARSE_MLA_HEADS", s_.heads_per_cta > 0   ? forced.c_str()
+                                                     : s_.heads_per_cta < 0 ? "auto"
+                                                                            : nullptr);
     ScopedEnv splits_env("DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
                          s_.max_splits ? splits.c_str() : nullptr);
     ScopedEnv variant_env("DSA_CUDA_SPARSE_MLA_VARIANT",
@@ -955,7 +958,8 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 // One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
 // 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, 4 with 8 (both
 // rings wrap; the last split holds 3, the eighth none) and 2 with 16; short, padded and sentinel
-// rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape.
+// rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape, and ws
+// with 16 heads per CTA (40 heads: 3 groups, the last one partial).
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   for (const char* variant : kTokenSplitVariants) {
     uint64_t seed = 1380;
@@ -964,6 +968,10 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
         SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, variant});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
       }
+    }
+    if (variant == kWs) {  // 16 heads per CTA: 40 heads in 3 groups, the last one partial
+      SparseMlaCase c({KvDtype::kBf16, 4, 40, 1697, true, 16, true, 0, variant});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
     }
   }
 }
@@ -987,6 +995,20 @@ TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
   }
 }
 
+// The CUDA outputs of one of the 64-token kernels on a shape (its guards checked), with its
+// heads per CTA forced (0: the batch's choice); the same seed gives the same inputs.
+Outputs token_split_outputs(Backend& cpu, Backend& cuda, const MlaShape& sh, const char* variant,
+                            int heads_per_cta, uint64_t seed) {
+  SparseMlaCase c({KvDtype::kBf16, sh.rows, sh.heads, sh.topk, sh.padded_stride, heads_per_cta,
+                   true, sh.max_splits, variant});
+  Workspace ws(cpu, cuda);
+  testing::Rng rng(seed);
+  c.init(ws, rng);
+  auto r = run_side(c, ws, Side::kCuda);
+  EXPECT_EQ(r.guard_report, "") << c.vars();
+  return std::move(r.outputs);
+}
+
 // The warp-specialized kernel gives the 64-token kernel's outputs and lse bit for bit: 4, 16, 64
 // and 128 heads; topk 1, 37 to 2048 and ragged (empty splits, 1 to 8 chunks per split, both rings
 // wrapping, a last chunk partly past topk); 4, 8 and 16 splits; padded, short, sentinel and
@@ -1007,21 +1029,47 @@ TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
   shapes.push_back({4, 16, 1697, true, 0});
   uint64_t seed = 1500;
   for (const MlaShape& sh : shapes) {
-    Outputs outs[2];
-    for (int v = 0; v < 2; ++v) {
-      SparseMlaCase c({KvDtype::kBf16, sh.rows, sh.heads, sh.topk, sh.padded_stride, 0, true,
-                       sh.max_splits, kTokenSplitVariants[v]});
-      Workspace ws(cpu(), cuda());
-      testing::Rng rng(seed);
-      c.init(ws, rng);
-      auto r = run_side(c, ws, Side::kCuda);
-      EXPECT_EQ(r.guard_report, "") << c.vars();
-      outs[v] = std::move(r.outputs);
-    }
-    ++seed;
-    EXPECT_TRUE(same_outputs(outs[1], outs[0]))
+    const Outputs wgmma64 = token_split_outputs(cpu(), cuda(), sh, kWgmma64, 0, seed);
+    EXPECT_TRUE(same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, 0, seed), wgmma64))
         << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
         << sh.max_splits << ": ws against wgmma64";
+    ++seed;
+  }
+}
+
+// ws with 16, 32 and 64 heads per CTA (the rest of the tile's 64 rows zero; small batches pick
+// 16 or 32 on their own) gives wgmma64's bits: 128 heads (8, 4 or 2 groups), 16 (one group, or
+// one full tile) and 40 (a partial last group), 4, 8 and 16 splits, a ragged topk.
+TEST_F(ParityAttention, SparseMlaWsHeadsPerCtaBitwise) {
+  const std::vector<MlaShape> shapes = {{4, 128, 2048, false, 0},
+                                        {3, 128, 2048, true, 16},
+                                        {3, 128, 2048 - 17, true, 8},
+                                        {5, 16, 150, false, 0},
+                                        {4, 40, 700, true, 0}};
+  uint64_t seed = 1600;
+  for (const MlaShape& sh : shapes) {
+    const Outputs wgmma64 = token_split_outputs(cpu(), cuda(), sh, kWgmma64, 0, seed);
+    for (int heads_per_cta : {16, 32, 64}) {
+      EXPECT_TRUE(
+          same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed), wgmma64))
+          << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
+          << sh.max_splits << ": ws with " << heads_per_cta << " heads per CTA against wgmma64";
+    }
+    ++seed;
+  }
+}
+
+// ws with its heads per CTA chosen by the batch (DSA_CUDA_SPARSE_MLA_HEADS=auto: 16 at 1 row, 32
+// at 7, 64 at 255 with 4 splits): a probe row's bits alone, among 7 and among 255, at 4 and 8
+// splits.
+TEST_F(ParityAttention, SparseMlaWsAutoHeadsInvariant) {
+  for (int max_splits : {0, 8}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{KvDtype::kBf16, rows, 128, 2048, false, -1, false, max_splits, kWs});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
+        << "ws, heads per CTA from the batch, max_splits " << max_splits;
   }
 }
 

@@ -252,11 +252,12 @@ cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t
 }
 
 // m-tiles (16 heads each) per CTA: 4, 2 or 1. DSA_CUDA_SPARSE_MLA_HEADS=64|32|16 forces one (read
-// at every call); otherwise 4 when those CTAs fill a wave of the GPU, else 4 or 2, whichever
-// gives the fewest waves x m-tiles per CTA (a CTA's chunk time grows with its m-tiles: they share
-// its shared memory bandwidth), ties to 4 (fewer latent reads). One m-tile is never picked: on
-// the H200 (bench/results/2026-12-03-h200-attn-mla.md) B = 1 took 37.1 us with 16 heads per CTA,
-// 31.1 with 32 and 37.1 with 64 (bf16; fp8 40.7 / 35.8 / 42.4). Any choice gives the same bits.
+// at every call); otherwise (unset or auto) 4 when those CTAs fill a wave of the GPU, else 4 or 2,
+// whichever gives the fewest waves x m-tiles per CTA (a CTA's chunk time grows with its m-tiles:
+// they share its shared memory bandwidth), ties to 4 (fewer latent reads). One m-tile is never
+// picked: on the H200 (bench/results/2026-12-03-h200-attn-mla.md) B = 1 took 37.1 us with 16 heads
+// per CTA, 31.1 with 32 and 37.1 with 64 (bf16; fp8 40.7 / 35.8 / 42.4). Any choice gives the same
+// bits.
 int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
   if (const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS")) {
     const int heads = std::atoi(v);

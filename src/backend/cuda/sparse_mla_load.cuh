@@ -51,6 +51,9 @@ static_assert(kLatentTile % kUnitValues == 0 && kUnitValues % 16 == 0);
 struct SplitPlan {
   int splits = 1;            // CTAs per (row, head group): a power of two <= max_splits
   int chunks_per_split = 0;  // consecutive chunks of chunk_tokens per CTA
+  // Heads per CTA where the launcher chooses it (the warp-specialized kernel: 16, 32 or 64 of its
+  // 64 rows; 0: the kernel's own). Heads are independent, so it never changes a bit.
+  int heads_per_cta = 0;
 };
 inline SplitPlan split_plan(int topk, int max_splits, int chunk_tokens = kChunk) {
   const int chunks = (topk + chunk_tokens - 1) / chunk_tokens;
@@ -156,6 +159,7 @@ struct SwizzledRows {
 // split plan).
 struct CtaWork {
   int split, row, head0, chunk0, n_chunks;
+  int heads;               // the CTA's heads that exist: head0 .. head0 + heads - 1
   const int64_t* indices;  // the row's selected slots
 };
 __device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const SplitPlan& plan,
@@ -166,6 +170,7 @@ __device__ __forceinline__ CtaWork cta_work(const SparseMlaParams& p, const Spli
   w.split = split;  // blockIdx.x % plan.splits: the CTA's rank in its cluster
   w.row = int(blockIdx.x / plan.splits) / groups;
   w.head0 = int(blockIdx.x / plan.splits) % groups * heads_per_cta;
+  w.heads = min(heads_per_cta, p.heads - w.head0);
   w.indices = p.indices + int64_t(w.row) * p.ld_indices;
   w.chunk0 = split * plan.chunks_per_split;
   const int total_chunks = (p.topk + chunk_tokens - 1) / chunk_tokens;

@@ -32,14 +32,15 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 }
 
 // q of the cluster's kHeads heads, rounded to bf16, into q_at (head, dim) of every CTA of the
-// cluster (heads past p.heads are zero): CTA `split` reads 1/splits of the 4-float pieces (16-byte
-// loads when the row is 16-byte aligned; a head's 576 floats keep that alignment) and stores them
-// in all `splits` CTAs, so the row's q crosses L2 once per head group instead of once per CTA. The
-// caller has arrived at the cluster barrier once; this waits for that phase (every CTA has started,
-// so its shared memory may be written) before the first remote store.
+// cluster (heads head0 .. head0 + heads - 1; the rows past them are zero): CTA `split` reads
+// 1/splits of the 4-float pieces (16-byte loads when the row is 16-byte aligned; a head's 576
+// floats keep that alignment) and stores them in all `splits` CTAs, so the row's q crosses L2 once
+// per head group instead of once per CTA. The caller has arrived at the cluster barrier once; this
+// waits for that phase (every CTA has started, so its shared memory may be written) before the
+// first remote store.
 template <int kHeads, int kThreads, class Rows>
 __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                              int split, int row, int head0, Rows q_at) {
+                              int split, int row, int head0, int heads, Rows q_at) {
   constexpr int kRowPieces = kLatentDim / 4;  // 144 per head
   constexpr int kBatch = 6;                   // loads in flight per thread
   const int share = kHeads * kRowPieces / splits, begin = split * share;
@@ -52,7 +53,7 @@ __device__ void share_queries(const SparseMlaParams& p, cg::cluster_group& clust
       const int at = b0 + i * kThreads + int(threadIdx.x);
       const int h = (begin + at) / kRowPieces, d = (begin + at) % kRowPieces * 4;
       v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (at >= share || head0 + h >= p.heads) continue;
+      if (at >= share || h >= heads) continue;
       const float* src = q + int64_t(head0 + h) * kLatentDim + d;
       v[i] = aligned ? __ldg(reinterpret_cast<const float4*>(src))
                      : make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
@@ -93,7 +94,7 @@ __device__ __forceinline__ void start_split(const SparseMlaParams& p, cg::cluste
     first_slots[i] =
         load ? raw_slot(p, w.indices, w.chunk0 + i, threadIdx.x, kChunkTokens) : int64_t(-1);
   }
-  share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, q_at);
+  share_queries<kHeads, kThreads>(p, cluster, plan.splits, w.split, w.row, w.head0, w.heads, q_at);
   if constexpr (kAsyncProxy) fence_proxy_async_all();  // q's stores, in any CTA
   cluster_arrive_release();                            // this CTA's q stores are done
   if (threadIdx.x < kChunkTokens) {
@@ -148,7 +149,7 @@ __device__ __forceinline__ float split_weights(float (&m)[kN], const float (&l)[
 // CTA's slice); ml(s, h, m, l): split s's m and l of head h.
 template <class V, int kSplits, class Part, class Ml>
 __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int split, int row,
-                                              int head0, Part part, Ml ml) {
+                                              int head0, int heads, Part part, Ml ml) {
   static_assert(V::kThreads % V::kHeads == 0, "whole threads per head");
   constexpr int kTph = V::kThreads / V::kHeads;     // threads per head
   constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
@@ -156,7 +157,7 @@ __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int spli
   constexpr int kPer = kVecs / kTph;  // items per thread
   constexpr int kGroup = kPer < 16 / kSplits ? kPer : (kSplits >= 16 ? 1 : 16 / kSplits);
   const int h = int(threadIdx.x) / kTph, j = int(threadIdx.x) % kTph;
-  if (head0 + h >= p.heads) return;
+  if (h >= heads) return;
   const int d0 = split * (kKvLoraRank / kSplits);
   // 16-byte stores when every output row keeps 16-byte alignment (the same values either way).
   const bool out_vec4 = (reinterpret_cast<uintptr_t>(p.out) & 15u) == 0 && p.ld_out % 4 == 0;
@@ -197,18 +198,18 @@ __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int spli
 // combine_slice for the plan's split count (a power of two, split_plan).
 template <class V, class Part, class Ml>
 __device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int splits, int split,
-                                               int row, int head0, Part part, Ml ml) {
+                                               int row, int head0, int heads, Part part, Ml ml) {
   switch (splits) {
     case 16:
-      return combine_slice<V, 16>(p, split, row, head0, part, ml);
+      return combine_slice<V, 16>(p, split, row, head0, heads, part, ml);
     case 8:
-      return combine_slice<V, 8>(p, split, row, head0, part, ml);
+      return combine_slice<V, 8>(p, split, row, head0, heads, part, ml);
     case 4:
-      return combine_slice<V, 4>(p, split, row, head0, part, ml);
+      return combine_slice<V, 4>(p, split, row, head0, heads, part, ml);
     case 2:
-      return combine_slice<V, 2>(p, split, row, head0, part, ml);
+      return combine_slice<V, 2>(p, split, row, head0, heads, part, ml);
     default:
-      return combine_slice<V, 1>(p, split, row, head0, part, ml);
+      return combine_slice<V, 1>(p, split, row, head0, heads, part, ml);
   }
 }
 
@@ -222,7 +223,7 @@ __device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int spl
 // where part starts.
 template <class V>
 __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& cluster, int splits,
-                               int split, int row, int head0, uint8_t* smem) {
+                               int split, int row, int head0, int heads, uint8_t* smem) {
   // Split s's copy of an array at this offset of the shared memory: this CTA's own through its
   // local address, the others' through the cluster's.
   auto at = [&](int s, size_t offset) {
@@ -235,7 +236,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   };
   if constexpr (V::kThreads >= 256) {
     combine_slices<V>(
-        p, splits, split, row, head0,
+        p, splits, split, row, head0, heads,
         [&](int s, int h, int d) -> const float* { return at(s, 0) + h * kPartPitch + d; }, ml);
   } else {
     // The mma.sync kernel's CTAs (64 to 256 threads, every register taken): per head h <
@@ -255,7 +256,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
         if (s >= splits) break;
         coef[h * kMaxSplits + s] = ms[s];
       }
-      if (p.lse != nullptr && split == 0 && head0 + h < p.heads) {
+      if (p.lse != nullptr && split == 0 && h < heads) {
         p.lse[int64_t(row) * p.heads + head0 + h] = lse;
       }
     }
@@ -264,7 +265,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
     const int d0 = split * (kKvLoraRank / splits);
     for (int it = threadIdx.x; it < V::kHeads * vecs; it += V::kThreads) {
       const int h = it / vecs, d = d0 + (it % vecs) * 4;
-      if (head0 + h >= p.heads) continue;
+      if (h >= heads) continue;
       float4 v[kMaxSplits];
 #pragma unroll
       for (int s = 0; s < kMaxSplits; ++s) {
@@ -391,7 +392,7 @@ __device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::clust
   }
   cluster.sync();  // every split's partial is complete and visible to the cluster
   stamp(SparseMlaTrace::kParts);
-  combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, smem);
+  combine_splits<V>(p, cluster, plan.splits, w.split, w.row, w.head0, w.heads, smem);
   stamp(SparseMlaTrace::kCombined);
   // No CTA leaves while another still reads its shared memory. Relaxed: this CTA's remote loads
   // have all returned (their values are used above), and nothing it wrote is read after this.

@@ -46,6 +46,10 @@
 // combine (sparse_mla_split.cuh). So it gives the 64-token kernel's bits, which the parity tests
 // check bitwise, and is batch-invariant for the same reasons.
 //
+// Heads per CTA: 64, or 16 or 32 where the launch then still fits one wave (heads_per_cta): the
+// tile keeps its 64 rows, the rows past the CTA's heads zero in q and never combined, so a CTA
+// costs the same in its token loop and less in q's broadcast and the combine.
+//
 // Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
 // the 64-token kernel; P [4 k16 steps][128 threads] uint4 (8 KiB); the factors alpha [64 heads]
 // f32; slots [3][64] int32; m, l [64] f32; the two mbarriers: 231,952 of the 232,448 bytes.
@@ -76,6 +80,8 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/launch.h"
@@ -171,7 +177,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   };
 
   cg::cluster_group cluster = cg::this_cluster();
-  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()), kTokens);
+  // plan.heads_per_cta heads (16, 32 or 64) in the tile's first rows; the rest of its 64 rows
+  // stay zero in q and are never combined.
+  const CtaWork work = cta_work(p, plan, plan.heads_per_cta, int(cluster.block_rank()), kTokens);
   const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int wg = int(threadIdx.x) / kWgThreads, t = int(threadIdx.x) % kWgThreads;
   const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
@@ -219,7 +227,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     cluster_arrive_release();  // this warpgroup stores no q
   } else {
     share_queries<V::kHeads, kWgThreads>(p, cluster, plan.splits, work.split, work.row, work.head0,
-                                         SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
+                                         work.heads, SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
     fence_proxy_async_all();   // q's stores, in any CTA
     cluster_arrive_release();  // this CTA's q stores are done
     if (tracing) trace_stamp(p, Trace::kQStored);
@@ -388,6 +396,33 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
 }
 
+// Heads per CTA, 16, 32 or 64. DSA_CUDA_SPARSE_MLA_HEADS=16|32|64 forces one (read at every
+// call); =auto takes the batch's choice: the fewest that still fit the launch in one wave of the
+// GPU, else 64. Unset: 64 until the batch's choice has run on the H200 (kAutoHeadsByDefault).
+// A CTA's token loop costs the same with fewer heads (the tile keeps its 64 rows), but its share
+// of q's broadcast and of the combine, the distributed-shared-memory traffic that is fixed per
+// CTA (about 11 of a CTA's 28 us at B = 1 and 4 splits,
+// bench/results/2026-12-04-h200-mla-splits.md), shrinks with its heads; at small batches the extra
+// CTAs run on SMs that would idle. Heads are independent (S, the softmax, P V and the combine are
+// per head), so any choice gives the same bits: SparseMlaWsHeadsPerCtaBitwise checks each against
+// wgmma64, SparseMlaWsAutoHeadsInvariant the batch's choice across batches.
+constexpr bool kAutoHeadsByDefault = false;
+int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS");
+  const bool automatic = v != nullptr ? std::strcmp(v, "auto") == 0 : kAutoHeadsByDefault;
+  if (v != nullptr && !automatic) {
+    const int heads = std::atoi(v);
+    if (heads == 64 || heads == 32 || heads == 16) return heads;
+  }
+  if (!automatic) return kHeadsPerCta;
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  for (int heads : {16, 32}) {
+    const int64_t ctas = int64_t(p.rows) * plan.splits * ((p.heads + heads - 1) / heads);
+    if (ctas <= sms) return heads;
+  }
+  return kHeadsPerCta;
+}
+
 }  // namespace
 
 cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
@@ -398,9 +433,11 @@ cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.pool.dtype != KvDtype::kBf16 || p.pool.capacity() > INT32_MAX) {
     return sparse_mla_wgmma(p, stream);
   }
+  SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
+  plan.heads_per_cta = heads_per_cta(p, plan);
   static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_ws_kernel, p, split_plan(p.topk, max_splits(), kTokens),
-                               kHeadsPerCta, kThreadsPerCta, WsVariant::kSmem.bytes, stream, once);
+  return launch_split_clusters(sparse_mla_ws_kernel, p, plan, plan.heads_per_cta, kThreadsPerCta,
+                               WsVariant::kSmem.bytes, stream, once);
 }
 
 }  // namespace dsa::cuda
