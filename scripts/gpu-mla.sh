@@ -11,13 +11,13 @@
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
-# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits (bench-decode, 1 layer, B = 1 / 8 /
-# 64 / 256) and a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute
+# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits and with ws's heads per CTA from the
+# batch (bench-decode, 1 layer, B = 1 / 8 / 64 / 256), B = 1's rows and trace with those heads, and
+# a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute
 # on the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
-# decode-*.json,
-# replay.txt, ncu-*-stalls.txt.
+# decode-*.json, bench-auto-heads.json, ncu-*-stalls.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,6 +90,12 @@ if [[ ${MLA_DECODE:-0} == 1 ]]; then
       bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
       --iters 10 --gemm invariant --json "$OUT/decode-splits$splits.json"
   done
+  # ws's heads per CTA from the batch (16 or 32 at small batches): the step and B = 1's trace.
+  step decode-v32-auto-heads 150 env DSA_CUDA_SPARSE_MLA_HEADS=auto "$B/dsa" bench-decode \
+    --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 \
+    --gemm invariant --json "$OUT/decode-auto-heads.json"
+  step trace-auto-heads 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto "$G" --skip-store --skip-gemm \
+    --attention-only sparse_mla --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-auto-heads.json"
   step check-replay 120 "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7
 fi
 
