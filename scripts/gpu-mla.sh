@@ -12,12 +12,12 @@
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
 # MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits and with ws's heads per CTA from the
-# batch (bench-decode, 1 layer, B = 1 / 8 / 64 / 256), B = 1's rows and trace with those heads, and
-# a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute
-# on the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
+# batch (bench-decode, 1 layer, B = 1 / 8 / 64 / 256), B = 1's rows and trace with those heads at
+# 4 and 8 splits, and a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute on
+# the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
-# decode-*.json, bench-auto-heads.json, ncu-*-stalls.txt.
+# decode-*.json, bench-auto-heads-splits{4,8}.json, ncu-*-stalls.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -94,8 +94,11 @@ if [[ ${MLA_DECODE:-0} == 1 ]]; then
   step decode-v32-auto-heads 150 env DSA_CUDA_SPARSE_MLA_HEADS=auto "$B/dsa" bench-decode \
     --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 \
     --gemm invariant --json "$OUT/decode-auto-heads.json"
-  step trace-auto-heads 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto "$G" --skip-store --skip-gemm \
-    --attention-only sparse_mla --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-auto-heads.json"
+  for splits in 4 8; do
+    step "trace-auto-heads-splits$splits" 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto \
+      DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$G" --skip-store --skip-gemm --attention-only \
+      sparse_mla --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-auto-heads-splits$splits.json"
+  done
   step check-replay 120 "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7
 fi
 

@@ -96,11 +96,21 @@ std::vector<int32_t> shuffled_pages(std::mt19937_64& gen, int64_t count) {
   return pages;
 }
 
-// Runs fn with the environment variable `name` set to `value` (when name is not null).
+// Runs fn with the environment variable `name` set to `value` (when name is not null), then puts
+// back what the process had, however fn ends (a knob set for the whole run stays set for the next
+// rows).
 void with_env(const char* name, const char* value, const std::function<void()>& fn) {
-  if (name != nullptr) setenv(name, value, 1);
+  if (name == nullptr) return fn();
+  struct Restore {
+    const char* name;
+    bool had;
+    std::string before;
+    ~Restore() { had ? setenv(name, before.c_str(), 1) : unsetenv(name); }
+  };
+  const char* had = std::getenv(name);
+  const Restore restore{name, had != nullptr, had != nullptr ? had : ""};
+  setenv(name, value, 1);
   fn();
-  if (name != nullptr) unsetenv(name);
 }
 
 // variant: a forced kernel variant (DSA_CUDA_INDEXER_VARIANT), as row
@@ -357,7 +367,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({nullptr, "", "/ws", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
-    // ws's heads per CTA forced (the default picks 16 or 32 at small batches, 64 otherwise).
+    // ws's heads per CTA forced (unset: 64; DSA_CUDA_SPARSE_MLA_HEADS=auto for the run: 16 or 32
+    // at small batches).
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
@@ -393,8 +404,6 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
         });
       });
     } catch (const std::exception& e) {
-      unsetenv(v.env == nullptr ? "DSA_CUDA_SPARSE_MLA_HEADS" : v.env);
-      unsetenv("DSA_CUDA_SPARSE_MLA_VARIANT");
       std::printf("  sparse_mla/%s/B=%d%s FAILED: %s\n", kv_dtype_name(dtype), kRows, v.suffix,
                   e.what());
       continue;
