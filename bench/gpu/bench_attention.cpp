@@ -17,6 +17,7 @@
 //       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
 //       .../wgmma/pv=mma (its check path, DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma), .../wgmma/serial and
 //       .../wgmma/overlap (its token loop's schedules, DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE),
+//       .../wgmma/heads=32|16 (its heads per CTA forced),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
 //       .../ws, .../ws/splits=16, .../ws/splits=4 and .../ws/heads=64|32|16 (its
@@ -358,7 +359,9 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "serial", "/wgmma/serial", false, "wgmma"},
-      {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap", false, "wgmma"}};
+      {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/wgmma/heads=32", false, "wgmma"},
+      {"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/wgmma/heads=16", false, "wgmma"}};
   const bool bf16 = dtype == KvDtype::kBf16;
   if (bf16) {
     variants.push_back({nullptr, "", "/wgmma64", false, "wgmma64"});

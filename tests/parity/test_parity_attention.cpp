@@ -995,12 +995,12 @@ TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
   }
 }
 
-// The CUDA outputs of one of the 64-token kernels on a shape (its guards checked), with its
-// heads per CTA forced (0: the batch's choice); the same seed gives the same inputs.
+// The CUDA outputs of a sparse MLA kernel on a shape (its guards checked), with its heads per
+// CTA forced (0: the kernel's default); the same seed gives the same inputs.
 Outputs token_split_outputs(Backend& cpu, Backend& cuda, const MlaShape& sh, const char* variant,
-                            int heads_per_cta, uint64_t seed) {
-  SparseMlaCase c({KvDtype::kBf16, sh.rows, sh.heads, sh.topk, sh.padded_stride, heads_per_cta,
-                   true, sh.max_splits, variant});
+                            int heads_per_cta, uint64_t seed, KvDtype dtype = KvDtype::kBf16) {
+  SparseMlaCase c({dtype, sh.rows, sh.heads, sh.topk, sh.padded_stride, heads_per_cta, true,
+                   sh.max_splits, variant});
   Workspace ws(cpu, cuda);
   testing::Rng rng(seed);
   c.init(ws, rng);
@@ -1059,17 +1059,44 @@ TEST_F(ParityAttention, SparseMlaWsHeadsPerCtaBitwise) {
   }
 }
 
-// ws with its heads per CTA chosen by the batch (DSA_CUDA_SPARSE_MLA_HEADS=auto: 16 at 1 row, 32
-// at 7, 64 at 255 with 4 splits): a probe row's bits alone, among 7 and among 255, at 4 and 8
-// splits.
-TEST_F(ParityAttention, SparseMlaWsAutoHeadsInvariant) {
-  for (int max_splits : {0, 8}) {
+// The wgmma kernel (the fp8 caches' kernel) with 16 and 32 heads per CTA gives its 64-head bits,
+// bf16 and fp8: 128 heads, 40 (a partial group), 4 and 16 splits.
+TEST_F(ParityAttention, SparseMlaWgmmaHeadsPerCtaBitwise) {
+  const std::vector<MlaShape> shapes = {{3, 128, 2048, true, 0}, {4, 40, 700, true, 16}};
+  uint64_t seed = 1650;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    for (const MlaShape& sh : shapes) {
+      const Outputs full = token_split_outputs(cpu(), cuda(), sh, kWgmma, 64, seed, dtype);
+      for (int heads_per_cta : {16, 32}) {
+        EXPECT_TRUE(same_outputs(
+            token_split_outputs(cpu(), cuda(), sh, kWgmma, heads_per_cta, seed, dtype), full))
+            << kv_dtype_name(dtype) << ", rows " << sh.rows << ", heads " << sh.heads << ", topk "
+            << sh.topk << ", max_splits " << sh.max_splits << ": " << heads_per_cta
+            << " heads per CTA against 64";
+      }
+      ++seed;
+    }
+  }
+}
+
+// ws and the wgmma kernel with their heads per CTA chosen by the batch
+// (DSA_CUDA_SPARSE_MLA_HEADS=auto: at 4 splits 16 at 1 row, 32 at 7, 64 at 255): a probe row's
+// bits alone, among 7 and among 255; ws at 4 and 8 splits, the wgmma kernel bf16 and fp8.
+TEST_F(ParityAttention, SparseMlaAutoHeadsInvariant) {
+  struct Run {
+    const char* variant;
+    KvDtype dtype;
+    int max_splits;
+  };
+  for (const Run run : {Run{kWs, KvDtype::kBf16, 0}, Run{kWs, KvDtype::kBf16, 8},
+                        Run{kWgmma, KvDtype::kBf16, 0}, Run{kWgmma, KvDtype::kFp8, 0}}) {
     auto make = [&](int rows) -> std::unique_ptr<OpCase> {
       return std::make_unique<SparseMlaCase>(
-          MlaSpec{KvDtype::kBf16, rows, 128, 2048, false, -1, false, max_splits, kWs});
+          MlaSpec{run.dtype, rows, 128, 2048, false, -1, false, run.max_splits, run.variant});
     };
     EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
-        << "ws, heads per CTA from the batch, max_splits " << max_splits;
+        << run.variant << ", " << kv_dtype_name(run.dtype) << ", heads per CTA from the batch, "
+        << "max_splits " << run.max_splits;
   }
 }
 

@@ -19,8 +19,8 @@ const std::vector<EnvKnob>& env_knobs() {
        "the bound on splits per row (default: 4; 8 for single-stream latency)"},
       {"DSA_CUDA_SPARSE_MLA_HEADS",
        {"auto", "16", "32", "64"},
-       "the mma.sync and ws kernels' heads per CTA (default: the mma.sync kernel chooses from "
-       "the batch, ws holds 64; auto: both choose; the same bits)"},
+       "heads per CTA (default: the mma.sync kernel chooses from the batch, ws and wgmma hold "
+       "64; auto: every kernel chooses; the same bits)"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV",
        {"wgmma", "mma"},
        "P V in the wgmma kernel (default: wgmma; mma is a check path with other bits)"},

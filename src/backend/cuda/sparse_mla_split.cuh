@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/sparse_mla_load.cuh"
@@ -297,6 +298,35 @@ inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
   return n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
+}
+
+// Heads per CTA of the 64-row wgmma kernels (wgmma, ws), 16, 32 or 64: the CTA's heads fill the
+// tile's first rows, the rest stay zero in q and are never combined. DSA_CUDA_SPARSE_MLA_HEADS=
+// 16|32|64 forces one (read at every call); =auto takes the batch's choice: the fewest that still
+// fit the launch in one wave of the GPU, else 64. Unset: 64 until the batch's choice has run on
+// the H200 (kAutoHeadsByDefault). A CTA's token loop costs the same with fewer heads, but its
+// share of q's broadcast and of the combine, the distributed-shared-memory traffic fixed per CTA
+// (about 11 of a ws CTA's 28 us at B = 1 and 4 splits,
+// bench/results/2026-12-04-h200-mla-splits.md), shrinks with its heads; at small batches the extra
+// CTAs run on SMs that would idle. Heads are independent (S, the softmax, P V and the combine are
+// per head), so any choice gives the same bits (SparseMlaWsHeadsPerCtaBitwise,
+// SparseMlaWgmmaHeadsPerCtaBitwise, SparseMlaAutoHeadsInvariant).
+constexpr bool kAutoHeadsByDefault = false;
+inline int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS");
+  const bool automatic = v != nullptr ? std::strcmp(v, "auto") == 0 : kAutoHeadsByDefault;
+  if (v != nullptr && !automatic) {
+    const int heads = std::atoi(v);
+    if (heads == 64 || heads == 32 || heads == 16) return heads;
+  }
+  constexpr int kTileHeads = 64;
+  if (!automatic) return kTileHeads;
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  for (int heads : {16, 32}) {
+    const int64_t ctas = int64_t(p.rows) * plan.splits * ((p.heads + heads - 1) / heads);
+    if (ctas <= sms) return heads;
+  }
+  return kTileHeads;
 }
 
 // The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48

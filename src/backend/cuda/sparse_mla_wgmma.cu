@@ -320,7 +320,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   };
 
   cg::cluster_group cluster = cg::this_cluster();
-  const CtaWork work = cta_work(p, plan, V::kHeads, int(cluster.block_rank()));
+  // plan.heads_per_cta heads (16, 32 or 64) in the tile's first rows (heads_per_cta).
+  const CtaWork work = cta_work(p, plan, plan.heads_per_cta, int(cluster.block_rank()));
   const int64_t* indices = work.indices;
   const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
@@ -532,9 +533,10 @@ template <KvDtype D, bool kPvWgmma, Schedule kSchedule>
 cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   using V = WgVariant<D>;
   static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma, kSchedule>, p,
-                               split_plan(p.topk, max_splits()), V::kHeads, V::kThreads,
-                               V::kSmem.bytes, stream, once);
+  SplitPlan plan = split_plan(p.topk, max_splits());
+  plan.heads_per_cta = heads_per_cta(p, plan);
+  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma, kSchedule>, p, plan,
+                               plan.heads_per_cta, V::kThreads, V::kSmem.bytes, stream, once);
 }
 
 // DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma (read at every call): P V on mma.sync instead of the

@@ -80,8 +80,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "backend/cuda/launch.h"
@@ -394,33 +392,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     w[Trace::kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
     if (n_chunks == 0) w[Trace::kFirstS] = w[Trace::kPrologue];  // no S: the loops are empty
   }
-}
-
-// Heads per CTA, 16, 32 or 64. DSA_CUDA_SPARSE_MLA_HEADS=16|32|64 forces one (read at every
-// call); =auto takes the batch's choice: the fewest that still fit the launch in one wave of the
-// GPU, else 64. Unset: 64 until the batch's choice has run on the H200 (kAutoHeadsByDefault).
-// A CTA's token loop costs the same with fewer heads (the tile keeps its 64 rows), but its share
-// of q's broadcast and of the combine, the distributed-shared-memory traffic that is fixed per
-// CTA (about 11 of a CTA's 28 us at B = 1 and 4 splits,
-// bench/results/2026-12-04-h200-mla-splits.md), shrinks with its heads; at small batches the extra
-// CTAs run on SMs that would idle. Heads are independent (S, the softmax, P V and the combine are
-// per head), so any choice gives the same bits: SparseMlaWsHeadsPerCtaBitwise checks each against
-// wgmma64, SparseMlaWsAutoHeadsInvariant the batch's choice across batches.
-constexpr bool kAutoHeadsByDefault = false;
-int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
-  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS");
-  const bool automatic = v != nullptr ? std::strcmp(v, "auto") == 0 : kAutoHeadsByDefault;
-  if (v != nullptr && !automatic) {
-    const int heads = std::atoi(v);
-    if (heads == 64 || heads == 32 || heads == 16) return heads;
-  }
-  if (!automatic) return kHeadsPerCta;
-  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
-  for (int heads : {16, 32}) {
-    const int64_t ctas = int64_t(p.rows) * plan.splits * ((p.heads + heads - 1) / heads);
-    if (ctas <= sms) return heads;
-  }
-  return kHeadsPerCta;
 }
 
 }  // namespace
