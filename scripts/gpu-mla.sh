@@ -11,13 +11,15 @@
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
-# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits and with ws's heads per CTA from the
-# batch (bench-decode, 1 layer, B = 1 / 8 / 64 / 256), B = 1's rows and trace with those heads at
-# 4 and 8 splits, and a 1500-step check-replay with the defaults; MLA_NCU=1 adds Nsight Compute on
-# the ws kernel at B = 64 and B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
+# MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them).
+# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits (bench-decode, 1 layer, B = 1 / 8 /
+# 64 / 256); the step, the sparse MLA rows and traces with the options not yet the default (heads
+# per CTA from the batch, q from L2, both); B = 1 with both at 8 splits; and a 1500-step
+# check-replay with the defaults. MLA_NCU=1 adds Nsight Compute on the ws kernel at B = 64 and
+# B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
-# decode-*.json, bench-auto-heads-splits{4,8}.json, ncu-*-stalls.txt.
+# decode-*.json, bench-*.json, ncu-*-stalls.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,14 +30,16 @@ G="$B/bench/dsa_gpu_bench"
 COMPACT=ParityAttention.SparseMlaWgmma64Compact
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-step parity 420 "$P" --gtest_filter='ParityAttention.SparseMla*:*ParityGraph*' \
-  --gtest_output="json:$OUT/parity.json"
-for tool in memcheck synccheck initcheck; do
-  sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
-done
-step sanitizer-racecheck 120 "$SAN" --tool racecheck --racecheck-report all --print-limit 100000 \
-  "$P" --gtest_filter="$COMPACT" --gtest_brief=1
-step racecheck-table 10 python3 - "$LOG" "$OUT/racecheck.md" <<'EOF'
+if [[ ${MLA_SKIP_CHECKS:-0} != 1 ]]; then
+  step parity 420 "$P" --gtest_filter='ParityAttention.SparseMla*:*ParityGraph*' \
+    --gtest_output="json:$OUT/parity.json"
+  for tool in memcheck synccheck initcheck; do
+    sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
+  done
+  step sanitizer-racecheck 180 "$SAN" --tool racecheck --racecheck-report all \
+    --print-limit 100000 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
+  # racecheck's hazards by source-line pair (the heredoc stays at the margin).
+  step racecheck-table 10 python3 - "$LOG" "$OUT/racecheck.md" <<'EOF'
 import collections, re, sys
 text = open(sys.argv[1]).read()
 part = text.split("=== sanitizer-racecheck:")[1] if "=== sanitizer-racecheck:" in text else ""
@@ -50,6 +54,7 @@ if not pairs:
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
+fi
 step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only sparse_mla --mla-trace \
   --json "$OUT/bench.json"
 step table 10 python3 - "$OUT" <<'EOF'
@@ -90,15 +95,22 @@ if [[ ${MLA_DECODE:-0} == 1 ]]; then
       bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
       --iters 10 --gemm invariant --json "$OUT/decode-splits$splits.json"
   done
-  # ws's heads per CTA from the batch (16 or 32 at small batches): the step and B = 1's trace.
-  step decode-v32-auto-heads 150 env DSA_CUDA_SPARSE_MLA_HEADS=auto "$B/dsa" bench-decode \
-    --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 \
-    --gemm invariant --json "$OUT/decode-auto-heads.json"
-  for splits in 4 8; do
-    step "trace-auto-heads-splits$splits" 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto \
-      DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$G" --skip-store --skip-gemm --attention-only \
-      sparse_mla --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-auto-heads-splits$splits.json"
+  # The options not yet the default, alone and together: ws's heads per CTA from the batch (16
+  # or 32 at small batches) and q copied from L2 by every CTA. The step, every B's rows and trace.
+  for opt in auto-heads q-l2 auto-heads-q-l2; do
+    env_args=()
+    [[ $opt == *auto-heads* ]] && env_args+=(DSA_CUDA_SPARSE_MLA_HEADS=auto)
+    [[ $opt == *q-l2* ]] && env_args+=(DSA_CUDA_SPARSE_MLA_Q=l2)
+    step "decode-v32-$opt" 150 env "${env_args[@]}" "$B/dsa" bench-decode --backend cuda \
+      --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
+      --json "$OUT/decode-$opt.json"
+    step "bench-$opt" 150 env "${env_args[@]}" "$G" --skip-store --skip-gemm --attention-only \
+      sparse_mla --mla-trace --json "$OUT/bench-$opt.json"
   done
+  # B = 1 at 8 splits with both (the latency configuration).
+  step bench-latency 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto DSA_CUDA_SPARSE_MLA_Q=l2 \
+    DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8 "$G" --skip-store --skip-gemm --attention-only sparse_mla \
+    --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-latency.json"
   step check-replay 120 "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7
 fi
 

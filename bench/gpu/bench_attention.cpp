@@ -20,8 +20,8 @@
 //       .../wgmma/heads=32|16 (its heads per CTA forced),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
-//       .../ws, .../ws/splits=16, .../ws/splits=4 and .../ws/heads=64|32|16 (its
-//       warp-specialized form, =ws; heads per CTA forced) and at B =
+//       .../ws, .../ws/splits=16, .../ws/splits=4, .../ws/heads=64|32|16 and .../ws/q=l2 (its
+//       warp-specialized form, =ws; heads per CTA forced; q copied from L2) and at B =
 //       1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
 //       .../ws/graph (graph-launched); with --mla-trace, sparse_mla_trace/bf16/B=.../ws: one
@@ -375,6 +375,7 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "l2", "/ws/q=l2", false, "ws"});
   }
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});

@@ -959,7 +959,8 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 // 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, 4 with 8 (both
 // rings wrap; the last split holds 3, the eighth none) and 2 with 16; short, padded and sentinel
 // rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape, and ws
-// with 16 heads per CTA (40 heads: 3 groups, the last one partial).
+// with 16 heads per CTA (40 heads: 3 groups, the last one partial), its q shared through the
+// cluster and copied from L2.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   for (const char* variant : kTokenSplitVariants) {
     uint64_t seed = 1380;
@@ -972,6 +973,9 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
     if (variant == kWs) {  // 16 heads per CTA: 40 heads in 3 groups, the last one partial
       SparseMlaCase c({KvDtype::kBf16, 4, 40, 1697, true, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");  // q from L2 (aligned rows)
+      SparseMlaCase l2({KvDtype::kBf16, 4, 40, 1697, false, 16, true, 0, variant});
+      EXPECT_TRUE(check_parity(l2, cpu(), cuda(), seed++)) << l2.vars() << ", q from L2";
     }
   }
 }
@@ -1054,6 +1058,29 @@ TEST_F(ParityAttention, SparseMlaWsHeadsPerCtaBitwise) {
           same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed), wgmma64))
           << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
           << sh.max_splits << ": ws with " << heads_per_cta << " heads per CTA against wgmma64";
+    }
+    ++seed;
+  }
+}
+
+// ws with q copied from L2 by every CTA (DSA_CUDA_SPARSE_MLA_Q=l2) instead of shared through the
+// cluster gives wgmma64's bits: 64 and 16 heads per CTA, 4 and 16 splits, 40 heads (a partial
+// group), and odd strides (q's rows not 16-byte aligned: the cluster's way, the same bits).
+TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
+  const std::vector<MlaShape> shapes = {{4, 128, 2048, false, 0},
+                                        {3, 128, 2048, false, 16},
+                                        {4, 40, 700, false, 0},
+                                        {5, 128, 150, true, 0}};
+  uint64_t seed = 1700;
+  for (const MlaShape& sh : shapes) {
+    const Outputs wgmma64 = token_split_outputs(cpu(), cuda(), sh, kWgmma64, 0, seed);
+    ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");
+    for (int heads_per_cta : {64, 16}) {
+      EXPECT_TRUE(
+          same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed), wgmma64))
+          << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
+          << sh.max_splits << ", padded " << sh.padded_stride << ": ws with q from L2 and "
+          << heads_per_cta << " heads per CTA against wgmma64";
     }
     ++seed;
   }

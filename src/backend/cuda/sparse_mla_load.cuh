@@ -54,6 +54,9 @@ struct SplitPlan {
   // Heads per CTA where the launcher chooses it (the warp-specialized kernel: 16, 32 or 64 of its
   // 64 rows; 0: the kernel's own). Heads are independent, so it never changes a bit.
   int heads_per_cta = 0;
+  // The warp-specialized kernel: every CTA copies its heads' q from L2 instead of the cluster
+  // sharing it (q_source). The same values, so the same bits.
+  bool q_from_l2 = false;
 };
 inline SplitPlan split_plan(int topk, int max_splits, int chunk_tokens = kChunk) {
   const int chunks = (topk + chunk_tokens - 1) / chunk_tokens;

@@ -80,6 +80,8 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/launch.h"
@@ -136,6 +138,8 @@ constexpr SmemWs ws_layout() {
 
 struct WsVariant {
   static constexpr int kHeads = kHeadsPerCta;
+  static_assert(size_t(kRing) * kChunkBytes == size_t(kHeadsPerCta) * kLatentDim * 4,
+                "q's f32 rows fill the ring exactly (q from L2)");
   static constexpr int kThreads = kThreadsPerCta;
   static constexpr SmemWs kSmem = ws_layout();
   static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
@@ -194,7 +198,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   // every CTA arrives at.
   auto* p_full = reinterpret_cast<uint64_t*>(smem + V::kSmem.bars);
   uint64_t* p_empty = p_full + 1;
-  if (threadIdx.x == 0) {  // visible to every thread after the cluster barrier's second phase
+  if (threadIdx.x == 0) {  // visible to every thread after the prologue's last barrier
     mbar_init(p_full, kWgThreads);
     mbar_init(p_empty, kWgThreads);
     mbar_init_fence();
@@ -204,8 +208,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     trace_stamp(p, Trace::kStart);
     p.trace[size_t(blockIdx.x) * Trace::kWords + Trace::kNsStart] = global_ns();
   }
-  cluster_arrive_relaxed();  // this CTA has started: the others may write its q
-  if (wg == 1) {
+  // Warpgroup 1 loads the slots of chunks 0..2 and stages them (checked) for every thread.
+  auto stage_first_slots = [&] {
     int64_t first[kSlotStages];
 #pragma unroll
     for (int i = 0; i < kSlotStages; ++i) {
@@ -216,22 +220,61 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 #pragma unroll
       for (int i = 0; i < kSlotStages; ++i) slots_of(i)[t] = int32_t(checked_slot(p, first[i]));
     }
-    bar_wait_wg1(kSlotsStaged);  // warpgroup 1 alone: the staged slots are visible to it
-    if (n_chunks > 0) fetch(0);
+  };
+  if (plan.q_from_l2) {
+    // q from L2, no cluster traffic: every thread copies its share of the CTA's heads' f32 rows
+    // into the ring (64 x 576 f32 is both tiles; the launcher checked 16-byte alignment), warpgroup
+    // 1 stages the slots meanwhile; then the rows are rounded to bf16 into q's tile (the rows past
+    // the CTA's heads zero: the same values as share_queries stores), and only then do chunks 0
+    // and 1 take the ring.
+    auto* stage = reinterpret_cast<float*>(smem + V::kSmem.kv);
+    const float* q = p.q + int64_t(work.row) * p.ld_q + int64_t(work.head0) * kLatentDim;
+    constexpr int kRowPieces = kLatentDim / 4;
+    for (int i = int(threadIdx.x); i < work.heads * kRowPieces; i += kThreadsPerCta) {
+      cp_async16(stage + i * 4, q + i * 4);  // rows are contiguous: head h at h * 576
+    }
     cp_async_commit();
-    if (n_chunks > 1) fetch(1);
-    cp_async_commit();
-    cluster_wait_acquire();    // the first phase (every CTA has started)
-    cluster_arrive_release();  // this warpgroup stores no q
-  } else {
-    share_queries<V::kHeads, kWgThreads>(p, cluster, plan.splits, work.split, work.row, work.head0,
-                                         work.heads, SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
-    fence_proxy_async_all();   // q's stores, in any CTA
-    cluster_arrive_release();  // this CTA's q stores are done
+    if (wg == 1) stage_first_slots();
+    cp_async_wait<0>();
+    __syncthreads();  // q's f32 rows and the staged slots are visible
+    const SwizzledRows<kHeadsPerCta> q_at{smem + V::kSmem.q};
+    for (int i = int(threadIdx.x); i < kHeadsPerCta * kRowPieces; i += kThreadsPerCta) {
+      const int h = i / kRowPieces, d = i % kRowPieces * 4;
+      const float4 v = h < work.heads ? *reinterpret_cast<const float4*>(stage + i * 4)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *reinterpret_cast<uint2*>(q_at(h, d)) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    }
+    fence_proxy_async();  // q's stores -> this CTA's wgmma
+    __syncthreads();      // q is complete; the ring is free
     if (tracing) trace_stamp(p, Trace::kQStored);
+    if (wg == 1) {
+      if (n_chunks > 0) fetch(0);
+      cp_async_commit();
+      if (n_chunks > 1) fetch(1);
+      cp_async_commit();
+    }
+  } else {
+    cluster_arrive_relaxed();  // this CTA has started: the others may write its q
+    if (wg == 1) {
+      stage_first_slots();
+      bar_wait_wg1(kSlotsStaged);  // warpgroup 1 alone: the staged slots are visible to it
+      if (n_chunks > 0) fetch(0);
+      cp_async_commit();
+      if (n_chunks > 1) fetch(1);
+      cp_async_commit();
+      cluster_wait_acquire();    // the first phase (every CTA has started)
+      cluster_arrive_release();  // this warpgroup stores no q
+    } else {
+      share_queries<V::kHeads, kWgThreads>(p, cluster, plan.splits, work.split, work.row,
+                                           work.head0, work.heads,
+                                           SwizzledRows<kHeadsPerCta>{smem + V::kSmem.q});
+      fence_proxy_async_all();   // q's stores, in any CTA
+      cluster_arrive_release();  // this CTA's q stores are done
+      if (tracing) trace_stamp(p, Trace::kQStored);
+    }
+    cluster_wait_acquire();  // q is complete in every CTA of the cluster
+    fence_proxy_async();     // ... and visible to this thread's wgmma (reader side)
   }
-  cluster_wait_acquire();  // q is complete in every CTA of the cluster
-  fence_proxy_async();     // ... and visible to this thread's wgmma (reader side)
   if (tracing) trace_stamp(p, Trace::kPrologue);
 
   float o[kOutTiles][32];
@@ -394,6 +437,21 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   }
 }
 
+// Where a CTA's q comes from: the cluster (each CTA loads 1/splits of it and stores it into every
+// CTA: q's traffic crosses L2 once per head group and the SM-to-SM network splits - 1 times) or
+// L2 (each CTA copies its own heads' f32 rows with cp.async into the ring before the first chunk:
+// splits times the L2 reads, no network traffic and no cluster barrier in the prologue).
+// DSA_CUDA_SPARSE_MLA_Q=l2 picks L2 where q's rows are 16-byte aligned (read at every call);
+// unset or cluster: the cluster, until L2 has run on the H200. At 4 splits and B = 64 the
+// cluster's way takes 6.3 of a CTA's 31.3 us (bench/results/2026-12-04-h200-mla-splits.md, run
+// 7), its loads and the network pushes at about 9 B per SM clock; L2 delivers several times that
+// per SM. Either way q is rounded to bf16 the same way: the same bits.
+bool q_from_l2(const SparseMlaParams& p) {
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_Q");
+  if (v == nullptr || std::strcmp(v, "l2") != 0) return false;
+  return (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
+}
+
 }  // namespace
 
 cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
@@ -406,6 +464,7 @@ cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   }
   SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
   plan.heads_per_cta = heads_per_cta(p, plan);
+  plan.q_from_l2 = q_from_l2(p);
   static LaunchOnce once;
   return launch_split_clusters(sparse_mla_ws_kernel, p, plan, plan.heads_per_cta, kThreadsPerCta,
                                WsVariant::kSmem.bytes, stream, once);
