@@ -129,9 +129,43 @@ if [[ ${MLA_NCU:-0} == 1 ]]; then
   done
 fi
 
+# The configurations side by side (options.md): the decode step per B from every decode-*.json,
+# and from bench.json and every bench-*.json the default kernel's rows per dtype and B with ws's
+# trace (q stored, token loop, combine, life per CTA).
+step options-table 10 python3 - "$OUT" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+lines = ["| decode step, graph ms | B = 1 | B = 8 | B = 64 | B = 256 |", "|---|---|---|---|---|"]
+for path in sorted(glob.glob(os.path.join(out, "decode-*.json"))):
+    rows = {r["batch"]: r["graph_ms"] for r in json.load(open(path)).get("results", [])}
+    name = os.path.basename(path)[len("decode-"):-len(".json")]
+    lines.append(f"| {name} | " + " | ".join(f"{rows[b]:.3f}" if b in rows else "" for b in
+                                             (1, 8, 64, 256)) + " |")
+lines += ["", "| bench (default kernel) | row | us | TFLOP/s | q stored | loop | combine | life |",
+          "|---|---|---|---|---|---|---|---|"]
+for path in [os.path.join(out, "bench.json")] + sorted(glob.glob(os.path.join(out, "bench-*.json"))):
+    if not os.path.exists(path):
+        continue
+    results = json.load(open(path)).get("results", [])
+    trace = {r["name"].split("/")[2]: r.get("extra", {}) for r in results
+             if r["name"].startswith("sparse_mla_trace/")}
+    name = os.path.basename(path)[:-len(".json")]
+    for r in results:
+        parts = r["name"].split("/")
+        if len(parts) != 5 or parts[0] != "sparse_mla" or parts[-1] != "topk=2048":
+            continue
+        t = trace.get(parts[2], {}) if parts[1] == "bf16" else {}
+        cells = [f"{t[k]:.2f}" if k in t else "" for k in
+                 ("q_stored_us", "loop_us", "combine_us", "life_us")]
+        lines.append(f"| {name} | {parts[1]} {parts[2]} | {r['us']:.2f} | "
+                     f"{r.get('extra', {}).get('tflops', 0):.0f} | " + " | ".join(cells) + " |")
+open(os.path.join(out, "options.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+
 {
   steps_summary "GPU sparse MLA check"
-  for f in table.md trace.md racecheck.md; do
+  for f in table.md options.md trace.md racecheck.md; do
     [[ -f $OUT/$f ]] && { echo; echo "## $f"; echo; cat "$OUT/$f"; }
   done
 } > "$OUT/summary.md"
