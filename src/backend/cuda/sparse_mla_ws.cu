@@ -46,9 +46,12 @@
 // combine (sparse_mla_split.cuh). So it gives the 64-token kernel's bits, which the parity tests
 // check bitwise, and is batch-invariant for the same reasons.
 //
-// Heads per CTA: 64, or 16 or 32 where the launch then still fits one wave (heads_per_cta): the
-// tile keeps its 64 rows, the rows past the CTA's heads zero in q and never combined, so a CTA
-// costs the same in its token loop and less in q's broadcast and the combine.
+// Heads per CTA: 64, or with DSA_CUDA_SPARSE_MLA_HEADS=auto 16 or 32 where the launch then still
+// fits one wave (heads_per_cta, sparse_mla_split.cuh): the tile keeps its 64 rows, the rows past
+// the CTA's heads zero in q and never combined, so a CTA costs the same in its token loop and less
+// in q's broadcast and the combine. q comes through the cluster (share_queries) or, with
+// DSA_CUDA_SPARSE_MLA_Q=l2, from L2 into the ring before the first chunk (q_from_l2). Neither
+// choice moves a bit.
 //
 // Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
 // the 64-token kernel; P [4 k16 steps][128 threads] uint4 (8 KiB); the factors alpha [64 heads]
