@@ -259,10 +259,7 @@ cudaError_t launch(const SparseMlaParams& p, const SplitPlan& plan, cudaStream_t
 // per CTA, 31.1 with 32 and 37.1 with 64 (bf16; fp8 40.7 / 35.8 / 42.4). Any choice gives the same
 // bits.
 int tiles_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
-  if (const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS")) {
-    const int heads = std::atoi(v);
-    if (heads == 64 || heads == 32 || heads == 16) return heads / 16;
-  }
+  if (const int forced = heads_knob(); forced > 0) return forced / 16;
   const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
   auto ctas = [&](int tiles) {
     return int64_t(p.rows) * plan.splits * ((p.heads + 16 * tiles - 1) / (16 * tiles));

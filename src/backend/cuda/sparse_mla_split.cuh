@@ -312,15 +312,20 @@ inline int max_splits() {
 // per head), so any choice gives the same bits (SparseMlaWsHeadsPerCtaBitwise,
 // SparseMlaWgmmaHeadsPerCtaBitwise, SparseMlaAutoHeadsInvariant).
 constexpr bool kAutoHeadsByDefault = false;
-inline int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+// DSA_CUDA_SPARSE_MLA_HEADS as every sparse MLA launcher reads it (at every call): 16, 32 or 64
+// forced; -1 for "auto"; 0 unset (or anything else, which the backend refuses when it is made).
+inline int heads_knob() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_HEADS");
-  const bool automatic = v != nullptr ? std::strcmp(v, "auto") == 0 : kAutoHeadsByDefault;
-  if (v != nullptr && !automatic) {
-    const int heads = std::atoi(v);
-    if (heads == 64 || heads == 32 || heads == 16) return heads;
-  }
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, "auto") == 0) return -1;
+  const int heads = std::atoi(v);
+  return heads == 64 || heads == 32 || heads == 16 ? heads : 0;
+}
+inline int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+  const int knob = heads_knob();
+  if (knob > 0) return knob;
   constexpr int kTileHeads = 64;
-  if (!automatic) return kTileHeads;
+  if (knob == 0 && !kAutoHeadsByDefault) return kTileHeads;
   const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
   for (int heads : {16, 32}) {
     const int64_t ctas = int64_t(p.rows) * plan.splits * ((p.heads + heads - 1) / heads);

@@ -418,13 +418,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     if (p.trace != nullptr && t == 0) trace_stamp(p, Trace::kLoop1);
   }
 
-  // The P handoff is over: every thread is past its last wait on and arrival at p_full and
-  // p_empty (the barrier), and they are invalidated before the combine.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbar_inval(p_full);
-    mbar_inval(p_empty);
-  }
+  // The combine (finish_split syncs the CTA before the partial overlays q and the ring; p_full and
+  // p_empty, outside that overlay, are left as they are).
   finish_split<V>(p, cluster, plan, work, smem, reinterpret_cast<const float(&)[128]>(o), m, l,
                   row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0, [&](int word) {
                     if (tracing) trace_stamp(p, word);

@@ -34,11 +34,6 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
                : "memory");
 }
-// Ends a barrier's life (its 8 bytes may then be reused); no thread may still wait on or arrive
-// at it.
-__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
 // Makes the initialized barriers visible to the async proxy (the copy engine) and the other
 // threads; a __syncthreads follows it.
 __device__ __forceinline__ void mbar_init_fence() {
