@@ -155,8 +155,9 @@ __device__ __forceinline__ void combine_slice(const SparseMlaParams& p, int spli
   constexpr int kTph = V::kThreads / V::kHeads;     // threads per head
   constexpr int kVecs = kKvLoraRank / kSplits / 4;  // float4s of a CTA's slice, per head
   static_assert(kVecs % kTph == 0);
-  constexpr int kPer = kVecs / kTph;  // items per thread
-  constexpr int kGroup = kPer < 16 / kSplits ? kPer : (kSplits >= 16 ? 1 : 16 / kSplits);
+  constexpr int kPer = kVecs / kTph;                         // items per thread
+  constexpr int kWanted = kSplits >= 16 ? 1 : 16 / kSplits;  // 16 float4s of loads in flight
+  constexpr int kGroup = kPer < kWanted ? kPer : kWanted;
   const int h = int(threadIdx.x) / kTph, j = int(threadIdx.x) % kTph;
   if (h >= heads) return;
   const int d0 = split * (kKvLoraRank / kSplits);
