@@ -6,7 +6,8 @@
 #      warp-specialized kernel bitwise against wgmma64, ragged topk, 4 / 8 / 16 splits, batch
 #      invariance) and the graph-replay parity tests (*ParityGraph*: the default kernel in a step);
 #   2. memcheck, racecheck, synccheck and initcheck over SparseMlaWgmma64Compact (wgmma64 and ws,
-#      8 and 16 splits, bf16 and the fp8 dispatch); racecheck's hazards tabled by source line
+#      8 and 16 splits, bf16 and fp8: wgmma64's dispatch to the wgmma kernel, ws's own expansion);
+#      racecheck's hazards tabled by source line
 #      (racecheck.md);
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
@@ -14,7 +15,8 @@
 # MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them).
 # MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits (bench-decode, 1 layer, B = 1 / 8 /
 # 64 / 256); the step, the sparse MLA rows and traces with the options not yet the default (heads
-# per CTA from the batch, q from L2, both); B = 1 with both at 8 splits; and a 1500-step
+# per CTA from the batch, q from L2, both); the step on fp8 latent caches with the wgmma kernel
+# and with ws; B = 1 with both options at 8 splits; and a 1500-step
 # check-replay with the defaults. MLA_NCU=1 adds Nsight Compute on the ws kernel at B = 64 and
 # B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
@@ -106,6 +108,12 @@ if [[ ${MLA_DECODE:-0} == 1 ]]; then
       --json "$OUT/decode-$opt.json"
     step "bench-$opt" 150 env "${env_args[@]}" "$G" --skip-store --skip-gemm --attention-only \
       sparse_mla --mla-trace --json "$OUT/bench-$opt.json"
+  done
+  # fp8 latent caches: the default (the wgmma kernel) against ws's in-tile expansion.
+  for kernel in wgmma ws; do
+    step "decode-v32-fp8-$kernel" 150 env DSA_CUDA_SPARSE_MLA_VARIANT=$kernel "$B/dsa" \
+      bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
+      --iters 10 --gemm invariant --latent fp8 --json "$OUT/decode-fp8-$kernel.json"
   done
   # B = 1 at 8 splits with both (the latency configuration).
   step bench-latency 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto DSA_CUDA_SPARSE_MLA_Q=l2 \

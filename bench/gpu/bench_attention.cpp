@@ -20,13 +20,14 @@
 //       .../wgmma/heads=32|16 (its heads per CTA forced),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
-//       .../ws, .../ws/splits=16, .../ws/splits=4, .../ws/heads=64|32|16 and .../ws/q=l2 (its
-//       warp-specialized form, =ws; heads per CTA forced; q copied from L2) and at B =
-//       1 .../graph,
+//       .../ws, .../ws/splits=16|8|4, .../ws/heads=64|32|16 and .../ws/q=l2 (its
+//       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q copied from L2) and at B
+//       = 1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
-//       .../ws/graph (graph-launched); with --mla-trace, sparse_mla_trace/bf16/B=.../ws: one
-//       traced launch of the ws kernel, its CTAs' mean time per phase, and
-//       cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement alone
+//       .../ws/graph (bf16 and fp8; graph-launched); with --mla-trace,
+//       sparse_mla_trace/bf16/B=.../ws: one traced launch of the ws kernel, its CTAs' mean time per
+//       phase, and cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement
+//       alone
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -367,16 +368,18 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({nullptr, "", "/wgmma64", false, "wgmma64"});
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma64/splits=16", false, "wgmma64"});
-    variants.push_back({nullptr, "", "/ws", false, "ws"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
-    // ws's heads per CTA forced (unset: 64; DSA_CUDA_SPARSE_MLA_HEADS=auto for the run: 16 or 32
-    // at small batches).
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "l2", "/ws/q=l2", false, "ws"});
   }
+  // ws on either dtype (fp8: its in-tile expansion; the fp8 default is the wgmma kernel).
+  variants.push_back({nullptr, "", "/ws", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/ws/splits=8", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
+  // ws's heads per CTA forced (unset: 64; DSA_CUDA_SPARSE_MLA_HEADS=auto for the run: 16 or 32
+  // at small batches).
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "l2", "/ws/q=l2", false, "ws"});
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4/graph", true});
@@ -386,7 +389,7 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_WGMMA_SCHEDULE", "overlap", "/wgmma/overlap/graph", true, "wgmma"});
     if (bf16) variants.push_back({nullptr, "", "/wgmma64/graph", true, "wgmma64"});
-    if (bf16) variants.push_back({nullptr, "", "/ws/graph", true, "ws"});
+    variants.push_back({nullptr, "", "/ws/graph", true, "ws"});
   }
   for (const Variant& v : variants) {
     int64_t call = 0;

@@ -282,6 +282,11 @@ struct MlaSpec {
   // "mma"; null is "mma", whose heads per CTA the families above force. The families give different
   // bits: only runs of one family compare, whichever of them is the process default.
   const char* variant = nullptr;
+  // bf16 only: every token holds the bf16 rounding of what the fp8 case of the same seed decodes
+  // to (e4m3 * tile scale, the CUDA kernels' dequantized values), the rope as it is. The same
+  // random draws as the fp8 case, so indices and q agree too: a kernel that expands fp8 into bf16
+  // tiles must give, on the fp8 case, its own bits on this one.
+  bool dequantized_pool = false;
 };
 
 // Sets an environment variable for a scope (unset again at its end); null value: leaves it unset.
@@ -309,15 +314,26 @@ class SparseMlaCase final : public OpCase {
            (s_.heads_per_cta ? ",heads_per_cta=" + std::to_string(s_.heads_per_cta) : "") +
            (s_.max_splits ? ",max_splits=" + std::to_string(s_.max_splits) : "") +
            (s_.spare_row ? ",spare_row" : "") +
-           (s_.variant != nullptr ? std::string(",variant=") + s_.variant : "");
+           (s_.variant != nullptr ? std::string(",variant=") + s_.variant : "") +
+           (s_.dequantized_pool ? ",dequantized_pool" : "");
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
     std::vector<uint8_t> pool(size_t(kPages * latent_page_bytes(s_.dtype)), 0);
     const PoolView host{pool.data(), s_.dtype, ScaleRounding::kExact, kPages};
+    ASSERT_TRUE(!s_.dequantized_pool || s_.dtype == KvDtype::kBf16);
+    std::vector<uint8_t> fp8_token(size_t(latent_token_bytes(KvDtype::kFp8)));
+    const PoolView fp8_one{fp8_token.data(), KvDtype::kFp8, ScaleRounding::kExact, 1};
     for (int64_t slot = kPageSize; slot < host.capacity(); ++slot) {
-      const std::vector<float> c = rng.normals(kKvLoraRank, std::exp(rng.uniform(-1.0f, 1.0f)));
-      const std::vector<float> rope = rng.normals(kRopeDim);
+      std::vector<float> c = rng.normals(kKvLoraRank, std::exp(rng.uniform(-1.0f, 1.0f)));
+      std::vector<float> rope = rng.normals(kRopeDim);
+      if (s_.dequantized_pool) {  // through the fp8 encoding and back, then bf16-exact values
+        std::vector<float> back(kLatentDim);
+        encode_latent_token(fp8_one, 0, c.data(), rope.data());
+        decode_latent_token(fp8_one, 0, back.data());
+        for (int i = 0; i < kKvLoraRank; ++i) c[size_t(i)] = round_bf16(back[size_t(i)]);
+        for (int i = 0; i < kRopeDim; ++i) rope[size_t(i)] = back[size_t(kKvLoraRank + i)];
+      }
       encode_latent_token(host, slot, c.data(), rope.data());
     }
     pool_ = ws.input(pool);
@@ -902,8 +918,9 @@ TEST_F(ParityAttention, SparseMlaWgmmaBatchInvariant) {
 // ---- the 64-token wgmma kernels (DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64 and =ws) -----------------
 // Their own families: 64-token chunks, a shared row max per chunk: other bits than the wgmma
 // kernel's, within the same tolerances against the CPU. "ws" (warp-specialized) runs wgmma64's
-// arithmetic with the warpgroups split by role: the same bits, checked below. bf16 caches; an fp8
-// cache under either variant runs the wgmma kernel (one case each below checks that dispatch).
+// arithmetic with the warpgroups split by role: the same bits, checked below. On an fp8 cache
+// wgmma64 runs the wgmma kernel, and ws expands the chunks to bf16 in its tiles (its bits are then
+// ws's on the dequantized bf16 cache, checked below); one fp8 case each below checks either.
 
 constexpr const char* kWgmma64 = "wgmma64";
 constexpr const char* kWs = "ws";
@@ -933,7 +950,8 @@ TEST_F(ParityAttention, SparseMlaWgmma64MatchesCpu) {
     EXPECT_TRUE(check_parity(wide, cpu(), cuda(), 1350 + cases++)) << wide.vars();
     SparseMlaCase eight({KvDtype::kBf16, 3, 128, 2048, true, 0, true, 8, variant});
     EXPECT_TRUE(check_parity(eight, cpu(), cuda(), 1350 + cases++)) << eight.vars();
-    SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, variant});  // wgmma's
+    // wgmma64: the wgmma kernel's; ws: its own fp8 path
+    SparseMlaCase fp8({KvDtype::kFp8, 4, 128, 2048, false, 0, true, 0, variant});
     EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 1350 + cases++)) << fp8.vars();
   }
 }
@@ -958,9 +976,9 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 // One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
 // 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, 4 with 8 (both
 // rings wrap; the last split holds 3, the eighth none) and 2 with 16; short, padded and sentinel
-// rows, a spare output row. Plus the fp8 dispatch (the wgmma kernel) on the same shape, and ws
-// with 16 heads per CTA (40 heads: 3 groups, the last one partial), its q shared through the
-// cluster and copied from L2.
+// rows, a spare output row. Plus an fp8 cache on the same shape (wgmma64: the wgmma kernel; ws:
+// its fp8 path), and ws with 16 heads per CTA (40 heads: 3 groups, the last one partial), its q
+// shared through the cluster and copied from L2, bf16 and fp8.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   for (const char* variant : kTokenSplitVariants) {
     uint64_t seed = 1380;
@@ -973,9 +991,13 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
     if (variant == kWs) {  // 16 heads per CTA: 40 heads in 3 groups, the last one partial
       SparseMlaCase c({KvDtype::kBf16, 4, 40, 1697, true, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+      SparseMlaCase c8({KvDtype::kFp8, 4, 40, 1697, true, 16, true, 0, variant});
+      EXPECT_TRUE(check_parity(c8, cpu(), cuda(), seed++)) << c8.vars();
       ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");  // q from L2 (aligned rows)
       SparseMlaCase l2({KvDtype::kBf16, 4, 40, 1697, false, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(l2, cpu(), cuda(), seed++)) << l2.vars() << ", q from L2";
+      SparseMlaCase l2_8({KvDtype::kFp8, 4, 40, 1697, false, 16, true, 0, variant});
+      EXPECT_TRUE(check_parity(l2_8, cpu(), cuda(), seed++)) << l2_8.vars() << ", q from L2";
     }
   }
 }
@@ -1002,9 +1024,10 @@ TEST_F(ParityAttention, SparseMlaWgmma64BatchInvariant) {
 // The CUDA outputs of a sparse MLA kernel on a shape (its guards checked), with its heads per
 // CTA forced (0: the kernel's default); the same seed gives the same inputs.
 Outputs token_split_outputs(Backend& cpu, Backend& cuda, const MlaShape& sh, const char* variant,
-                            int heads_per_cta, uint64_t seed, KvDtype dtype = KvDtype::kBf16) {
+                            int heads_per_cta, uint64_t seed, KvDtype dtype = KvDtype::kBf16,
+                            bool dequantized_pool = false) {
   SparseMlaCase c({dtype, sh.rows, sh.heads, sh.topk, sh.padded_stride, heads_per_cta, true,
-                   sh.max_splits, variant});
+                   sh.max_splits, variant, dequantized_pool});
   Workspace ws(cpu, cuda);
   testing::Rng rng(seed);
   c.init(ws, rng);
@@ -1013,11 +1036,10 @@ Outputs token_split_outputs(Backend& cpu, Backend& cuda, const MlaShape& sh, con
   return std::move(r.outputs);
 }
 
-// The warp-specialized kernel gives the 64-token kernel's outputs and lse bit for bit: 4, 16, 64
-// and 128 heads; topk 1, 37 to 2048 and ragged (empty splits, 1 to 8 chunks per split, both rings
-// wrapping, a last chunk partly past topk); 4, 8 and 16 splits; padded, short, sentinel and
-// out-of-pool slots; odd strides; a spare row that stays poison in both.
-TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
+// The shapes of ws's bitwise families: 4, 16, 64 and 128 heads; topk 1, 37 to 2048 and ragged
+// (empty splits, 1 to 8 chunks per split, both rings wrapping, a last chunk partly past topk);
+// 4, 8 and 16 splits; odd strides.
+std::vector<MlaShape> ws_bitwise_shapes() {
   std::vector<MlaShape> shapes;
   for (int heads : {128, 16, 4}) {
     for (int topk : {100, 37, 150, 300}) shapes.push_back({5, heads, topk, topk == 37, 0});
@@ -1031,6 +1053,15 @@ TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
   shapes.push_back({5, 128, 1, true, 0});
   shapes.push_back({5, 128, 65, true, 0});
   shapes.push_back({4, 16, 1697, true, 0});
+  return shapes;
+}
+
+// The warp-specialized kernel gives the 64-token kernel's outputs and lse bit for bit: 4, 16, 64
+// and 128 heads; topk 1, 37 to 2048 and ragged (empty splits, 1 to 8 chunks per split, both rings
+// wrapping, a last chunk partly past topk); 4, 8 and 16 splits; padded, short, sentinel and
+// out-of-pool slots; odd strides; a spare row that stays poison in both.
+TEST_F(ParityAttention, SparseMlaWsMatchesWgmma64Bitwise) {
+  const std::vector<MlaShape> shapes = ws_bitwise_shapes();
   uint64_t seed = 1500;
   for (const MlaShape& sh : shapes) {
     const Outputs wgmma64 = token_split_outputs(cpu(), cuda(), sh, kWgmma64, 0, seed);
@@ -1083,6 +1114,64 @@ TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
           << heads_per_cta << " heads per CTA against wgmma64";
     }
     ++seed;
+  }
+}
+
+// ws on an fp8 cache (DSA_CUDA_SPARSE_MLA_VARIANT=ws): the chunk's e4m3 values, scales and rope
+// land inside its bf16 tile and warpgroup 1 expands them there, so its outputs must be ws's on a
+// bf16 cache holding the dequantized values, bit for bit (the same S, P and P V operands): every
+// shape of SparseMlaWsMatchesWgmma64Bitwise (1 to 2048 selected, empty splits, both rings wrapping,
+// a last chunk partly past topk, 4, 8 and 16 splits, padded, short, sentinel, negative and
+// out-of-pool slots, odd strides, a spare row that stays poison), and on the first shapes with 16
+// and 32 heads per CTA and q copied from L2.
+TEST_F(ParityAttention, SparseMlaWsFp8MatchesDequantizedBf16Bitwise) {
+  const std::vector<MlaShape> shapes = ws_bitwise_shapes();
+  uint64_t seed = 1750;
+  for (size_t i = 0; i < shapes.size(); ++i, ++seed) {
+    const MlaShape& sh = shapes[i];
+    const Outputs bf16 =
+        token_split_outputs(cpu(), cuda(), sh, kWs, 0, seed, KvDtype::kBf16, /*dequantized=*/true);
+    EXPECT_TRUE(
+        same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, 0, seed, KvDtype::kFp8), bf16))
+        << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
+        << sh.max_splits << ": ws on fp8 against ws on the dequantized bf16 cache";
+    if (i >= 3) continue;  // heads per CTA and q's source: the first shapes (128 heads)
+    for (int heads_per_cta : {16, 32}) {
+      EXPECT_TRUE(same_outputs(
+          token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed, KvDtype::kFp8), bf16))
+          << "topk " << sh.topk << ": ws on fp8 with " << heads_per_cta << " heads per CTA";
+    }
+    if (!sh.padded_stride) {
+      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");
+      EXPECT_TRUE(
+          same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, 0, seed, KvDtype::kFp8), bf16))
+          << "topk " << sh.topk << ": ws on fp8 with q from L2";
+    }
+  }
+}
+
+// ws on an fp8 cache against the CPU (the fp8 tolerances: c rounded to bf16 after the scale):
+// 128, 16 and 4 heads, topk 37 to 2048, 4, 8 and 16 splits, padded, short, sentinel and
+// out-of-pool slots, a spare row; and a probe row's bits alone, among 7 and among 255.
+TEST_F(ParityAttention, SparseMlaWsFp8MatchesCpu) {
+  int cases = 0;
+  for (int heads : {128, 4}) {
+    for (int topk : {37, 150, 300}) {
+      SparseMlaCase c({KvDtype::kFp8, 5, heads, topk, topk == 37, 0, true, 0, kWs});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1800 + cases++)) << c.vars();
+    }
+  }
+  for (int max_splits : {0, 8, 16}) {
+    SparseMlaCase c({KvDtype::kFp8, 3, 128, 2048 - 17, true, 0, true, max_splits, kWs});
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 1800 + cases++)) << c.vars();
+  }
+  for (int topk : {2048, 2048 - 17}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{KvDtype::kFp8, rows, 128, topk, false, 0, false, 0, kWs});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
+        << "ws, fp8, topk " << topk;
   }
 }
 

@@ -13,7 +13,7 @@ const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
       {"DSA_CUDA_SPARSE_MLA_VARIANT",
        {"ws", "wgmma64", "wgmma", "mma"},
-       "the sparse MLA kernel (default: ws for bf16 caches, wgmma for fp8)"},
+       "the sparse MLA kernel (default: ws for bf16 caches, wgmma for fp8; ws: ws for either)"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
        {"2", "4", "8", "16"},
        "the bound on splits per row (default: 4; 8 for single-stream latency)"},

@@ -104,7 +104,7 @@ cudaError_t sparse_mla_wgmma(const SparseMlaParams& p, cudaStream_t stream);  //
 // wgmma64): bf16 caches, an fp8 cache goes to sparse_mla_wgmma.
 cudaError_t sparse_mla_wgmma64(const SparseMlaParams& p, cudaStream_t stream);
 // The warp-specialized 64-token kernel (sparse_mla_ws.cu; DSA_CUDA_SPARSE_MLA_VARIANT=ws): the
-// 64-token kernel's bits; bf16 caches, an fp8 cache goes to sparse_mla_wgmma.
+// 64-token kernel's bits on bf16 caches; fp8 caches dequantized in its tiles (its own bits).
 cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream);
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream);    // audit.cu

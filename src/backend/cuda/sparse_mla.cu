@@ -307,14 +307,18 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md). Same bits as
 // wgmma64, so a process that forces wgmma64 matches one that does not.
 enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
-constexpr MlaKernel kDefaultMlaKernel = MlaKernel::kWs;
-MlaKernel mla_kernel() {
+// The defaults, per cache dtype (the pool's, never the batch's). fp8 caches stay on the wgmma
+// kernel until ws's fp8 path (dequantized in its tile by the copies warpgroup, sparse_mla_ws.cu)
+// has been measured against it; DSA_CUDA_SPARSE_MLA_VARIANT=ws runs ws on either dtype.
+constexpr MlaKernel kDefaultBf16Kernel = MlaKernel::kWs;
+constexpr MlaKernel kDefaultFp8Kernel = MlaKernel::kWgmma;
+MlaKernel mla_kernel(KvDtype dtype) {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
   if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
   if (v != nullptr && std::strcmp(v, "wgmma64") == 0) return MlaKernel::kWgmma64;
   if (v != nullptr && std::strcmp(v, "ws") == 0) return MlaKernel::kWs;
-  return kDefaultMlaKernel;
+  return dtype == KvDtype::kBf16 ? kDefaultBf16Kernel : kDefaultFp8Kernel;
 }
 
 }  // namespace
@@ -322,7 +326,7 @@ MlaKernel mla_kernel() {
 cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
-  const MlaKernel kernel = mla_kernel();
+  const MlaKernel kernel = mla_kernel(p.pool.dtype);
   if (kernel == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
   if (kernel == MlaKernel::kWgmma64) return sparse_mla_wgmma64(p, stream);
   if (kernel == MlaKernel::kWs) return sparse_mla_ws(p, stream);

@@ -14,6 +14,7 @@
 
 namespace dsa::cuda::sparse_mla_tile64 {
 
+using sparse_mla_detail::dequant_pair;
 using sparse_mla_detail::kPartPitch;
 
 constexpr int kHeadsPerCta = 64;                    // one wgmma M
@@ -56,6 +57,100 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int3
         cp_async16(dst + b * kTileBytes, src + b * kSwizzleRowBytes);
       } else {
         *reinterpret_cast<uint4*>(dst + b * kTileBytes) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+// fp8 caches (the ws kernel): a chunk's raw bytes land inside its own bf16 tile and are expanded
+// there, so the ring needs no raw stage (q and two bf16 tiles fill shared memory). Within the
+// chunk's 72 KiB: the e4m3 values of 64-dim tile b (b < 8) in the upper half of tile b
+// ([64 tokens][64 B] from b * 8 KiB + 4 KiB), each token's four 128-value scales at the start of
+// tile 0 ([64 tokens][16 B]), and the rope, bf16 as stored, in its own rows of tile 8 as for bf16
+// caches. dequantize_tile() then writes tiles 0..7 over their raw halves, unit by unit.
+constexpr int kRawHalf = kTileBytes / 2;      // [64 tokens][64 e4m3] of one 64-dim tile
+constexpr int kFp8Pieces = kKvLoraRank / 16;  // 16-byte pieces of e4m3 per token: 32
+constexpr int kScalesPerToken = kKvLoraRank / kLatentTile;  // 4
+constexpr int kRopeTile = kKvLoraRank / 64;                 // tile 8: dims 512..575
+static_assert(kTokens * kScalesPerToken * 4 <= kRawHalf, "the scales fit below tile 0's raw half");
+static_assert(kLatentTile == 128 && kScalesPerToken == 4, "one scale per pair of 64-dim tiles");
+
+// The copies of one fp8 chunk into its tile, by kThreads threads, from the chunk's staged slots:
+// eight threads per token as fetch_chunk(); thread t copies e4m3 pieces c, c + 8, c + 16, c + 24
+// (c = t % 8: a quarter warp reads 128 contiguous bytes of the token), rope piece c, and with c = 0
+// the token's scales. Unused tokens (-1) get zeros everywhere: e4m3 0 times scale 0 is +0, the
+// bf16 kernel's zero rows. The caller commits the group.
+template <int kThreads>
+__device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const int32_t* slots,
+                                                uint8_t* tile, int t) {
+  constexpr int kTokensPerPass = kThreads / 8;
+  static_assert(kTokens % kTokensPerPass == 0);
+  const int c = t % 8;
+  auto copy = [](uint8_t* dst, const uint8_t* src, bool used) {
+    if (used) {
+      cp_async16(dst, src);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  };
+#pragma unroll
+  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
+    const int token = t / 8 + pass * kTokensPerPass;
+    const int64_t slot = slots[token];
+    const bool used = slot >= 0;
+    const uint8_t* src = p.pool.data + (used ? slot : 0) * kLatentFp8TokenBytes;
+#pragma unroll
+    for (int i = 0; i < kFp8Pieces / 8; ++i) {
+      const int j = c + 8 * i;  // dims [16 j, 16 j + 16): tile j / 4, piece j % 4 of its 64 B
+      copy(tile + (j / 4) * kTileBytes + kRawHalf + token * 64 + (j % 4) * 16, src + j * 16, used);
+    }
+    copy(tile + kRopeTile * kTileBytes + swizzle128_offset(token, c),
+         src + kLatentFp8RopeOffset + c * 16, used);
+    if (c == 0) copy(tile + token * 16, src + kLatentFp8ScaleOffset, used);
+  }
+}
+
+// The bf16 rows of an fp8 chunk from its raw bytes, in place, by the 128 threads of one
+// warpgroup once the chunk's copies are visible to all of them: c = bf16(e4m3 * scale) as
+// dequant_pair() (the wgmma kernel's values, bit for bit), the rope as copied. Thread t expands
+// 32 values of token t / 2 per 64-dim tile (half t % 2 of the tile's row: 2 loads, 4 stores),
+// a unit of two tiles (one scale) at a time: every thread reads the unit's raw bytes (and, before
+// the first, its scales) before the sync(), and only then does any thread write the unit's tiles
+// over them. The other units' raw halves are outside what a unit writes. sync() is a barrier of
+// the 128 threads.
+template <class Sync>
+__device__ __forceinline__ void dequantize_tile(uint8_t* tile, int t, Sync sync) {
+  const int token = t / 2, half = t % 2;
+  const uint4 sc = *reinterpret_cast<const uint4*>(tile + token * 16);
+  const float scales[kScalesPerToken] = {__uint_as_float(sc.x), __uint_as_float(sc.y),
+                                         __uint_as_float(sc.z), __uint_as_float(sc.w)};
+#pragma unroll
+  for (int u = 0; u < kScalesPerToken; ++u) {
+    uint4 raw[2][2];  // [tile of the unit][16 values]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        raw[h][i] = *reinterpret_cast<const uint4*>(tile + (2 * u + h) * kTileBytes + kRawHalf +
+                                                    token * 64 + half * 32 + i * 16);
+      }
+    }
+    sync();
+    const float s = scales[u];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 v = raw[h][i];  // dims 64 (2 u + h) + 32 half + 16 i + [0, 16)
+        const uint4 lo =
+            make_uint4(dequant_pair(uint16_t(v.x), s), dequant_pair(uint16_t(v.x >> 16), s),
+                       dequant_pair(uint16_t(v.y), s), dequant_pair(uint16_t(v.y >> 16), s));
+        const uint4 hi =
+            make_uint4(dequant_pair(uint16_t(v.z), s), dequant_pair(uint16_t(v.z >> 16), s),
+                       dequant_pair(uint16_t(v.w), s), dequant_pair(uint16_t(v.w >> 16), s));
+        uint8_t* row = tile + (2 * u + h) * kTileBytes;
+        *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 4 * half + 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 4 * half + 2 * i + 1)) = hi;
       }
     }
   }

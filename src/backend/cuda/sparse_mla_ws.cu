@@ -1,8 +1,9 @@
 // Absorbed sparse MLA decode (DESIGN §1.7), warp-specialized: the DSA_CUDA_SPARSE_MLA_VARIANT=ws
 // kernel. The arithmetic of the 64-token kernel (sparse_mla_wgmma64.cu), term for term, with the
 // work of a chunk split between the two warpgroups by role instead of by tokens, so that they
-// stop waiting for each other at every step. bf16 latent caches only (an fp8 cache under this
-// variant runs the wgmma kernel, sparse_mla_wgmma.cu, as under wgmma64).
+// stop waiting for each other at every step. bf16 latent caches, and fp8 ones expanded in the
+// tiles (below; the default for fp8 caches stays the wgmma kernel, sparse_mla_wgmma.cu, until this
+// path has run on the H200: DSA_CUDA_SPARSE_MLA_VARIANT=ws selects it).
 //
 // Why: the 64-token kernel runs both warpgroups in lock step through three CTA barriers per
 // chunk (S of 32 tokens each, the shared row max, the P exchange, P V of 256 dims each), with one
@@ -53,6 +54,18 @@
 // DSA_CUDA_SPARSE_MLA_Q=l2, from L2 into the ring before the first chunk (q_from_l2). Neither
 // choice moves a bit.
 //
+// fp8 caches (656 B a token: 512 e4m3, four f32 scales of 128 values, the rope as 64 bf16). q and
+// the two bf16 tiles leave no room for a raw stage, so a chunk's raw bytes land inside its own
+// tile (sparse_mla_tile64.cuh: each 64-dim tile's e4m3 values in its upper half, the scales at the
+// start of tile 0, the rope in its bf16 rows) and warpgroup 1 expands them in place
+// (dequantize_tile: bf16(e4m3 * scale), the wgmma kernel's values) between the copies' landing and
+// K_READY, while its P V of the previous chunk runs on the tensor cores. From there on every
+// number is the bf16 path's: the outputs are ws's on a bf16 cache holding the dequantized values,
+// bit for bit (SparseMlaWsFp8MatchesDequantizedBf16Bitwise), so batch-invariant as it is.
+// Napkin math per chunk: 42 KiB copied instead of 72, then 42 KiB read and 64 KiB written by the
+// expansion (4 warpgroup barriers, ~800 instructions per thread of warpgroup 1): shared-memory
+// traffic ~1.25x the bf16 chunk's, on the path from the copies to S of the next chunk.
+//
 // Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
 // the 64-token kernel; P [4 k16 steps][128 threads] uint4 (8 KiB); the factors alpha [64 heads]
 // f32; slots [3][64] int32; m, l [64] f32; the two mbarriers: 231,952 of the 232,448 bytes.
@@ -78,7 +91,8 @@
 // gives a CTA's 21.6 us as q's broadcast 4.8 us, the token loop 7.4 (1.85 a chunk), the combine
 // 8.8 (its pull alone 6.5, where moving the same bytes alone takes 4.7), so the default bound is 4
 // splits (kDefaultSplits).
-// ptxas (sm_90a, nvcc 13.0): 206 registers, no spills, no wgmma serialization warning.
+// ptxas (sm_90a, nvcc 13.0): 208 registers (bf16), 255 (fp8), no spills, no wgmma serialization
+// warning.
 #include <cooperative_groups.h>
 
 #include <climits>
@@ -109,7 +123,8 @@ constexpr int kPBytes = kPvSteps * kWgThreads * 16;  // [4 k16 steps][128 thread
 
 // The named barriers (0 is __syncthreads); each joins the 256 threads of the CTA, but
 // kSlotsStaged, warpgroup 1's own in the prologue (bar_wait_wg1).
-enum Barrier : int { kKReady = 3, kKFree = 5, kSlotsStaged = 7 };
+// kDequant: warpgroup 1's own, around an fp8 chunk's expansion (dequantize_tile).
+enum Barrier : int { kKReady = 3, kKFree = 5, kSlotsStaged = 7, kDequant = 8 };
 __device__ __forceinline__ void bar_wait(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
 }
@@ -164,6 +179,7 @@ __device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) 
   p.trace[size_t(blockIdx.x) * Trace::kWords + word] = uint64_t(clock64());
 }
 
+template <KvDtype D>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_ws_kernel(SparseMlaParams p, SplitPlan plan) {
   using V = WsVariant;
@@ -189,9 +205,25 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int wg = int(threadIdx.x) / kWgThreads, t = int(threadIdx.x) % kWgThreads;
   const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
   const int row0 = 16 * warp + g;  // this thread's heads: row0 and row0 + 8 (both warpgroups)
+  auto tile_bytes = [&](int chunk) {
+    return smem + V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes;
+  };
   auto fetch = [&](int chunk) {
-    fetch_chunk<kWgThreads>(p, slots_of(chunk),
-                            smem + V::kSmem.kv + size_t(chunk % kRing) * kChunkBytes, t);
+    if constexpr (D == KvDtype::kBf16) {
+      fetch_chunk<kWgThreads>(p, slots_of(chunk), tile_bytes(chunk), t);
+    } else {
+      fetch_chunk_fp8<kWgThreads>(p, slots_of(chunk), tile_bytes(chunk), t);
+    }
+  };
+  // Warpgroup 1, once this thread's copies of the chunk have landed: an fp8 chunk is expanded to
+  // bf16 in its tile (every thread's copies visible first), then this thread's stores are fenced
+  // for the async proxy; the caller then announces the chunk (K_READY).
+  auto publish = [&](int chunk) {
+    if constexpr (D == KvDtype::kFp8) {
+      bar_wait_wg1(kDequant);
+      dequantize_tile(tile_bytes(chunk), t, [] { bar_wait_wg1(kDequant); });
+    }
+    fence_proxy_async();
   };
 
   // Prologue, the two warpgroups side by side: warpgroup 1 loads and stages the slots of chunks
@@ -372,9 +404,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     l[0] += l_hi[0];
     l[1] += l_hi[1];
   } else {
-    cp_async_wait<1>();   // chunk 0's copies (chunk 1's may still fly)
-    fence_proxy_async();  // this thread's copies and zero fills -> wgmma
-    if (n_chunks > 0) bar_arrive(kKReady + 0);
+    cp_async_wait<1>();  // chunk 0's copies (chunk 1's may still fly)
+    if (n_chunks > 0) {  // the same in every thread of the CTA
+      publish(0);        // this thread's copies and zero fills (fp8: the bf16 rows) -> wgmma
+      bar_arrive(kKReady + 0);
+    }
     for (int ch = 0; ch < n_chunks; ++ch) {
       const bool restage = t < kTokens && ch + 3 < n_chunks;
       const int64_t next_slot =
@@ -401,7 +435,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       issue_pv_group<kPvSteps, kOutTiles, kTileBytes>(o, a, tile, 1);
       if (ch + 1 < n_chunks) {
         cp_async_wait<0>();  // chunk ch + 1's copies: the only group in flight
-        fence_proxy_async();
+        publish(ch + 1);
         bar_arrive(kKReady + (ch + 1) % kRing);
       }
       wgmma_wait<0>();
@@ -455,17 +489,20 @@ bool q_from_l2(const SparseMlaParams& p) {
 cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.heads <= 0 || p.topk < 0) return cudaErrorInvalidValue;
-  // fp8 caches: the wgmma kernel, as under wgmma64. Slots are staged as int32 (a pool of 2^31
-  // tokens goes there too). Either choice is fixed per process and pool, never by the batch.
-  if (p.pool.dtype != KvDtype::kBf16 || p.pool.capacity() > INT32_MAX) {
-    return sparse_mla_wgmma(p, stream);
-  }
+  // Slots are staged as int32: a pool past 2^31 tokens runs the wgmma kernel, a choice fixed by the
+  // pool, never by the batch.
+  if (p.pool.capacity() > INT32_MAX) return sparse_mla_wgmma(p, stream);
   SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
   plan.heads_per_cta = heads_per_cta(p, plan);
   plan.q_from_l2 = q_from_l2(p);
+  if (p.pool.dtype == KvDtype::kFp8) {
+    static LaunchOnce once_fp8;
+    return launch_split_clusters(sparse_mla_ws_kernel<KvDtype::kFp8>, p, plan, plan.heads_per_cta,
+                                 kThreadsPerCta, WsVariant::kSmem.bytes, stream, once_fp8);
+  }
   static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_ws_kernel, p, plan, plan.heads_per_cta, kThreadsPerCta,
-                               WsVariant::kSmem.bytes, stream, once);
+  return launch_split_clusters(sparse_mla_ws_kernel<KvDtype::kBf16>, p, plan, plan.heads_per_cta,
+                               kThreadsPerCta, WsVariant::kSmem.bytes, stream, once);
 }
 
 }  // namespace dsa::cuda
