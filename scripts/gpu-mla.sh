@@ -13,7 +13,7 @@
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
 # MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them).
-# MLA_DECODE=1 adds the V3.2 decode step at 8 and at 4 splits (bench-decode, 1 layer, B = 1 / 8 /
+# MLA_DECODE=1 adds the V3.2 decode step at 8, 4, 2 and 1 splits (bench-decode, 1 layer, B = 1 / 8 /
 # 64 / 256); the step, the sparse MLA rows and traces with the options not yet the default (heads
 # per CTA from the batch, q from L2, both); the step on fp8 latent caches with the wgmma kernel
 # and with ws; B = 1 with both options at 8 splits; and a 1500-step
@@ -92,7 +92,7 @@ print("\n".join(trace))
 EOF
 
 if [[ ${MLA_DECODE:-0} == 1 ]]; then
-  for splits in 8 4; do
+  for splits in 8 4 2 1; do
     step "decode-v32-splits$splits" 150 env DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$B/dsa" \
       bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
       --iters 10 --gemm invariant --json "$OUT/decode-splits$splits.json"

@@ -11,7 +11,7 @@
 // no per-launch host cost, as a decode step replays them).
 //   sparse_mla/{bf16,fp8}/B={1,64,256}/H=128/topk=2048 floor: 2 * H * topk * (576 + 512) flops
 //       per row, or the measured launch latency when that is more (the default kernel, and
-//       .../default/splits=4|8 with the split bound set); also
+//       .../default/splits=4|8|2|1 with the split bound set); also
 //       .../mma (the mma.sync kernel, DSA_CUDA_SPARSE_MLA_VARIANT=mma) with .../heads=H (its heads
 //       per CTA forced, DSA_CUDA_SPARSE_MLA_HEADS) and .../splits=16
 //       (DSA_CUDA_SPARSE_MLA_MAX_SPLITS), .../wgmma (the wgmma kernel), .../wgmma/splits=16,
@@ -20,7 +20,7 @@
 //       .../wgmma/heads=32|16 (its heads per CTA forced),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
-//       .../ws, .../ws/splits=16|8|4, .../ws/heads=64|32|16 and .../ws/q=l2 (its
+//       .../ws, .../ws/splits=16|8|4|2|1, .../ws/heads=64|32|16 and .../ws/q=l2 (its
 //       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q copied from L2) and at B
 //       = 1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
@@ -356,6 +356,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/splits=16", false, "mma"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4", false},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/default/splits=8", false},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "2", "/default/splits=2", false},
+      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", "/default/splits=1", false},
       {nullptr, "", "/wgmma", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma/splits=16", false, "wgmma"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV", "mma", "/wgmma/pv=mma", false, "wgmma"},
@@ -374,6 +376,8 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/ws/splits=8", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "2", "/ws/splits=2", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", "/ws/splits=1", false, "ws"});
   // ws's heads per CTA forced (unset: 64; DSA_CUDA_SPARSE_MLA_HEADS=auto for the run: 16 or 32
   // at small batches).
   variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});

@@ -275,8 +275,9 @@ struct MlaSpec {
   // The outputs get one more row than the batch, which must stay poison (nothing written past
   // the batch). Off in the batch-invariance families, whose rows are compared by prefix.
   bool spare_row = false;
-  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 2, 8 or 16, or
-  // 0 for the default (4). It moves the split boundaries, so only runs with the same bound compare.
+  // CUDA's bound on splits per row (DSA_CUDA_SPARSE_MLA_MAX_SPLITS while it runs): 1, 2, 8 or 16,
+  // or 0 for the default (4). It moves the split boundaries, so only runs with the same bound
+  // compare.
   int max_splits = 0;
   // CUDA's kernel family (DSA_CUDA_SPARSE_MLA_VARIANT while it runs): "wgmma", "wgmma64" or
   // "mma"; null is "mma", whose heads per CTA the families above force. The families give different
@@ -974,15 +975,15 @@ TEST_F(ParityAttention, SparseMlaWgmma64RaggedTopk) {
 }
 
 // One small case for the sanitizers (scripts/gpu-attn.sh, gpu-check.sh): topk 1697, 27 chunks of
-// 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, 4 with 8 (both
-// rings wrap; the last split holds 3, the eighth none) and 2 with 16; short, padded and sentinel
-// rows, a spare output row. Plus an fp8 cache on the same shape (wgmma64: the wgmma kernel; ws:
-// its fp8 path), and ws with 16 heads per CTA (40 heads: 3 groups, the last one partial), its q
-// shared through the cluster and copied from L2, bf16 and fp8.
+// 64 (the last of 33 tokens), so 7 chunks per split with the default 4 splits, all 27 in one CTA
+// with 1, 4 with 8 (both rings wrap; the last split holds 3, the eighth none) and 2 with 16; short,
+// padded and sentinel rows, a spare output row. Plus an fp8 cache on the same shape (wgmma64: the
+// wgmma kernel; ws: its fp8 path), and ws with 16 heads per CTA (40 heads: 3 groups, the last one
+// partial), its q shared through the cluster and copied from L2, bf16 and fp8.
 TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
   for (const char* variant : kTokenSplitVariants) {
     uint64_t seed = 1380;
-    for (int max_splits : {0, 8, 16}) {
+    for (int max_splits : {0, 1, 8, 16}) {
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
         SparseMlaCase c({dtype, 4, 16, 1697, true, 0, true, max_splits, variant});
         EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
@@ -1037,8 +1038,8 @@ Outputs token_split_outputs(Backend& cpu, Backend& cuda, const MlaShape& sh, con
 }
 
 // The shapes of ws's bitwise families: 4, 16, 64 and 128 heads; topk 1, 37 to 2048 and ragged
-// (empty splits, 1 to 8 chunks per split, both rings wrapping, a last chunk partly past topk);
-// 4, 8 and 16 splits; odd strides.
+// (empty splits, 1 to 32 chunks per split, both rings wrapping, a last chunk partly past topk);
+// 1, 2, 4, 8 and 16 splits; odd strides.
 std::vector<MlaShape> ws_bitwise_shapes() {
   std::vector<MlaShape> shapes;
   for (int heads : {128, 16, 4}) {
@@ -1053,6 +1054,8 @@ std::vector<MlaShape> ws_bitwise_shapes() {
   shapes.push_back({5, 128, 1, true, 0});
   shapes.push_back({5, 128, 65, true, 0});
   shapes.push_back({4, 16, 1697, true, 0});
+  shapes.push_back({3, 128, 2048, true, 1});  // one CTA per row and head group
+  shapes.push_back({4, 40, 2048 - 17, false, 2});
   return shapes;
 }
 
@@ -1121,7 +1124,7 @@ TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
 // land inside its bf16 tile and warpgroup 1 expands them there, so its outputs must be ws's on a
 // bf16 cache holding the dequantized values, bit for bit (the same S, P and P V operands): every
 // shape of SparseMlaWsMatchesWgmma64Bitwise (1 to 2048 selected, empty splits, both rings wrapping,
-// a last chunk partly past topk, 4, 8 and 16 splits, padded, short, sentinel, negative and
+// a last chunk partly past topk, 1, 2, 4, 8 and 16 splits, padded, short, sentinel, negative and
 // out-of-pool slots, odd strides, a spare row that stays poison), and on the first shapes with 16
 // and 32 heads per CTA and q copied from L2.
 TEST_F(ParityAttention, SparseMlaWsFp8MatchesDequantizedBf16Bitwise) {

@@ -15,8 +15,9 @@ const std::vector<EnvKnob>& env_knobs() {
        {"ws", "wgmma64", "wgmma", "mma"},
        "the sparse MLA kernel (default: ws for bf16 caches, wgmma for fp8; ws: ws for either)"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
-       {"2", "4", "8", "16"},
-       "the bound on splits per row (default: 4; 8 for single-stream latency)"},
+       {"1", "2", "4", "8", "16"},
+       "the bound on splits per row (default: 4; 8 for single-stream latency, 1 or 2 for large "
+       "batches)"},
       {"DSA_CUDA_SPARSE_MLA_HEADS",
        {"auto", "16", "32", "64"},
        "heads per CTA (default: the mma.sync kernel chooses from the batch, ws and wgmma hold "

@@ -290,15 +290,17 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   }
 }
 
-// The bound on splits per row: kDefaultSplits (4), or 2, 8 or 16 with
+// The bound on splits per row: kDefaultSplits (4), or 1, 2, 8 or 16 with
 // DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: the default). It changes the
 // split boundaries, so it changes the bits: set it for a whole process or not at all. 8 is the
 // choice for latency at one or two rows (B = 1: 23 us against 32 in the bf16 kernel, 37 against
-// 60 in the fp8 one).
+// 60 in the fp8 one). 1 is the other end: one CTA per row and head group, no cluster traffic (q
+// from L2 by the CTA itself, no combine), the whole of a CTA's life in its token loop; at B = 64
+// the launch is 128 CTAs, one wave, where 4 splits run 512 in five (not yet run on the H200).
 inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
-  return n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
+  return n == 1 || n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
 }
 
 // Heads per CTA of the 64-row wgmma kernels (wgmma, ws), 16, 32 or 64: the CTA's heads fill the
