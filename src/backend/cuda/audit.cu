@@ -1,6 +1,7 @@
 // The auditor's digest-and-compare as a kernel (the cache never leaves the device), and the
 // digests of what a step's rows mean to write, mirroring src/backend/cpu/audit.cpp.
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "dsa/slot_digest.h"
 
 namespace dsa::cuda {
@@ -36,6 +37,7 @@ __device__ uint64_t digest_run(uint64_t h, const uint8_t* p, int64_t bytes) {
 
 // One thread per slot: a digest walks one token's bytes (at most 1152) in order.
 __global__ void audit_slots_kernel(AuditSlotsParams p) {
+  pdl_enter();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const SlotBytes bytes = p.kind == PoolKind::kLatent ? latent_slot_bytes(p.pool, p.slots[i])
@@ -55,6 +57,7 @@ __global__ void audit_slots_kernel(AuditSlotsParams p) {
 // One thread per row: the writers' encoder into a token-sized local buffer, then the digest, as
 // in cpu::digest_rows. A step has at most a few hundred rows; this is not a hot path.
 __global__ void digest_rows_kernel(DigestRowsParams p) {
+  pdl_enter();
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= p.rows) return;
   if (r >= *p.n_real) {
@@ -71,6 +74,7 @@ __global__ void digest_rows_kernel(DigestRowsParams p) {
 // block reads the step before it counts itself done, and the last block out advances next_step,
 // so all blocks of a launch use one step and the next launch (or graph replay) the next one.
 __global__ void audit_sample_kernel(AuditSampleParams p) {
+  pdl_enter();
   AuditSampleRecord* f = p.findings;
   __shared__ int64_t step;
   if (threadIdx.x == 0)
@@ -122,7 +126,7 @@ cudaError_t audit_sample(const AuditSampleParams& p, cudaStream_t stream) {
   const int64_t threads = int64_t(p.n_pools) * p.sample;
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  audit_sample_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  launch_kernel(audit_sample_kernel, unsigned(blocks), kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -133,14 +137,15 @@ cudaError_t digest_rows(const DigestRowsParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   constexpr int kThreads = 64;
-  digest_rows_kernel<<<unsigned((p.rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  launch_kernel(digest_rows_kernel, unsigned((p.rows + kThreads - 1) / kThreads), kThreads, 0,
+                stream, p);
   return cudaGetLastError();
 }
 
 cudaError_t audit_slots(const AuditSlotsParams& p, cudaStream_t stream) {
   if (p.n <= 0) return cudaSuccess;
   constexpr int kThreads = 128;
-  audit_slots_kernel<<<(p.n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
+  launch_kernel(audit_slots_kernel, (p.n + kThreads - 1) / kThreads, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

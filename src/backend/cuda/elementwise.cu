@@ -7,6 +7,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -22,6 +23,7 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 // one column per thread. The same arithmetic either way.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluParams p, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
   constexpr int kPer = kVec ? 4 : 1;
@@ -39,6 +41,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluParams p, int64_
 }
 
 __global__ void __launch_bounds__(kSoftmaxThreads) softmax_kernel(SoftmaxParams p) {
+  pdl_enter();
   __shared__ float scratch[32];
   float* x = p.x + blockIdx.x * p.ld;
   float max = -INFINITY;
@@ -62,6 +65,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) softmax_kernel(SoftmaxParams 
 // table and rows aligned); else one column per thread. No arithmetic: the CPU's bits either way.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads) embed_kernel(EmbedParams p, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
   constexpr int kPer = kVec ? 8 : 1;
@@ -85,6 +89,7 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(EmbedParams p, int64_t 
 }
 
 __global__ void __launch_bounds__(kThreads) add_kernel(AddParams p, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / p.dim, i = t % p.dim;
@@ -95,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) add_kernel(AddParams p, int64_t tota
 __global__ void __launch_bounds__(kThreads)
     convert_kernel(const float* x, int rows, int cols, int64_t ld_x, int64_t batch_stride_x,
                    Bf16* out, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
   const int64_t per_batch = int64_t(rows) * cols;
@@ -115,9 +121,10 @@ cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream) {
   const bool vec = p.inter % 4 == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                    p.ld_in % 4 == 0 && p.ld_out % 4 == 0;
   if (vec) {
-    swiglu_kernel<true><<<ceil_div(total / 4, kThreads), kThreads, 0, stream>>>(p, total / 4);
+    launch_kernel(swiglu_kernel<true>, ceil_div(total / 4, kThreads), kThreads, 0, stream, p,
+                  total / 4);
   } else {
-    swiglu_kernel<false><<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+    launch_kernel(swiglu_kernel<false>, ceil_div(total, kThreads), kThreads, 0, stream, p, total);
   }
   return cudaGetLastError();
 }
@@ -126,7 +133,7 @@ cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.ld < p.cols) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   if (!p.x) return cudaErrorInvalidValue;
-  softmax_kernel<<<p.rows, kSoftmaxThreads, 0, stream>>>(p);
+  launch_kernel(softmax_kernel, p.rows, kSoftmaxThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -137,9 +144,10 @@ cudaError_t embed(const EmbedParams& p, cudaStream_t stream) {
   if (!p.tokens || !p.out || (!p.table && p.vocab > 0)) return cudaErrorInvalidValue;
   const bool vec = p.dim % 8 == 0 && aligned16(p.table) && aligned16(p.out) && p.ld_out % 4 == 0;
   if (vec) {
-    embed_kernel<true><<<ceil_div(total / 8, kThreads), kThreads, 0, stream>>>(p, total / 8);
+    launch_kernel(embed_kernel<true>, ceil_div(total / 8, kThreads), kThreads, 0, stream, p,
+                  total / 8);
   } else {
-    embed_kernel<false><<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+    launch_kernel(embed_kernel<false>, ceil_div(total, kThreads), kThreads, 0, stream, p, total);
   }
   return cudaGetLastError();
 }
@@ -149,7 +157,7 @@ cudaError_t add(const AddParams& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.rows) * p.dim;
   if (total == 0) return cudaSuccess;
   if (!p.x || !p.y) return cudaErrorInvalidValue;
-  add_kernel<<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  launch_kernel(add_kernel, ceil_div(total, kThreads), kThreads, 0, stream, p, total);
   return cudaGetLastError();
 }
 
@@ -159,8 +167,8 @@ cudaError_t convert_to_bf16(const float* x, int rows, int cols, int64_t ld_x, in
   const int64_t total = int64_t(batch) * rows * cols;
   if (total == 0) return cudaSuccess;
   if (!x || !out) return cudaErrorInvalidValue;
-  convert_kernel<<<ceil_div(total, kThreads), kThreads, 0, stream>>>(x, rows, cols, ld_x,
-                                                                     batch_stride_x, out, total);
+  launch_kernel(convert_kernel, ceil_div(total, kThreads), kThreads, 0, stream, x, rows, cols, ld_x,
+                batch_stride_x, out, total);
   return cudaGetLastError();
 }
 

@@ -42,6 +42,10 @@ const std::vector<EnvKnob>& env_knobs() {
       {"DSA_CUDA_INDEXER_CLUSTER",
        {"1", "2", "4"},
        "the resident indexer's blocks per cluster (default: from the block size)"},
+      {"DSA_CUDA_PDL",
+       {"off", "on"},
+       "programmatic dependent launch: each kernel launched while the one before it finishes "
+       "(default: off; the same bits)"},
       {"DSA_CUDA_TOPK",
        {"legacy"},
        "the former three-pass top-k (default: unset, the two-pass one)"},

@@ -19,6 +19,7 @@
 //     micro-tile; k in chunks of 16 through shared memory (w widened from bf16 on the way in).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -35,6 +36,7 @@ __device__ __forceinline__ float weight_value(const GemmParams& p, const Bf16* w
 }
 
 __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
+  pdl_enter();
   __shared__ float xs[kTileK][kTileM];
   __shared__ float ws[kTileK][kTileN];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -152,6 +154,7 @@ __device__ __forceinline__ void load_small_chunk(const GemmParams& p, const floa
 }
 
 __global__ void __launch_bounds__(kThreads) gemm_small_m_kernel(GemmParams p, bool vec) {
+  pdl_enter();
   __shared__ float ws[kSmallCols][kChunk + 1];  // +1: a warp's 32 columns fall in 32 banks
   __shared__ float xs[kSmallRows][kChunk];
   const int t = threadIdx.x, col = t % 32, row = t / 32;
@@ -206,11 +209,11 @@ cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream) {
     // (k0 and the runs' offsets are multiples of 8 elements).
     const bool vec = aligned16(p.w) && aligned16(p.x) && p.ld_w % 8 == 0 &&
                      p.batch_stride_w % 8 == 0 && p.ld_x % 4 == 0 && p.batch_stride_x % 4 == 0;
-    gemm_small_m_kernel<<<grid, kThreads, 0, stream>>>(p, vec);
+    launch_kernel(gemm_small_m_kernel, grid, kThreads, 0, stream, p, vec);
     return cudaGetLastError();
   }
   const dim3 grid(ceil_div(p.n, kTileN), ceil_div(p.m, kTileM), unsigned(p.batch));
-  gemm_kernel<<<grid, kThreads, 0, stream>>>(p);
+  launch_kernel(gemm_kernel, grid, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

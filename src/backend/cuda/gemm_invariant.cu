@@ -40,6 +40,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -56,6 +57,7 @@ constexpr int kFusedReduceMaxTile = 32 * 128;
 
 // y = alpha * (((partial_0 + partial_1) + partial_2) + ...), or y + that; one thread an element.
 __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
+  pdl_enter();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t per_slice = int64_t(p.batch) * p.m * p.n;
@@ -418,7 +420,8 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
   const int64_t total = int64_t(p.batch) * p.m * p.n;
   constexpr int kThreads = 256;
-  reduce_splits_kernel<<<ceil_div(total, int64_t(kThreads)), kThreads, 0, stream>>>(t, total);
+  launch_kernel(reduce_splits_kernel, ceil_div(total, int64_t(kThreads)), kThreads, 0, stream, t,
+                total);
   return cudaGetLastError();
 }
 

@@ -61,6 +61,7 @@
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -125,6 +126,7 @@ __device__ __forceinline__ void load_n_contiguous(uint16_t* dst, const uint16_t*
 // kFp8: the weights are p.w8 (fp8 bytes, kNK) with their block scales; see the header comment.
 template <class C, bool kFp8>
 __global__ void __launch_bounds__(C::kThreads, 1) gemm_tensor_kernel(TcParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint16_t smem[];
   constexpr int kStageElems = kFp8 ? C::kStageElemsFp8 : C::kStageElems;
   const int b = int(blockIdx.z) % p.batch, s = int(blockIdx.z) / p.batch;
@@ -289,9 +291,10 @@ cudaError_t launch_tiles(const TcParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const dim3 grid(ceil_div(p.m, C::kBM), ceil_div(p.n, C::kBN), unsigned(p.batch * p.splits));
   if (fp8) {
-    gemm_tensor_kernel<C, true><<<grid, C::kThreads, smem_bytes<C, true>(), stream>>>(p);
+    launch_kernel(gemm_tensor_kernel<C, true>, grid, C::kThreads, smem_bytes<C, true>(), stream, p);
   } else {
-    gemm_tensor_kernel<C, false><<<grid, C::kThreads, smem_bytes<C, false>(), stream>>>(p);
+    launch_kernel(gemm_tensor_kernel<C, false>, grid, C::kThreads, smem_bytes<C, false>(), stream,
+                  p);
   }
   return cudaGetLastError();
 }

@@ -54,6 +54,7 @@
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsa::cuda {
@@ -98,6 +99,7 @@ __device__ __forceinline__ void load_swizzled(uint8_t* dst, const uint16_t* src,
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1) gemm_wgmma_kernel(TcParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = align_to_atom(smem_raw);  // the swizzle atoms need 1024-byte alignment
   const uint32_t smem_base = smem_addr(smem);
@@ -160,7 +162,7 @@ template <class C>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
   const cudaError_t err = opt_in<C>(false);
   if (err != cudaSuccess) return err;
-  gemm_wgmma_kernel<C><<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(p);
+  launch_kernel(gemm_wgmma_kernel<C>, wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream, p);
   return cudaGetLastError();
 }
 

@@ -35,7 +35,7 @@ template <class C, class Kernel>
 cudaError_t launch_on_maps(cudaError_t (*opt_in)(bool), Kernel kernel, const CUtensorMap& a,
                            const CUtensorMap& b, const TcParams& p, cudaStream_t stream) {
   if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
-  kernel<<<wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream>>>(a, b, p);
+  launch_kernel(kernel, wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream, a, b, p);
   return cudaGetLastError();
 }
 

@@ -37,6 +37,7 @@
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -160,6 +161,7 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_w8,
                           const __grid_constant__ CUtensorMap map_x, TcParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);
@@ -202,6 +204,7 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_wgmma_fp8_roles_kernel(const __grid_constant__ CUtensorMap map_w8,
                                 const __grid_constant__ CUtensorMap map_x, TcParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages], ready[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);

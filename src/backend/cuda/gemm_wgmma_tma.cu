@@ -30,6 +30,7 @@
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -66,6 +67,7 @@ template <class C, bool kKn>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     gemm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                           const __grid_constant__ CUtensorMap map_x, TcParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);  // the swizzle atoms need 1024-byte alignment

@@ -5,6 +5,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/hadamard.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -14,6 +15,7 @@ constexpr int kWarpRows = 4;  // rows (warps) per CTA of the warp kernel
 
 template <int kPer>
 __global__ void __launch_bounds__(32 * kWarpRows) hadamard_warp_kernel(HadamardParams p, bool vec) {
+  pdl_enter();
   const int64_t row = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= p.rows) return;  // the whole warp
   const int lane = threadIdx.x & 31;
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(32 * kWarpRows) hadamard_warp_kernel(HadamardP
 }
 
 __global__ void __launch_bounds__(kMaxDim / 2) hadamard_kernel(HadamardParams p) {
+  pdl_enter();
   __shared__ float v[kMaxDim];
   float* x = p.x + blockIdx.x * p.ld;
   for (int i = threadIdx.x; i < p.dim; i += blockDim.x) v[i] = x[i];
@@ -67,7 +70,8 @@ __global__ void __launch_bounds__(kMaxDim / 2) hadamard_kernel(HadamardParams p)
 
 template <int kPer>
 void launch_warp(const HadamardParams& p, bool vec, cudaStream_t stream) {
-  hadamard_warp_kernel<kPer><<<ceil_div(p.rows, kWarpRows), 32 * kWarpRows, 0, stream>>>(p, vec);
+  launch_kernel(hadamard_warp_kernel<kPer>, ceil_div(p.rows, kWarpRows), 32 * kWarpRows, 0, stream,
+                p, vec);
 }
 
 }  // namespace
@@ -99,7 +103,7 @@ cudaError_t hadamard(const HadamardParams& p, cudaStream_t stream) {
       break;
     default: {
       const int threads = p.dim / 2 < 32 ? 32 : p.dim / 2;
-      hadamard_kernel<<<p.rows, threads, 0, stream>>>(p);
+      launch_kernel(hadamard_kernel, p.rows, threads, 0, stream, p);
     }
   }
   return cudaGetLastError();

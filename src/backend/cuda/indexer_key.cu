@@ -17,6 +17,7 @@
 #include "backend/cuda/hadamard.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/norm.cuh"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/store_index_k.cuh"
 
@@ -85,6 +86,7 @@ __device__ __forceinline__ void store_head(float* x, bool vec, const float (&e)[
 template <KvDtype kDtype>
 __global__ void __launch_bounds__(32 * kRowsPerCta)
     indexer_key_kernel(IndexerKeyParams p, StoreGuard guard, bool vec) {
+  pdl_enter();
   const int64_t row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
   if (row >= p.batch.rows) return;  // the whole warp
   const int lane = threadIdx.x & 31, c0 = 4 * lane;
@@ -129,6 +131,7 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
 // scale; the bits of rope and hadamard run one after the other.
 __global__ void __launch_bounds__(32 * kRowsPerCta)
     indexer_query_kernel(IndexerQueryParams p, bool vec) {
+  pdl_enter();
   const int64_t unit = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
   if (unit >= int64_t(p.rows) * p.heads) return;  // the whole warp
   const int lane = threadIdx.x & 31;
@@ -149,7 +152,8 @@ cudaError_t indexer_query(const IndexerQueryParams& p, cudaStream_t stream) {
   if (units == 0) return cudaSuccess;
   if (!p.q || !p.positions || !p.cos_sin) return cudaErrorInvalidValue;
   const bool vec = aligned16(p.q) && p.ld_q % 4 == 0;  // heads are 128 apart
-  indexer_query_kernel<<<ceil_div(units, kRowsPerCta), 32 * kRowsPerCta, 0, stream>>>(p, vec);
+  launch_kernel(indexer_query_kernel, ceil_div(units, kRowsPerCta), 32 * kRowsPerCta, 0, stream, p,
+                vec);
   return cudaGetLastError();
 }
 
@@ -164,10 +168,11 @@ cudaError_t indexer_key(const IndexerKeyParams& p, cudaStream_t stream) {
   const bool vec = aligned16(p.x) && p.ld_x % 4 == 0 && aligned16(p.k) && p.ld_k % 4 == 0;
   const unsigned blocks = ceil_div(b.rows, kRowsPerCta);
   if (p.pool.dtype == KvDtype::kBf16) {
-    indexer_key_kernel<KvDtype::kBf16><<<blocks, 32 * kRowsPerCta, 0, stream>>>(p, p.guard, vec);
+    launch_kernel(indexer_key_kernel<KvDtype::kBf16>, blocks, 32 * kRowsPerCta, 0, stream, p,
+                  p.guard, vec);
   } else {  // the fault applies to bf16 only: fp8 is always guarded (as store_index_k)
-    indexer_key_kernel<KvDtype::kFp8>
-        <<<blocks, 32 * kRowsPerCta, 0, stream>>>(p, StoreGuard::kEnforced, vec);
+    launch_kernel(indexer_key_kernel<KvDtype::kFp8>, blocks, 32 * kRowsPerCta, 0, stream, p,
+                  StoreGuard::kEnforced, vec);
   }
   return cudaGetLastError();
 }

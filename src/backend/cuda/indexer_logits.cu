@@ -68,6 +68,7 @@
 #include <cstring>
 
 #include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -158,6 +159,7 @@ __device__ void group_logits(const SharedQuery& s, int m_tiles,
 template <KvDtype D>
 __global__ void __launch_bounds__(kLegacyThreads)
     indexer_logits_legacy(IndexerLogitsParams p, int block_tokens) {
+  pdl_enter();
   constexpr int kLoads = KeyShape<D>::kLoads;
   constexpr bool kStaged = D == KvDtype::kFp8;
   constexpr int kStageBytes = Stage<KvDtype::kFp8>::kBytes;
@@ -324,10 +326,10 @@ cudaError_t launch(const IndexerLogitsParams& p, Variant variant, cudaStream_t s
     const cudaError_t e = opt_in_smem(reinterpret_cast<const void*>(&indexer_logits_legacy<D>),
                                       kLegacyStagedSmemBytes, false, opted);
     if (e != cudaSuccess) return e;
-    indexer_logits_legacy<D>
-        <<<grid, kLegacyThreads, kLegacyStagedSmemBytes, stream>>>(p, block_tokens);
+    launch_kernel(indexer_logits_legacy<D>, grid, kLegacyThreads, kLegacyStagedSmemBytes, stream, p,
+                  block_tokens);
   } else {
-    indexer_logits_legacy<D><<<grid, kLegacyThreads, 0, stream>>>(p, block_tokens);
+    launch_kernel(indexer_logits_legacy<D>, grid, kLegacyThreads, 0, stream, p, block_tokens);
   }
   return cudaGetLastError();
 }

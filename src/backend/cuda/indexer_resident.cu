@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda::indexer_detail {
 namespace {
@@ -138,6 +139,7 @@ __device__ __forceinline__ void cluster_wait() {
 template <KvDtype D, int kMT>
 __global__ void __launch_bounds__(kResThreads, 2)
     indexer_logits_resident(IndexerLogitsParams p, int block_tokens, int ranks) {
+  pdl_enter();
   using R = Resident<D>;
   constexpr int kStages = R::kStages;
   const int rank = int(blockIdx.x) % ranks;  // in the cluster (of ranks blocks along x)
@@ -263,9 +265,10 @@ cudaError_t launch_tiles(const IndexerLogitsParams& p, int block_tokens, cudaStr
   config.blockDim = dim3(kResThreads);
   config.dynamicSmemBytes = Resident<D>::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster = cluster_dimension(unsigned(ranks));
-  config.attrs = &cluster;
+  cudaLaunchAttribute attrs[2] = {cluster_dimension(unsigned(ranks)), {}};
+  config.attrs = attrs;
   config.numAttrs = ranks > 1 ? 1 : 0;
+  add_pdl_attribute(config, attrs);
   const cudaError_t launched =
       cudaLaunchKernelEx(&config, indexer_logits_resident<D, kMT>, p, block_tokens, ranks);
   if (launched != cudaSuccess) return launched;

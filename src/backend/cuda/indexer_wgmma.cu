@@ -71,6 +71,7 @@
 // "wgmma-pipe", the fp8 schedule that widens the keys into wgmma's A registers:
 // indexer_wgmma_pipe.cu.
 #include "backend/cuda/indexer_wgmma.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda::indexer_detail {
 namespace {
@@ -151,6 +152,7 @@ __device__ __forceinline__ void scatter_step(const float (&in)[kCount], float (&
 template <KvDtype D, int kPages>
 __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
     indexer_logits_wgmma(IndexerLogitsParams p, int block_tokens) {
+  pdl_enter();
   using T = WgTile<D, kPages>;
   constexpr int kN = T::kN, kStages = T::kStages;
   const int row = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

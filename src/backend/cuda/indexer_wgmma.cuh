@@ -261,7 +261,7 @@ cudaError_t launch_blocks(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& 
   });
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
-  kernel<<<grid, kWgThreads, smem_bytes, stream>>>(p, block_tokens);
+  launch_kernel(kernel, grid, kWgThreads, smem_bytes, stream, p, block_tokens);
   return cudaGetLastError();
 }
 

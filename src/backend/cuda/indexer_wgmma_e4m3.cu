@@ -30,6 +30,7 @@
 //   epilogue). B = 64, L = 32K: HBM-bound, ~70 us expected; B = 1, L = 128K: the blocks' start
 //   (query, page ids) then ~2 tiles of HBM latency each.
 #include "backend/cuda/indexer_wgmma.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda::indexer_detail {
 namespace {
@@ -79,6 +80,7 @@ struct E4m3Tile {
 
 __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
     indexer_logits_wgmma_e4m3(IndexerLogitsParams p, int block_tokens) {
+  pdl_enter();
   using T = E4m3Tile;
   constexpr int kStages = T::kStages;
   const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;

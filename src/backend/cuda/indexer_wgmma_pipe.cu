@@ -41,6 +41,7 @@
 //   wgmma, overlapped: 70-80 us expected (target <= 95). B = 1, L = 128K: 256 blocks of 8 tiles
 //   all resident (396 slots), 5 pages each in flight from the start: ~6-7 us.
 #include "backend/cuda/indexer_wgmma.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda::indexer_detail {
 namespace {
@@ -98,6 +99,7 @@ __device__ __forceinline__ void widen_fragments(const uint8_t* stage, int warp, 
 
 __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
     indexer_logits_wgmma_pipe(IndexerLogitsParams p, int block_tokens) {
+  pdl_enter();
   using T = PipeTile;
   constexpr int kStages = T::kStages;
   const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;

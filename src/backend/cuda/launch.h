@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/pdl.h"
 #include "dsa/ops.h"
 
 namespace dsa::cuda {

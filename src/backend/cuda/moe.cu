@@ -8,6 +8,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -23,6 +24,7 @@ __device__ __forceinline__ bool ranks_above(float a, float b) {
 }
 
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams p) {
+  pdl_enter();
   const int r = blockIdx.x * kRouteThreads + threadIdx.x;
   if (r >= p.rows) return;
   const float* logits = p.logits + int64_t(r) * p.ld_logits;
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams
 
 __global__ void __launch_bounds__(kScaleThreads)
     scale_rows_kernel(ScaleRowsParams p, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kScaleThreads + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / p.dim, i = t % p.dim;
@@ -78,7 +81,8 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   }
   if (p.rows == 0) return cudaSuccess;
   if (!p.logits || !p.weights) return cudaErrorInvalidValue;
-  moe_route_kernel<<<(p.rows + kRouteThreads - 1) / kRouteThreads, kRouteThreads, 0, stream>>>(p);
+  launch_kernel(moe_route_kernel, (p.rows + kRouteThreads - 1) / kRouteThreads, kRouteThreads, 0,
+                stream, p);
   return cudaGetLastError();
 }
 
@@ -87,8 +91,8 @@ cudaError_t scale_rows(const ScaleRowsParams& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.rows) * p.dim;
   if (total == 0) return cudaSuccess;
   if (!p.x || !p.scale) return cudaErrorInvalidValue;
-  scale_rows_kernel<<<(total + kScaleThreads - 1) / kScaleThreads, kScaleThreads, 0, stream>>>(
-      p, total);
+  launch_kernel(scale_rows_kernel, (total + kScaleThreads - 1) / kScaleThreads, kScaleThreads, 0,
+                stream, p, total);
   return cudaGetLastError();
 }
 

@@ -13,6 +13,7 @@
 // column it writes before writing it, after the whole row was read for the statistic.
 #include "backend/cuda/launch.h"
 #include "backend/cuda/norm.cuh"
+#include "backend/cuda/pdl.h"
 
 namespace dsa::cuda {
 namespace {
@@ -130,6 +131,7 @@ __device__ __forceinline__ float group_total(float v, float* scratch) {
 
 template <bool kWarp>
 __global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p, bool vec) {
+  pdl_enter();
   __shared__ float scratch[32];
   RowSpot s;
   if (!row_spot<kWarp>(p.rows, p.dim, s)) return;  // a whole warp (warp mode only)
@@ -152,6 +154,7 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p,
 
 template <bool kWarp>
 __global__ void __launch_bounds__(kBlockThreads) layernorm_kernel(LayerNormParams p, bool vec) {
+  pdl_enter();
   __shared__ float scratch[32];
   RowSpot s;
   if (!row_spot<kWarp>(p.rows, p.dim, s)) return;
@@ -209,11 +212,11 @@ template <typename Params, typename WarpKernel, typename BlockKernel>
 cudaError_t launch_norm(const Params& p, bool vec, WarpKernel warp, BlockKernel block,
                         cudaStream_t stream) {
   if (p.dim <= kWarpRowMaxDim) {
-    warp<<<ceil_div(p.rows, kWarpRowsPerCta), 32 * kWarpRowsPerCta, 0, stream>>>(p, vec);
+    launch_kernel(warp, ceil_div(p.rows, kWarpRowsPerCta), 32 * kWarpRowsPerCta, 0, stream, p, vec);
   } else {
     const bool overlap = overlaps(p.x, p.ld_x, p.y, p.ld_y, p.rows, p.dim);
     const dim3 grid(unsigned(p.rows), row_parts(p.rows, p.dim, overlap));
-    block<<<grid, kBlockThreads, 0, stream>>>(p, vec);
+    launch_kernel(block, grid, kBlockThreads, 0, stream, p, vec);
   }
   return cudaGetLastError();
 }

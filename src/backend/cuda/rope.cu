@@ -4,6 +4,7 @@
 // With p.out set, each thread also writes its pair to the copy (the fused rope + copy_rows).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/rope.cuh"
 
 namespace dsa::cuda {
@@ -12,6 +13,7 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p, int64_t total) {
+  pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= total) return;
   const int half = p.rope_dim / 2;
@@ -46,7 +48,7 @@ cudaError_t rope(const RopeParams& p, cudaStream_t stream) {
   const int64_t total = int64_t(p.rows) * p.heads * (p.rope_dim / 2);
   if (total == 0) return cudaSuccess;
   if (!p.x || !p.positions || !p.cos_sin) return cudaErrorInvalidValue;
-  rope_kernel<<<ceil_div(total, kThreads), kThreads, 0, stream>>>(p, total);
+  launch_kernel(rope_kernel, ceil_div(total, kThreads), kThreads, 0, stream, p, total);
   return cudaGetLastError();
 }
 

@@ -19,6 +19,7 @@
 // counters zero again.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "dsa/sampling.h"
 
 namespace dsa::cuda {
@@ -232,6 +233,7 @@ __device__ void row_weights(const SampleParams& p, const float* l, int row, floa
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p, Workspace ws) {
+  pdl_enter();
   __shared__ DrawShared s;
   const int row = blockIdx.y, chunk = blockIdx.x;
   const float* l = p.logits + int64_t(row) * p.ld_logits;
@@ -328,7 +330,7 @@ cudaError_t sample(const SampleParams& p, cudaStream_t stream) {
   Workspace ws;
   carve(p.workspace, p.rows, p.vocab, &ws);
   const dim3 grid(unsigned(ws.chunks), unsigned(p.rows));
-  sample_kernel<<<grid, kThreads, 0, stream>>>(p, ws);
+  launch_kernel(sample_kernel, grid, kThreads, 0, stream, p, ws);
   return cudaGetLastError();
 }
 

@@ -75,6 +75,7 @@
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/sparse_mla_split.cuh"
 #include "dsa/token_codec.h"
@@ -156,6 +157,7 @@ __device__ __forceinline__ void accumulate_pv(const __nv_bfloat16* kv, int half,
 template <KvDtype D, int kTiles>
 __global__ void __launch_bounds__(Variant<D, kTiles>::kThreads, 1)
     sparse_mla_kernel(SparseMlaParams p, SplitPlan plan) {
+  pdl_enter();
   using V = Variant<D, kTiles>;
   constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   extern __shared__ __align__(16) uint8_t smem[];

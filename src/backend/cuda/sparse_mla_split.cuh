@@ -365,13 +365,14 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];  // the cluster's, and the programmatic launch's (pdl.h)
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = unsigned(plan.splits);
   attribute[0].val.clusterDim.y = 1;
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
+  add_pdl_attribute(config, attribute);
   if (plan.splits > kPortableSplits) {  // asked once per device
     int device = 0;
     err = cudaGetDevice(&device);

@@ -148,6 +148,7 @@
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/sparse_mla_split.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -285,6 +286,7 @@ constexpr Schedule kDefaultSchedule = Schedule::kSerial;
 template <KvDtype D, bool kPvWgmma, Schedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_wgmma_kernel(SparseMlaParams p, SplitPlan plan) {
+  pdl_enter();
   using V = WgVariant<D>;
   constexpr int kStages = V::kStages, kRing = kStages + 1;  // latent stages, slot stages
   constexpr bool kFp8 = D == KvDtype::kFp8;

@@ -132,6 +132,7 @@
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/sparse_mla_split.cuh"
 #include "backend/cuda/sparse_mla_tile64.cuh"
@@ -179,6 +180,7 @@ struct Wg64Variant {
 
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sparse_mla_wgmma64_kernel(SparseMlaParams p, SplitPlan plan) {
+  pdl_enter();
   using V = Wg64Variant;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The swizzle atoms need 1024-byte alignment. The pad is the same in every CTA of the cluster

@@ -14,6 +14,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/norm.cuh"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/store_index_k.cuh"
 #include "dsa/slot.h"
@@ -49,6 +50,7 @@ __device__ __forceinline__ void load_bf16x8(const Bf16* p, bool aligned, uint32_
 template <KvDtype kDtype, bool kBf16In>
 __global__ void __launch_bounds__(kMaxBlock)
     store_index_k_kernel(StoreIndexKParams p, StoreGuard guard, bool aligned) {
+  pdl_enter();
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = thread / kIndexLanes;
   const int sub = int(thread % kIndexLanes);  // lane within the token's group
@@ -125,6 +127,7 @@ __device__ __forceinline__ void store_latent_row(const StoreLatentKvParams& p, i
 template <KvDtype kDtype>
 __global__ void __launch_bounds__(kMaxBlock)
     store_latent_kernel(StoreLatentKvParams p, bool aligned) {
+  pdl_enter();
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = thread / 32;
   if (row >= p.batch.rows) return;  // the whole warp leaves together
@@ -138,6 +141,7 @@ __global__ void __launch_bounds__(kMaxBlock)
 template <KvDtype kDtype>
 __global__ void __launch_bounds__(kMaxBlock)
     latent_kv_kernel(LatentKvParams p, StoreLatentKvParams store, bool aligned, bool vec) {
+  pdl_enter();
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = thread / 32;
   const int lane = threadIdx.x & 31;
@@ -181,11 +185,11 @@ void launch_store_index_k(const StoreIndexKParams& p, bool aligned, cudaStream_t
   const unsigned threads = block_threads(p.batch.rows, kIndexLanes);
   const unsigned blocks = ceil_div(int64_t(p.batch.rows) * kIndexLanes, threads);
   if (p.pool.dtype == KvDtype::kBf16) {
-    store_index_k_kernel<KvDtype::kBf16, kBf16In>
-        <<<blocks, threads, 0, stream>>>(p, p.guard, aligned);
+    launch_kernel(store_index_k_kernel<KvDtype::kBf16, kBf16In>, blocks, threads, 0, stream, p,
+                  p.guard, aligned);
   } else {  // the fault applies to bf16 only: fp8 is always guarded
-    store_index_k_kernel<KvDtype::kFp8, kBf16In>
-        <<<blocks, threads, 0, stream>>>(p, StoreGuard::kEnforced, aligned);
+    launch_kernel(store_index_k_kernel<KvDtype::kFp8, kBf16In>, blocks, threads, 0, stream, p,
+                  StoreGuard::kEnforced, aligned);
   }
 }
 
@@ -219,9 +223,9 @@ cudaError_t store_latent_kv(const StoreLatentKvParams& p, cudaStream_t stream) {
   const unsigned threads = block_threads(p.batch.rows, 32);
   const unsigned blocks = ceil_div(int64_t(p.batch.rows) * 32, threads);
   if (p.pool.dtype == KvDtype::kBf16) {
-    store_latent_kernel<KvDtype::kBf16><<<blocks, threads, 0, stream>>>(p, aligned);
+    launch_kernel(store_latent_kernel<KvDtype::kBf16>, blocks, threads, 0, stream, p, aligned);
   } else {
-    store_latent_kernel<KvDtype::kFp8><<<blocks, threads, 0, stream>>>(p, aligned);
+    launch_kernel(store_latent_kernel<KvDtype::kFp8>, blocks, threads, 0, stream, p, aligned);
   }
   return cudaGetLastError();
 }
@@ -238,11 +242,11 @@ cudaError_t latent_kv(const LatentKvParams& p, cudaStream_t stream) {
   const unsigned threads = block_threads(p.batch.rows, 32);
   const unsigned blocks = ceil_div(int64_t(p.batch.rows) * 32, threads);
   if (p.pool.dtype == KvDtype::kBf16) {
-    latent_kv_kernel<KvDtype::kBf16>
-        <<<blocks, threads, 0, stream>>>(p, parts.store, aligned, aligned);
+    launch_kernel(latent_kv_kernel<KvDtype::kBf16>, blocks, threads, 0, stream, p, parts.store,
+                  aligned, aligned);
   } else {
-    latent_kv_kernel<KvDtype::kFp8>
-        <<<blocks, threads, 0, stream>>>(p, parts.store, aligned, aligned);
+    launch_kernel(latent_kv_kernel<KvDtype::kFp8>, blocks, threads, 0, stream, p, parts.store,
+                  aligned, aligned);
   }
   return cudaGetLastError();
 }

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/topk_select.cuh"
 
 namespace dsa::cuda {
@@ -36,6 +37,7 @@ using namespace topk_detail;
 // [r * slice, (r + 1) * slice) of it. Otherwise one block per row.
 template <bool kSliced>
 __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkParams p) {
+  pdl_enter();
   const int row = kSliced ? blockIdx.x / kSlices : blockIdx.x;
   int64_t n = p.seq_lens[row];
   n = n < 0 ? 0 : (n > p.ld_logits ? p.ld_logits : n);

@@ -13,6 +13,7 @@
 // Rows are split over a cluster of 1, 2, 4 or 8 CTAs when the batch leaves SMs idle; the slices'
 // histograms are summed through distributed shared memory as in the legacy kernel. The split
 // depends on the batch, the result does not: every variant computes the same exact selection.
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/topk_select.cuh"
 
 namespace dsa::cuda::topk_detail {
@@ -128,6 +129,7 @@ __device__ __forceinline__ uint32_t count_below(const int32_t* a, uint32_t n, in
 // kRanks CTAs per row (a cluster when > 1), CTA r owning positions [r * slice, (r + 1) * slice).
 template <int kRanks>
 __global__ void __launch_bounds__(kGThreads, 1) topk_gather_kernel(TopkParams p) {
+  pdl_enter();
   constexpr bool kSliced = kRanks > 1;
   const int row = blockIdx.x / kRanks;
   const int rank = int(blockIdx.x % kRanks);

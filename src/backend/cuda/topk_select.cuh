@@ -304,8 +304,9 @@ inline void row_launch_config(cudaLaunchConfig_t& config, cudaLaunchAttribute& c
 inline cudaError_t launch_rows(void (*kernel)(TopkParams), const TopkParams& p, int ranks,
                                int threads, size_t smem, cudaStream_t stream) {
   cudaLaunchConfig_t config;
-  cudaLaunchAttribute cluster;
-  row_launch_config(config, cluster, p, ranks, threads, smem, stream);
+  cudaLaunchAttribute attrs[2];  // the cluster's, and the programmatic launch's (pdl.h)
+  row_launch_config(config, attrs[0], p, ranks, threads, smem, stream);
+  add_pdl_attribute(config, attrs);
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, p);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
