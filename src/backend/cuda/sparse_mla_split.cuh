@@ -324,25 +324,71 @@ inline int heads_knob() {
   const int heads = std::atoi(v);
   return heads == 64 || heads == 32 || heads == 16 ? heads : 0;
 }
-inline int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan) {
+// wave(): how many of the kernel's CTAs the device holds at once in clusters of plan.splits
+// (wave_ctas), asked only when the batch chooses.
+template <class Wave>
+int heads_per_cta(const SparseMlaParams& p, const SplitPlan& plan, Wave&& wave) {
   const int knob = heads_knob();
   if (knob > 0) return knob;
   constexpr int kTileHeads = 64;
   if (knob == 0 && !kAutoHeadsByDefault) return kTileHeads;
-  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  const int64_t capacity = wave();
   for (int heads : {16, 32}) {
     const int64_t ctas = int64_t(p.rows) * plan.splits * ((p.heads + heads - 1) / heads);
-    if (ctas <= sms) return heads;
+    if (ctas <= capacity) return heads;
   }
   return kTileHeads;
 }
 
 // The once-per-device state of one kernel instance: its opt-in (dynamic shared memory above 48
-// KiB, clusters past the portable 8) and whether one cluster of 16 fits on the GPU.
+// KiB, clusters past the portable 8), whether one cluster of 16 fits on the GPU, and its wave
+// per split count (wave_ctas; 0: not asked yet), per device.
 struct LaunchOnce {
   std::atomic<uint64_t> opted_in{0}, asked{0}, fits{0};
+  std::atomic<int> wave[64][5]{};  // [device % 64][log2 splits]
 };
 using SplitKernel = void (*)(SparseMlaParams, SplitPlan);
+
+// The kernel's attributes, set once per device before its first launch or occupancy query.
+inline cudaError_t prepare_split_kernel(SplitKernel kernel, size_t smem_bytes, LaunchOnce& once) {
+  return once_per_device(once.opted_in, false, [&] {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
+}
+
+// How many CTAs of `kernel` run at once in clusters of `splits`: the wave one launch fills. A
+// cluster's CTAs share one GPC, so with clusters this is below the SM count (4-CTA clusters of the
+// ws kernel held 124 of the H200's 132 SMs, bench/results/2026-12-04-h200-mla-splits.md). Asked
+// of the driver (cudaOccupancyMaxActiveClusters) once per device and split count; the SM count
+// where it cannot say.
+inline int wave_ctas(SplitKernel kernel, int splits, int threads, size_t smem_bytes,
+                     LaunchOnce& once) {
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return sms;
+  int level = 0;
+  while ((1 << level) < splits && level < 4) ++level;
+  std::atomic<int>& known = once.wave[device % 64][level];
+  if (const int w = known.load(std::memory_order_relaxed); w > 0) return w;
+  if (prepare_split_kernel(kernel, smem_bytes, once) != cudaSuccess) return sms;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(splits));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute cluster = cluster_dimension(unsigned(splits));
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters <= 0) {
+    (void)cudaGetLastError();  // not sticky: the launch reports its own errors
+    return sms;
+  }
+  known.store(clusters * splits, std::memory_order_relaxed);
+  return clusters * splits;
+}
 
 // Launches `kernel` over rows * ceil(heads / heads_per_cta) * plan.splits CTAs of `threads`, in
 // clusters of plan.splits (a row's head groups side by side, the splits of one (row, group) in
@@ -352,12 +398,7 @@ using SplitKernel = void (*)(SparseMlaParams, SplitPlan);
 inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaParams& p,
                                          const SplitPlan& plan, int heads_per_cta, int threads,
                                          size_t smem_bytes, cudaStream_t stream, LaunchOnce& once) {
-  cudaError_t err = once_per_device(once.opted_in, false, [&] {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
+  cudaError_t err = prepare_split_kernel(kernel, smem_bytes, once);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
   const unsigned groups = unsigned((p.heads + heads_per_cta - 1) / heads_per_cta);

@@ -536,9 +536,11 @@ cudaError_t launch(const SparseMlaParams& p, cudaStream_t stream) {
   using V = WgVariant<D>;
   static LaunchOnce once;
   SplitPlan plan = split_plan(p.topk, max_splits());
-  plan.heads_per_cta = heads_per_cta(p, plan);
-  return launch_split_clusters(sparse_mla_wgmma_kernel<D, kPvWgmma, kSchedule>, p, plan,
-                               plan.heads_per_cta, V::kThreads, V::kSmem.bytes, stream, once);
+  const SplitKernel kernel = sparse_mla_wgmma_kernel<D, kPvWgmma, kSchedule>;
+  plan.heads_per_cta = heads_per_cta(
+      p, plan, [&] { return wave_ctas(kernel, plan.splits, V::kThreads, V::kSmem.bytes, once); });
+  return launch_split_clusters(kernel, p, plan, plan.heads_per_cta, V::kThreads, V::kSmem.bytes,
+                               stream, once);
 }
 
 // DSA_CUDA_SPARSE_MLA_WGMMA_PV=mma (read at every call): P V on mma.sync instead of the

@@ -495,16 +495,17 @@ cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   // pool, never by the batch.
   if (p.pool.capacity() > INT32_MAX) return sparse_mla_wgmma(p, stream);
   SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
-  plan.heads_per_cta = heads_per_cta(p, plan);
   plan.q_from_l2 = q_from_l2(p);
-  if (p.pool.dtype == KvDtype::kFp8) {
-    static LaunchOnce once_fp8;
-    return launch_split_clusters(sparse_mla_ws_kernel<KvDtype::kFp8>, p, plan, plan.heads_per_cta,
-                                 kThreadsPerCta, WsVariant::kSmem.bytes, stream, once_fp8);
-  }
-  static LaunchOnce once;
-  return launch_split_clusters(sparse_mla_ws_kernel<KvDtype::kBf16>, p, plan, plan.heads_per_cta,
-                               kThreadsPerCta, WsVariant::kSmem.bytes, stream, once);
+  static LaunchOnce once_bf16, once_fp8;
+  const bool fp8 = p.pool.dtype == KvDtype::kFp8;
+  LaunchOnce& once = fp8 ? once_fp8 : once_bf16;
+  const SplitKernel kernel =
+      fp8 ? sparse_mla_ws_kernel<KvDtype::kFp8> : sparse_mla_ws_kernel<KvDtype::kBf16>;
+  constexpr size_t kSmemBytes = WsVariant::kSmem.bytes;
+  plan.heads_per_cta = heads_per_cta(
+      p, plan, [&] { return wave_ctas(kernel, plan.splits, kThreadsPerCta, kSmemBytes, once); });
+  return launch_split_clusters(kernel, p, plan, plan.heads_per_cta, kThreadsPerCta, kSmemBytes,
+                               stream, once);
 }
 
 }  // namespace dsa::cuda
