@@ -1054,7 +1054,8 @@ std::vector<MlaShape> ws_bitwise_shapes() {
   shapes.push_back({5, 128, 1, true, 0});
   shapes.push_back({5, 128, 65, true, 0});
   shapes.push_back({4, 16, 1697, true, 0});
-  shapes.push_back({3, 128, 2048, true, 1});  // one CTA per row and head group
+  shapes.push_back({3, 128, 2048, true, 1});  // one CTA per row and head group (q: cluster)
+  shapes.push_back({4, 64, 2048, false, 1});  // the same, q's rows aligned (q: L2 by default)
   shapes.push_back({4, 40, 2048 - 17, false, 2});
   return shapes;
 }

@@ -31,7 +31,7 @@ const std::vector<EnvKnob>& env_knobs() {
       {"DSA_CUDA_SPARSE_MLA_Q",
        {"cluster", "l2"},
        "where ws's CTAs get q (default: cluster, each CTA loads a share and stores it into the "
-       "others; l2: each copies its own; the same bits)"},
+       "others, and l2 at one split per row; l2: each copies its own; the same bits)"},
       {"DSA_CUDA_INDEXER_VARIANT",
        {"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"},
        "the indexer kernel (default: wgmma for bf16 caches, wgmma-e4m3 for fp8)"},

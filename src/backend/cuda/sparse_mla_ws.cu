@@ -476,14 +476,18 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 // L2 (each CTA copies its own heads' f32 rows with cp.async into the ring before the first chunk:
 // splits times the L2 reads, no network traffic and no cluster barrier in the prologue).
 // DSA_CUDA_SPARSE_MLA_Q=l2 picks L2 where q's rows are 16-byte aligned (read at every call);
-// unset or cluster: the cluster, until L2 has run on the H200. At 4 splits and B = 64 the
+// cluster: the cluster; unset: the cluster, until L2 has run on the H200, except where the
+// cluster is one CTA (DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1): nothing to share there, and L2 lets all
+// 256 threads copy where the cluster's way has warpgroup 0 load alone. At 4 splits and B = 64 the
 // cluster's way takes 6.3 of a CTA's 31.3 us (bench/results/2026-12-04-h200-mla-splits.md, run
 // 7), its loads and the network pushes at about 9 B per SM clock; L2 delivers several times that
 // per SM. Either way q is rounded to bf16 the same way: the same bits.
-bool q_from_l2(const SparseMlaParams& p) {
+bool q_from_l2(const SparseMlaParams& p, const SplitPlan& plan) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_Q");
-  if (v == nullptr || std::strcmp(v, "l2") != 0) return false;
-  return (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
+  if (v != nullptr && std::strcmp(v, "l2") == 0) return aligned;
+  if (v != nullptr && std::strcmp(v, "cluster") == 0) return false;
+  return aligned && plan.splits == 1;
 }
 
 }  // namespace
@@ -495,7 +499,7 @@ cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   // pool, never by the batch.
   if (p.pool.capacity() > INT32_MAX) return sparse_mla_wgmma(p, stream);
   SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
-  plan.q_from_l2 = q_from_l2(p);
+  plan.q_from_l2 = q_from_l2(p, plan);
   static LaunchOnce once_bf16, once_fp8;
   const bool fp8 = p.pool.dtype == KvDtype::kFp8;
   LaunchOnce& once = fp8 ? once_fp8 : once_bf16;
