@@ -50,8 +50,7 @@ TEST(CudaEnvKnobs, ListedValuesPassOthersAreRefused) {
 // Every DSA_CUDA_ variable read in src/backend/cuda is a knob here, or one of the GEMM's, which
 // the backend parses itself (and refuses when unknown) when it is made.
 TEST(CudaEnvKnobs, ListNamesEveryVariableTheKernelsRead) {
-  const std::set<std::string> gemm = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8",
-                                      "DSA_CUDA_GEMM_FP8_TILE", "DSA_CUDA_GEMM_KN"};
+  const std::set<std::string> gemm(gemm_env_knob_names().begin(), gemm_env_knob_names().end());
   const std::vector<std::string> listed = knob_names();
   const std::set<std::string> knobs(listed.begin(), listed.end());
   const std::regex read(R"re(getenv\("(DSA_CUDA_[A-Z0-9_]+)"\))re");
@@ -72,6 +71,22 @@ TEST(CudaEnvKnobs, ListNamesEveryVariableTheKernelsRead) {
     EXPECT_TRUE(seen.count(name)) << name << " is a knob that no kernel reads";
   }
   EXPECT_GE(seen.size(), listed.size());
+}
+
+// The knobs a process set, as a backend's describe() reports them: set ones in list order,
+// attention's before the GEMM's, empty and unset ones left out.
+TEST(CudaEnvKnobs, SetKnobsAreNamedInListOrder) {
+  std::vector<std::string> names = knob_names();
+  names.insert(names.end(), gemm_env_knob_names().begin(), gemm_env_knob_names().end());
+  testing::RestoreEnv restore(names);
+  for (const std::string& name : names) unsetenv(name.c_str());
+  EXPECT_EQ(env_knobs_set(), "");
+  setenv("DSA_CUDA_GEMM", "mma", 1);
+  setenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", 1);
+  setenv("DSA_CUDA_SPARSE_MLA_VARIANT", "ws", 1);
+  setenv("DSA_CUDA_SPARSE_MLA_HEADS", "", 1);
+  EXPECT_EQ(env_knobs_set(),
+            "DSA_CUDA_SPARSE_MLA_VARIANT=ws, DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1, DSA_CUDA_GEMM=mma");
 }
 
 }  // namespace

@@ -191,7 +191,12 @@ class CudaBackend final : public Backend {
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
-  std::string describe() const override { return label(); }
+  // The device, and the kernel knobs this process set (env_knobs_set), so a report that names the
+  // backend says which kernels ran: "cuda:0 (NVIDIA H200) [DSA_CUDA_PDL=on]".
+  std::string describe() const override {
+    const std::string knobs = cuda::env_knobs_set();
+    return knobs.empty() ? label() : label() + " [" + knobs + "]";
+  }
   cudaStream_t stream() const { return stream_; }
   // The invariant GEMM's knobs (set_gemm_invariant_tuning in cuda_backend.h).
   void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) {

@@ -53,6 +53,24 @@ const std::vector<EnvKnob>& env_knobs() {
   return knobs;
 }
 
+const std::vector<std::string>& gemm_env_knob_names() {
+  static const std::vector<std::string> names = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8",
+                                                 "DSA_CUDA_GEMM_FP8_TILE", "DSA_CUDA_GEMM_KN"};
+  return names;
+}
+
+std::string env_knobs_set() {
+  std::string set;
+  auto add = [&](const char* name) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    set += (set.empty() ? "" : ", ") + std::string(name) + "=" + v;
+  };
+  for (const EnvKnob& knob : env_knobs()) add(knob.name);
+  for (const std::string& name : gemm_env_knob_names()) add(name.c_str());
+  return set;
+}
+
 void check_env_knobs() {
   for (const EnvKnob& knob : env_knobs()) {
     const char* v = std::getenv(knob.name);

@@ -19,8 +19,16 @@ struct EnvKnob {
 // Every knob the attention kernels read (sparse MLA, the indexer, top-k).
 const std::vector<EnvKnob>& env_knobs();
 
+// The GEMM's variables, which the backend parses itself (and refuses when unknown) when it is made.
+const std::vector<std::string>& gemm_env_knob_names();
+
 // Throws dsa::Error (kInvalidArgument) for the first knob set to a value outside its list:
 // "DSA_CUDA_SPARSE_MLA_MAX_SPLITS '3' must be one of 2, 4, 8, 16 (unset: the default, ...)".
 void check_env_knobs();
+
+// The knobs this process has set (non-empty), attention's then the GEMM's, in list order:
+// "DSA_CUDA_PDL=on, DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1"; empty when none is. A CUDA backend's
+// describe() carries it, so every report that names the backend says which kernels it ran.
+std::string env_knobs_set();
 
 }  // namespace dsa::cuda
