@@ -413,7 +413,6 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  add_pdl_attribute(config, attribute);
   if (plan.splits > kPortableSplits) {  // asked once per device
     int device = 0;
     err = cudaGetDevice(&device);
@@ -428,6 +427,7 @@ inline cudaError_t launch_split_clusters(SplitKernel kernel, const SparseMlaPara
     }
     if (!(once.fits.load(std::memory_order_relaxed) & bit)) return cudaErrorInvalidClusterSize;
   }
+  add_pdl_attribute(config, attribute);  // after the occupancy query, which asks of clusters only
   err = cudaLaunchKernelEx(&config, kernel, p, plan);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
