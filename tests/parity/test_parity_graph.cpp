@@ -6,6 +6,7 @@
 #include <cstring>
 #include <set>
 
+#include "common/restore_env.h"
 #include "dsa/replay_check.h"
 #include "graph/graph_fixture.h"
 
@@ -70,6 +71,44 @@ TEST_P(ParityGraph, WgmmaSparseMlaFiveRowsAfterSixteenMatchEager) {
     ~Variant() { unsetenv("DSA_CUDA_SPARSE_MLA_VARIANT"); }
   } variant;
   five_rows_after_sixteen(GetParam());
+}
+
+// Programmatic dependent launch (DSA_CUDA_PDL=on for the whole test, graphs captured with it):
+// each kernel launches while the one before it finishes and waits for it before its first access,
+// so a row's bits in a padded graph bucket still equal its eager bits.
+TEST_P(ParityGraph, PdlFiveRowsAfterSixteenMatchEager) {
+  REQUIRE_GPU();
+  testing::RestoreEnv restore({"DSA_CUDA_PDL"});
+  setenv("DSA_CUDA_PDL", "on", 1);
+  five_rows_after_sixteen(GetParam());
+}
+
+// The logits and tokens of 16 rows' first graph step, and of a second step of 5 of them (padded
+// in bucket 16), with DSA_CUDA_PDL set to `pdl` while the fixture is built and run.
+std::vector<StepResult> two_graph_steps(KvDtype index_k, const char* pdl) {
+  testing::RestoreEnv restore({"DSA_CUDA_PDL"});
+  setenv("DSA_CUDA_PDL", pdl, 1);
+  GraphFixture f(micro_config(), index_k, {4, 16}, {}, BackendKind::kCuda);
+  f.start_requests(16, 7);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  std::vector<StepResult> steps;
+  steps.push_back(f.graph->step(f.decode_rows(all), kWithLogits));
+  f.advance(all, steps.back());
+  steps.push_back(f.graph->step(f.decode_rows({3, 8, 9, 12, 15}), kWithLogits));
+  return steps;
+}
+
+// The same steps with and without PDL give the same bits (only the time between kernels moves).
+TEST_P(ParityGraph, PdlGivesTheBitsOfPlainStreamOrder) {
+  REQUIRE_GPU();
+  const std::vector<StepResult> off = two_graph_steps(GetParam(), "off");
+  const std::vector<StepResult> on = two_graph_steps(GetParam(), "on");
+  ASSERT_EQ(off.size(), on.size());
+  for (size_t i = 0; i < off.size(); ++i) {
+    EXPECT_TRUE(same_bits(off[i].logits, on[i].logits)) << "step " << i;
+    EXPECT_EQ(off[i].tokens, on[i].tokens) << "step " << i;
+    EXPECT_FALSE(off[i].logits.empty());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
