@@ -32,6 +32,19 @@ constexpr int kPvSteps = kTokens / 16;              // 4 k16 steps of P V
 constexpr size_t kPartBytes = size_t(kHeadsPerCta) * kPartPitch * 4;  // the partial o
 static_assert(kKvLoraRank % 128 == 0 && kLatentDim % 64 == 0);
 
+// The tokens of a chunk's copies by kThreads threads, eight per token: f(token, slot) for tokens
+// t / 8 + (kThreads / 8) i of the chunk's staged slots [64] (t: the thread's index among them).
+template <int kThreads, class F>
+__device__ __forceinline__ void for_each_copied_token(const int32_t* slots, int t, F&& f) {
+  constexpr int kTokensPerPass = kThreads / 8;
+  static_assert(kTokens % kTokensPerPass == 0);
+#pragma unroll
+  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
+    const int token = t / 8 + pass * kTokensPerPass;
+    f(token, int64_t(slots[token]));
+  }
+}
+
 // The copies of one chunk into its tile by kThreads threads (t: the thread's index among them),
 // from the chunk's staged slots [64]: cp.async for every 16-byte piece of a used token's row,
 // zeros for the unused ones (-1: never read). Eight threads per token: thread t copies 16-byte
@@ -42,13 +55,8 @@ static_assert(kKvLoraRank % 128 == 0 && kLatentDim % 64 == 0);
 template <int kThreads>
 __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int32_t* slots,
                                             uint8_t* tile, int t) {
-  constexpr int kTokensPerPass = kThreads / 8;
-  static_assert(kTokens % kTokensPerPass == 0);
   const int c = t % 8;
-#pragma unroll
-  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
-    const int token = t / 8 + pass * kTokensPerPass;
-    const int64_t slot = slots[token];
+  for_each_copied_token<kThreads>(slots, t, [&](int token, int64_t slot) {
     uint8_t* dst = tile + swizzle128_offset(token, c);
     const uint8_t* src = p.pool.data + (slot >= 0 ? slot : 0) * (kLatentDim * 2) + c * 16;
 #pragma unroll
@@ -59,7 +67,7 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int3
         *reinterpret_cast<uint4*>(dst + b * kTileBytes) = make_uint4(0, 0, 0, 0);
       }
     }
-  }
+  });
 }
 
 // fp8 caches (the ws kernel): a chunk's raw bytes land inside its own bf16 tile and are expanded
@@ -83,8 +91,6 @@ static_assert(kLatentTile == 128 && kScalesPerToken == 4, "one scale per pair of
 template <int kThreads>
 __device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const int32_t* slots,
                                                 uint8_t* tile, int t) {
-  constexpr int kTokensPerPass = kThreads / 8;
-  static_assert(kTokens % kTokensPerPass == 0);
   const int c = t % 8;
   auto copy = [](uint8_t* dst, const uint8_t* src, bool used) {
     if (used) {
@@ -93,10 +99,7 @@ __device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const 
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
   };
-#pragma unroll
-  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
-    const int token = t / 8 + pass * kTokensPerPass;
-    const int64_t slot = slots[token];
+  for_each_copied_token<kThreads>(slots, t, [&](int token, int64_t slot) {
     const bool used = slot >= 0;
     const uint8_t* src = p.pool.data + (used ? slot : 0) * kLatentFp8TokenBytes;
 #pragma unroll
@@ -107,7 +110,7 @@ __device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const 
     copy(tile + kRopeTile * kTileBytes + swizzle128_offset(token, c),
          src + kLatentFp8RopeOffset + c * 16, used);
     if (c == 0) copy(tile + token * 16, src + kLatentFp8ScaleOffset, used);
-  }
+  });
 }
 
 // The bf16 rows of an fp8 chunk from its raw bytes, in place, by the 128 threads of one
