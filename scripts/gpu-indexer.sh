@@ -9,10 +9,11 @@
 #   sizes, bad page ids, batch invariance);
 #   compute-sanitizer memcheck and racecheck over one small case family (bad page ids, padded
 #   rows, bf16 and both fp8 roundings) with one variant forced (INDEXER_SAN_VARIANT, default
-#   wgmma-pipe, the newest);
+#   wgmma-e4m3), and memcheck over the fp8 kernel reading a given query's encoding;
 #   dsa_gpu_bench's indexer rows, fp8 and bf16 at B = 1 L = 128K, B = 64 L = 32K and B = 256
-#   L = 32K: the default, then legacy, wgmma, wgmma-n64, wgmma-pipe and wgmma-e4m3 forced (rows
-#   indexer_logits_<variant>/...), eager and in a CUDA graph, tabled in table.md.
+#   L = 32K: the default (fp8 also .../given, the query's encoding given), then legacy, wgmma,
+#   wgmma-n64, wgmma-pipe and wgmma-e4m3 forced (rows indexer_logits_<variant>/...), eager and in
+#   a CUDA graph, tabled in table.md.
 # INDEXER_SWEEP=1 then adds (past the 5 minutes) synccheck and initcheck over the default
 # dispatch, memcheck over a graph-replayed decode, the forced block-size and cluster-size sweeps
 # (sweep.md) and the torch baselines joined by report.py (report.md).
@@ -29,12 +30,15 @@ source scripts/gpu-steps.sh
 steps_setup indexer.log
 
 step nvidia-smi 5 nvidia-smi
-step parity 100 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
+step parity 150 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
   --gtest_output="json:$OUT/parity.json"
 sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
 sanitize sanitizer-racecheck racecheck 45 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1
+# The default fp8 kernel reading the query's encoding it is given (DSA_CUDA_INDEXER_Q=given).
+sanitize sanitizer-memcheck-given memcheck 60 "$B/tests/dsa_parity_tests" \
+  --gtest_filter=ParityAttention.IndexerLogitsGivenQueryIsBitwiseTheEncodedOne --gtest_brief=1
 step dsa_gpu_bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm \
   --attention-only indexer_logits --indexer-variants legacy,wgmma,wgmma-n64,wgmma-pipe,wgmma-e4m3 \
   --indexer-rows 1,64,256 --json "$OUT/bench.json"

@@ -129,6 +129,8 @@ void Backend::latent_kv(const LatentKvParams& p) {
 void Backend::indexer_query(const IndexerQueryParams& p) {
   require(p.ld_q >= int64_t(p.heads) * kIndexHeadDim, ErrorCode::kInvalidArgument,
           "indexer_query: ld_q {} must be >= heads {} * {}", p.ld_q, p.heads, kIndexHeadDim);
+  require(p.q_fp8 == nullptr, ErrorCode::kBackend,
+          "indexer_query: backend {} does not write the fp8 encoding (q_fp8)", describe());
   const IndexerQueryParts parts = indexer_query_parts(p);
   rope(parts.rope);
   if (p.ld_q == int64_t(p.heads) * kIndexHeadDim) {

@@ -51,6 +51,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t max_rows, int64_t m
        {2 * u(c.hidden_size), 2 * u(c.q_lora_rank), mul(H, u(c.qk_head_dim())), u(kLatentDim),
         mul(H, u(kLatentDim)), mul(H, u(kKvLoraRank)), mul(H, u(c.v_head_dim)), mul(3, inter),
         mul(u(c.index_n_heads), kIndexHeadDim), u(kIndexHeadDim), u(c.index_n_heads),
+        mul(u(c.index_n_heads), kIndexHeadDim / 4 + 1),  // the query's fp8 encoding and scales
         u(max_context), u(c.n_routed_experts),
         mul(3 * u(c.moe_intermediate_size), u(c.num_experts_per_tok) + u(c.n_shared_experts))}) {
     per_row = add(per_row, n);

@@ -107,6 +107,8 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   act_ = f32(config_.intermediate_size);
   if (!index_weights_in_x_proj_) wi_ = f32(config_.index_n_heads);
   index_logits_ = f32(max_context);
+  index_q_fp8_ = DeviceArray<uint8_t>(backend, size_t(R) * config_.index_n_heads * kIndexHeadDim);
+  index_q_scale_ = f32(config_.index_n_heads);
   topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
   topk_positions_ = DeviceArray<int32_t>(backend, size_t(R * config_.index_topk));
 }
@@ -286,8 +288,16 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
   float* qi = qq_.data() + int64_t(c.num_attention_heads) * c.qk_head_dim();
   float* ki = xp_.data() + c.q_lora_rank;
-  be.indexer_query(
-      {qi, qq_ld, R, IH, step.positions, cos_sin_.data(), max_context_, style, hadamard_scale});
+  // With an fp8 cache the query's encoding too, once per row, for indexer_logits (see there).
+  const bool fp8_keys = cache.index_k(l).dtype == KvDtype::kFp8;
+  IndexerQueryParams query{
+      qi, qq_ld, R, IH, step.positions, cos_sin_.data(), max_context_, style, hadamard_scale};
+  if (fp8_keys) {
+    query.q_fp8 = index_q_fp8_.data();
+    query.q_fp8_scale = index_q_scale_.data();
+    query.ld_q_fp8 = int64_t(IH) * kIndexHeadDim;
+  }
+  be.indexer_query(query);
   // k_i = Hadamard(RoPE(LayerNorm(W_ik x))), and its guarded store, in one op.
   IndexerKeyParams key;
   key.x = key.k = ki;
@@ -320,6 +330,9 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
     lp.ld_w = IH;
   }
   lp.q = qi;
+  lp.q_fp8 = query.q_fp8;
+  lp.q_fp8_scale = query.q_fp8_scale;
+  lp.ld_q_fp8 = query.ld_q_fp8;
   lp.page_table = step.page_table;
   lp.seq_lens = step.seq_lens;
   lp.logits = index_logits_.data();

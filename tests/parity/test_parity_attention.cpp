@@ -70,6 +70,9 @@ struct IndexerSpec {
   bool padded_stride;
   bool bad_pages = false;  // some rows' tables hold page ids outside the pool
   float w_scale = 1.0f;    // IndexerLogitsParams::w_scale
+  // fp8: q's encoding handed to the op too (IndexerLogitsParams::q_fp8, as indexer_query writes
+  // it: the group encoder per head), at a row stride 16 bytes past the packed heads.
+  bool given_query = false;
 };
 
 class IndexerCase final : public OpCase {
@@ -80,7 +83,8 @@ class IndexerCase final : public OpCase {
     std::string v = std::string("dtype=") + kv_dtype_name(s_.dtype);
     if (s_.dtype == KvDtype::kFp8) v += s_.rounding == ScaleRounding::kUe8m0 ? "/ue8m0" : "/exact";
     return v + ",rows=" + std::to_string(s_.rows) + ",heads=" + std::to_string(s_.heads) +
-           ",max_len=" + std::to_string(s_.max_len) + (s_.padded_stride ? ",padded_stride" : "");
+           ",max_len=" + std::to_string(s_.max_len) + (s_.padded_stride ? ",padded_stride" : "") +
+           (s_.given_query ? ",given_query" : "");
   }
 
   void init(Workspace& ws, testing::Rng& rng) override {
@@ -122,6 +126,20 @@ class IndexerCase final : public OpCase {
     table_ = ws.input(table);
     q_ = ws.input(q);
     w_ = ws.input(w);
+    if (s_.given_query) {
+      ld_q8_ = int64_t(s_.heads) * kIndexHeadDim + 16;
+      std::vector<uint8_t> q8(size_t(s_.rows) * ld_q8_, 0x5A);
+      std::vector<float> scales(size_t(s_.rows) * s_.heads);
+      for (int r = 0; r < s_.rows; ++r) {
+        for (int h = 0; h < s_.heads; ++h) {
+          auto* out = reinterpret_cast<Fp8E4M3*>(q8.data() + r * ld_q8_ + h * kIndexHeadDim);
+          scales[size_t(r) * s_.heads + h] = encode_fp8_group(
+              q.data() + r * ld_q_ + h * kIndexHeadDim, kIndexHeadDim, out, ScaleRounding::kExact);
+        }
+      }
+      q8_ = ws.input(q8);
+      q_scale_ = ws.input(scales);
+    }
     const double tol = s_.dtype == KvDtype::kBf16 ? kLogitsBf16Nmse : fp8_logits_nmse();
     logits_ = ws.output<float>(size_t(s_.rows) * ld_logits_, Check::nmse(tol).per_row(ld_logits_));
     errors_ = ws.inout(std::vector<int32_t>{0}, Check::exact());
@@ -140,17 +158,22 @@ class IndexerCase final : public OpCase {
     p.ld_q = ld_q_, p.ld_w = ld_w_, p.ld_page_table = ld_pt_, p.ld_logits = ld_logits_;
     p.error_count = ws.ptr(errors_, side);
     p.w_scale = s_.w_scale;
+    if (s_.given_query) {
+      p.q_fp8 = ws.ptr(q8_, side);
+      p.q_fp8_scale = ws.ptr(q_scale_, side);
+      p.ld_q_fp8 = ld_q8_;
+    }
     ws.backend(side).indexer_logits(p);
   }
 
  private:
   static constexpr int64_t kPages = 48;
   IndexerSpec s_;
-  Buf<uint8_t> pool_;
+  Buf<uint8_t> pool_, q8_;
   Buf<int32_t> seq_lens_, table_;
-  Buf<float> q_, w_, logits_;
+  Buf<float> q_, w_, logits_, q_scale_;
   Buf<int32_t> errors_;
-  int64_t ld_pt_ = 0, ld_q_ = 0, ld_w_ = 0, ld_logits_ = 0;
+  int64_t ld_pt_ = 0, ld_q_ = 0, ld_w_ = 0, ld_logits_ = 0, ld_q8_ = 0;
 };
 
 // ---- top-k -------------------------------------------------------------------------------------
@@ -602,6 +625,39 @@ TEST_F(ParityAttention, IndexerLogitsEveryVariantIsBitwiseEqualAcrossBlockSizes)
             << variant << ", " << c.vars() << ", tokens " << tokens << " against the default";
       }
     }
+  }
+}
+
+// The fp8 cache's default kernel (wgmma-e4m3) reading the query's encoding that indexer_query
+// wrote (DSA_CUDA_INDEXER_Q=given) gives the bits and the error count of its blocks encoding q
+// themselves: a long single row and a batch with padded rows and bad page ids, 64 and 4 heads,
+// exact and ue8m0 key scales, the default and forced block sizes; and the CPU's logits.
+TEST_F(ParityAttention, IndexerLogitsGivenQueryIsBitwiseTheEncodedOne) {
+  int cases = 0;
+  for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+    for (int heads : {64, 4}) {
+      for (int rows : {1, 7}) {
+        IndexerSpec spec{d.dtype, d.rounding, rows, heads, rows == 1 ? 20000 : 9000, true, true};
+        spec.given_query = true;
+        IndexerCase c(spec);
+        Workspace ws(cpu(), cuda());
+        testing::Rng rng(800 + cases++);
+        c.init(ws, rng);
+        for (const char* tokens : {"", "512"}) {
+          ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+          const Outputs encoded = variant_outputs(c, ws, "wgmma-e4m3");
+          ScopedEnv given("DSA_CUDA_INDEXER_Q", "given");
+          EXPECT_TRUE(same_outputs(variant_outputs(c, ws, "wgmma-e4m3"), encoded))
+              << c.vars() << ", tokens '" << tokens << "': the given query against the encoded";
+        }
+      }
+    }
+    IndexerSpec spec{d.dtype, d.rounding, 5, 64, 3000, false, true};
+    spec.given_query = true;
+    IndexerCase c(spec);
+    ScopedEnv variant("DSA_CUDA_INDEXER_VARIANT", "wgmma-e4m3");
+    ScopedEnv given("DSA_CUDA_INDEXER_Q", "given");
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 820 + cases++)) << c.vars();
   }
 }
 

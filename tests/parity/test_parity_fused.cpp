@@ -349,13 +349,17 @@ class IndexerQueryCase final : public OpCase {
  public:
   // pad: floats past the packed heads in each row (a row stride of heads * 128 + pad, as the
   // model's fused projection output has), which must stay as they were.
-  IndexerQueryCase(RopeStyle style, int rows, int heads, bool composed, int pad = 0)
-      : style_(style), rows_(rows), heads_(heads), composed_(composed), pad_(pad) {}
+  // fp8: the op also writes the query's fp8 encoding (q_fp8, at a row stride 16 bytes past the
+  // packed heads, which must stay poison) and its scales, compared byte for byte.
+  IndexerQueryCase(RopeStyle style, int rows, int heads, bool composed, int pad = 0,
+                   bool fp8 = false)
+      : style_(style), rows_(rows), heads_(heads), composed_(composed), pad_(pad), fp8_(fp8) {}
   std::string name() const override { return "indexer_query"; }
   std::string vars() const override {
     return std::string(style_ == RopeStyle::kInterleaved ? "interleaved" : "half_split") +
            ",rows=" + std::to_string(rows_) + ",heads=" + std::to_string(heads_) +
-           (composed_ ? ",composed" : "") + (pad_ ? ",pad=" + std::to_string(pad_) : "");
+           (composed_ ? ",composed" : "") + (pad_ ? ",pad=" + std::to_string(pad_) : "") +
+           (fp8_ ? ",fp8" : "");
   }
   void init(Workspace& ws, testing::Rng& rng) override {
     table_ = ws.input(rope_table());
@@ -368,7 +372,12 @@ class IndexerQueryCase final : public OpCase {
     }
     positions_ = ws.input(positions);
     q_ = ws.inout(q, Check::exact(), RowLayout::kRowMajor);
+    if (fp8_) {
+      q8_ = ws.output<uint8_t>(size_t(rows_) * ld8(), Check::exact());
+      scale_ = ws.output<float>(size_t(rows_) * heads_, Check::exact());
+    }
   }
+  int64_t ld8() const { return int64_t(heads_) * kIndexHeadDim + 16; }
   void run(Workspace& ws, Side side) override {
     IndexerQueryParams p{ws.ptr(q_, side),
                          int64_t(heads_) * kIndexHeadDim + pad_,
@@ -380,6 +389,11 @@ class IndexerQueryCase final : public OpCase {
                          style_,
                          float(1.0 / std::sqrt(double(kIndexHeadDim)))};
     Backend& be = ws.backend(side);
+    if (fp8_) {
+      p.q_fp8 = ws.ptr(q8_, side);
+      p.q_fp8_scale = ws.ptr(scale_, side);
+      p.ld_q_fp8 = ld8();
+    }
     if (!composed_) {
       be.indexer_query(p);
       return;
@@ -398,7 +412,9 @@ class IndexerQueryCase final : public OpCase {
   int rows_, heads_;
   bool composed_;
   int pad_;
-  Buf<float> table_, q_;
+  bool fp8_;
+  Buf<float> table_, q_, scale_;
+  Buf<uint8_t> q8_;
   Buf<int32_t> positions_;
 };
 
@@ -426,6 +442,27 @@ TEST_F(ParityFused, IndexerQueryIsItsOps) {
           }
         }
       }
+    }
+  }
+}
+
+// With the fp8 encoding asked for (an fp8 index-K cache's step): the query and its encoding, bytes
+// and scales, are the CPU's at every batch size and row stride, and a row's are the same alone or
+// in a batch.
+TEST_F(ParityFused, IndexerQueryFp8EncodingIsTheCpus) {
+  for (RopeStyle style : {RopeStyle::kHalfSplit, RopeStyle::kInterleaved}) {
+    for (int heads : {1, 64}) {
+      for (int pad : {0, 200, 3}) {
+        for (int rows : {1, 7, 64, 256}) {
+          IndexerQueryCase c(style, rows, heads, false, pad, true);
+          EXPECT_TRUE(check_parity(c, cpu(), cuda(), 91 + rows + pad)) << c.vars();
+        }
+      }
+      EXPECT_TRUE(check_batch_invariance(
+          [&](int rows) {
+            return std::make_unique<IndexerQueryCase>(style, rows, heads, false, 0, true);
+          },
+          {1, 7, 64, 256}, cpu(), cuda()));
     }
   }
 }

@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
+#include "dsa/token_codec.h"
 #include "unit/ops_test_helpers.h"
 
 namespace dsa {
@@ -417,6 +418,59 @@ TEST(OpsIndexerQuery, RowStrideGivesThePackedBits) {
   EXPECT_THROW(be->indexer_query({y.data(), dim - 1, rows, heads, positions.data(), table.data(),
                                   max_position, RopeStyle::kHalfSplit, 1.0f}),
                Error);
+}
+
+// indexer_query's fp8 encoding (q_fp8): each head's bytes and scale are those of the group
+// encoder over the op's own result (what indexer_logits makes of q for an fp8 cache), written at
+// the row stride asked for and nowhere else; q itself gets the bits it gets without them.
+TEST(OpsIndexerQuery, Fp8EncodingIsTheGroupEncoderOfTheResult) {
+  Rng rng(43);
+  const int rows = 5, heads = 3, max_position = 64;
+  const int dim = heads * kIndexHeadDim;
+  const int64_t ld = dim + 40, ld8 = dim + 16;
+  const auto table = rope_table(max_position, kRopeDim);
+  std::vector<int32_t> positions(rows);
+  for (int r = 0; r < rows; ++r) positions[r] = int32_t(rng.integer(0, max_position - 1));
+  auto x = strided_normals(rng, rows, dim, ld, 3.0f);
+  x[size_t(2 * ld + kIndexHeadDim + 5)] = 1e-6f;  // a head with tiny values: the 1e-4 amax floor
+  for (int i = 0; i < kIndexHeadDim; ++i) x[size_t(2 * ld + kIndexHeadDim + i)] *= 1e-7f;
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  auto plain = x, encoded = x;
+  be->indexer_query({plain.data(), ld, rows, heads, positions.data(), table.data(), max_position,
+                     RopeStyle::kHalfSplit, 0.125f});
+  std::vector<uint8_t> q8(size_t(rows) * ld8, 0xA5);
+  std::vector<float> scales(size_t(rows) * heads, -1.0f);
+  IndexerQueryParams p{
+      encoded.data(),        ld,    rows, heads, positions.data(), table.data(), max_position,
+      RopeStyle::kHalfSplit, 0.125f};
+  p.q_fp8 = q8.data();
+  p.q_fp8_scale = scales.data();
+  p.ld_q_fp8 = ld8;
+  be->indexer_query(p);
+  for (size_t i = 0; i < plain.size(); ++i) ASSERT_TRUE(same_bits(plain[i], encoded[i])) << i;
+  std::vector<Fp8E4M3> want(kIndexHeadDim);
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const float s = encode_fp8_group(plain.data() + r * ld + h * kIndexHeadDim, kIndexHeadDim,
+                                       want.data(), ScaleRounding::kExact);
+      EXPECT_TRUE(same_bits(scales[size_t(r * heads + h)], s)) << "row " << r << " head " << h;
+      EXPECT_GT(s, 0.0f);
+      for (int d = 0; d < kIndexHeadDim; ++d) {
+        EXPECT_EQ(q8[size_t(r * ld8 + h * kIndexHeadDim + d)], want[size_t(d)].bits)
+            << "row " << r << " head " << h << " dim " << d;
+      }
+    }
+    for (int64_t c = dim; c < ld8; ++c) EXPECT_EQ(q8[size_t(r * ld8 + c)], 0xA5) << "row " << r;
+  }
+  // The tiny head's scale is the floor's; a row's bytes are not all zero.
+  EXPECT_TRUE(same_bits(scales[size_t(2 * heads + 1)], 1e-4f / 448.0f));
+  EXPECT_NE(std::count(q8.begin(), q8.begin() + dim, uint8_t(0)), dim);
+  // Without scales, or with too short a row stride, it is refused.
+  p.q_fp8_scale = nullptr;
+  EXPECT_THROW(be->indexer_query(p), Error);
+  p.q_fp8_scale = scales.data();
+  p.ld_q_fp8 = dim - 1;
+  EXPECT_THROW(be->indexer_query(p), Error);
 }
 
 // ---- SwiGLU, softmax, embed, add ---------------------------------------------------------------

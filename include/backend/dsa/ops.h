@@ -326,6 +326,10 @@ inline LatentKvParts latent_kv_parts(const LatentKvParams& p) {
 // The indexer's query path in one op: for each of `heads` 128-wide heads of each row, rope on dims
 // [0, 64) then hadamard * scale, in place. By definition rope -> hadamard with the params of
 // indexer_query_parts (with a row stride past the packed heads, the hadamard part once per row).
+// With q_fp8 set it also writes each head's fp8 encoding of the result, the one indexer_logits
+// makes of q for an fp8 cache (below: e4m3(q / s_q), s_q = max(amax, 1e-4) / 448, exact): the 128
+// e4m3 bytes at q_fp8 + r * ld_q_fp8 + h * 128 and s_q at q_fp8_scale[r * heads + h]. Handing
+// them to indexer_logits spares its blocks encoding the row again; it changes no bit.
 struct IndexerQueryParams {
   float* q = nullptr;  // [rows, heads, 128], row stride ld_q >= heads * 128, head stride 128
   int64_t ld_q = 0;
@@ -335,6 +339,9 @@ struct IndexerQueryParams {
   int max_position = 0;
   RopeStyle style = RopeStyle::kHalfSplit;
   float hadamard_scale = 1.0f;
+  uint8_t* q_fp8 = nullptr;        // optional: [rows, ld_q_fp8 >= heads * 128] e4m3
+  float* q_fp8_scale = nullptr;    // with q_fp8: [rows, heads] s_q
+  int64_t ld_q_fp8 = 0;
 };
 
 struct IndexerQueryParts {
@@ -378,6 +385,13 @@ struct IndexerLogitsParams {
   int rows = 0, heads = 0;
   int64_t ld_q = 0, ld_w = 0, ld_page_table = 0, ld_logits = 0;
   int32_t* error_count = nullptr;  // [1] the step's error flag: += 1 per bad page id (optional)
+  // Optional, fp8 caches: q's fp8 encoding as indexer_query writes it (q_fp8 set there), which
+  // must be the encoding of q above. A kernel may read it instead of encoding q itself (CUDA's
+  // default fp8 kernel, wgmma-e4m3, does); the logits are the same bits either way. The CPU
+  // reads q.
+  const uint8_t* q_fp8 = nullptr;      // [rows, ld_q_fp8] e4m3, head h at h * 128
+  const float* q_fp8_scale = nullptr;  // [rows, heads] s_q
+  int64_t ld_q_fp8 = 0;
 };
 
 // The positions of the k largest logits[r, t], t < seq_lens[r]. Ties go to the lower t; if

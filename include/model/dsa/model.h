@@ -167,6 +167,10 @@ class Model {
   // qq_: those of norm(q_a), one GEMM (q ‖ index query, row stride qq_cols()).
   DeviceArray<float> h_, x_, xp_, qa_, qq_, q_attn_, o_lat_, o_, gate_up_, act_;
   DeviceArray<float> wi_, index_logits_;
+  // An fp8 index-K cache's query encoding, written by indexer_query for indexer_logits: [rows,
+  // index heads, 128] e4m3 and [rows, index heads] scales.
+  DeviceArray<uint8_t> index_q_fp8_;
+  DeviceArray<float> index_q_scale_;
   DeviceArray<Bf16> x_bf16_, qa_bf16_;  // bf16(x_), bf16(qa_): the fast GEMM's operands
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;

@@ -52,6 +52,14 @@ class CpuBackend final : public Backend {
   void store_index_k(const StoreIndexKParams& p) override { cpu::store_index_k(p); }
   void store_latent_kv(const StoreLatentKvParams& p) override { cpu::store_latent_kv(p); }
   void indexer_logits(const IndexerLogitsParams& p) override { cpu::indexer_logits(p); }
+  // rope -> hadamard by the base class, then the fp8 encoding of the result when asked for.
+  void indexer_query(const IndexerQueryParams& p) override {
+    IndexerQueryParams plain = p;
+    plain.q_fp8 = nullptr;
+    plain.q_fp8_scale = nullptr;
+    Backend::indexer_query(plain);
+    if (p.q_fp8 != nullptr) cpu::encode_index_query(p);
+  }
   void topk(const TopkParams& p) override { cpu::topk(p); }
   void sparse_mla(const SparseMlaParams& p) override { cpu::sparse_mla(p); }
   void audit_slots(const AuditSlotsParams& p) override { cpu::audit_slots(p); }

@@ -23,8 +23,10 @@ void store_index_k(const StoreIndexKParams& p);      // store.cpp
 void store_latent_kv(const StoreLatentKvParams& p);  // store.cpp
 
 void indexer_logits(const IndexerLogitsParams& p);  // indexer_logits.cpp
-void topk(const TopkParams& p);                     // topk.cpp
-void sparse_mla(const SparseMlaParams& p);          // sparse_mla.cpp
+// indexer_query's q_fp8 / q_fp8_scale from its q (after rope and hadamard): indexer_logits.cpp.
+void encode_index_query(const IndexerQueryParams& p);
+void topk(const TopkParams& p);             // topk.cpp
+void sparse_mla(const SparseMlaParams& p);  // sparse_mla.cpp
 
 void audit_slots(const AuditSlotsParams& p);    // audit.cpp
 void digest_rows(const DigestRowsParams& p);    // audit.cpp

@@ -71,6 +71,23 @@ bool readable_page(const IndexerLogitsParams& p, int32_t page) {
 
 }  // namespace
 
+void encode_index_query(const IndexerQueryParams& p) {
+  require(p.q_fp8_scale != nullptr && p.ld_q_fp8 >= int64_t(p.heads) * kIndexHeadDim,
+          ErrorCode::kInvalidArgument,
+          "indexer_query: q_fp8 needs q_fp8_scale and ld_q_fp8 {} >= heads * 128 = {}", p.ld_q_fp8,
+          int64_t(p.heads) * kIndexHeadDim);
+  for (int r = 0; r < p.rows; ++r) {
+    for (int h = 0; h < p.heads; ++h) {
+      // prepare_query's encoder for an fp8 cache, so indexer_logits sees the same bytes either way.
+      auto* out = reinterpret_cast<Fp8E4M3*>(p.q_fp8 + int64_t(r) * p.ld_q_fp8 +
+                                             int64_t(h) * kIndexHeadDim);
+      p.q_fp8_scale[int64_t(r) * p.heads + h] =
+          encode_fp8_group(p.q + int64_t(r) * p.ld_q + int64_t(h) * kIndexHeadDim, kIndexHeadDim,
+                           out, ScaleRounding::kExact);
+    }
+  }
+}
+
 void indexer_logits(const IndexerLogitsParams& p) {
   check_params(p);
   PreparedQuery query;

@@ -35,6 +35,10 @@ const std::vector<EnvKnob>& env_knobs() {
       {"DSA_CUDA_INDEXER_VARIANT",
        {"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"},
        "the indexer kernel (default: wgmma for bf16 caches, wgmma-e4m3 for fp8)"},
+      {"DSA_CUDA_INDEXER_Q",
+       {"encode", "given"},
+       "where the fp8 indexer kernel (wgmma-e4m3) gets the query's encoding (default: encode, "
+       "every block encodes it; given: the one indexer_query wrote; the same bits)"},
       {"DSA_CUDA_INDEXER_BLOCK_TOKENS",
        {"128", "256", "512", "1024", "2048", "4096", "8192"},
        "the indexer's tokens per block (default: from the batch; the same bits; the legacy and "

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/query_fp8.cuh"
 #include "dsa/token_codec.h"
 
 namespace dsa::cuda::indexer_detail {
@@ -69,14 +70,6 @@ __device__ __forceinline__ void load_query(const IndexerLogitsParams& p, int row
   }
 }
 
-// float_to_fp8(x).bits with the conversion unit: round to nearest even, saturated to +-448 (the
-// infinities too), the sign of zero kept, NaN 0x7f.
-__device__ __forceinline__ uint32_t e4m3_bits(float x) {
-  uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.0f), "f"(x));
-  return x != x ? 0x7fu : uint32_t(pair & 0xff);
-}
-
 // This lane's 4 dims of one head, encoded in `out`: fp8 the e4m3 bytes in .x (byte j = dim j),
 // bf16 the bf16 values in .x (dims 0-1) and .y (dims 2-3), the lower dim in the lower half.
 // Returns the head's weight: w, or w * s_q for fp8. Warp-collective for fp8 (the head's amax).
@@ -90,22 +83,10 @@ __device__ __forceinline__ float encode_head(const float (&x)[4], float w, uint2
     out.y = uint32_t(float_to_bf16(x[2]).bits) | uint32_t(float_to_bf16(x[3]).bits) << 16;
     return w;
   } else {
-    // The same encoder as the CPU: amax with NaN never winning, exact scale, x / scale.
-    float amax = 0.0f;
-    for (int j = 0; j < 4; ++j) {
-      const float a = x[j] < 0 ? -x[j] : x[j];
-      amax = a > amax ? a : amax;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, amax, o);
-      amax = other > amax ? other : amax;
-    }
-    const float s_q = fp8_scale_for_amax(amax, ScaleRounding::kExact);
-    out = make_uint2(0, 0);
-    for (int j = 0; j < 4; ++j) {
-      const float scaled = x[j] / s_q;
-      out.x |= (kFastCvt ? e4m3_bits(scaled) : uint32_t(float_to_fp8(scaled).bits)) << (8 * j);
-    }
+    // The same encoder as the CPU (query_fp8.cuh).
+    uint32_t bytes;
+    const float s_q = encode_fp8_head<kFastCvt>(x, bytes);
+    out = make_uint2(bytes, 0);
     return w * s_q;  // 0 for padded heads
   }
 }

@@ -18,6 +18,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/query_fp8.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/store_index_k.cuh"
 
@@ -128,7 +129,8 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
 }
 
 // indexer_query: a warp per (row, head), 4 heads per CTA: rope_head, then the Hadamard and its
-// scale; the bits of rope and hadamard run one after the other.
+// scale; the bits of rope and hadamard run one after the other. With p.q_fp8 the warp also
+// encodes the head it stored (query_fp8.cuh: the fp8 indexer kernels' own encoding of q).
 __global__ void __launch_bounds__(32 * kRowsPerCta)
     indexer_query_kernel(IndexerQueryParams p, bool vec) {
   pdl_enter();
@@ -142,6 +144,13 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
   rope_hadamard_head(e, lane, p.style, p.positions[row], p.max_position, p.cos_sin,
                      p.hadamard_scale);
   store_head(q, vec, e);
+  if (p.q_fp8 != nullptr) {  // the same in every lane of the warp (encode_fp8_head shuffles)
+    const int64_t head = unit % p.heads;
+    uint32_t bytes;
+    const float s_q = encode_fp8_head<true>(e, bytes);
+    *reinterpret_cast<uint32_t*>(p.q_fp8 + row * p.ld_q_fp8 + head * kDim + 4 * lane) = bytes;
+    if (lane == 0) p.q_fp8_scale[row * p.heads + head] = s_q;
+  }
 }
 
 }  // namespace
@@ -151,6 +160,11 @@ cudaError_t indexer_query(const IndexerQueryParams& p, cudaStream_t stream) {
   const int64_t units = int64_t(p.rows) * p.heads;
   if (units == 0) return cudaSuccess;
   if (!p.q || !p.positions || !p.cos_sin) return cudaErrorInvalidValue;
+  if (p.q_fp8 != nullptr &&
+      (!p.q_fp8_scale || p.ld_q_fp8 < int64_t(p.heads) * kDim || p.ld_q_fp8 % 4 != 0 ||
+       reinterpret_cast<uintptr_t>(p.q_fp8) % 4 != 0)) {
+    return cudaErrorInvalidValue;  // the encoding is stored 4 bytes a lane
+  }
   const bool vec = aligned16(p.q) && p.ld_q % 4 == 0;  // heads are 128 apart
   launch_kernel(indexer_query_kernel, ceil_div(units, kRowsPerCta), 32 * kRowsPerCta, 0, stream, p,
                 vec);

@@ -111,7 +111,8 @@ __device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& ad
 // query loaded into `q` (in flight while the first tiles are queued), the page ids published, and
 // the copies of tiles 0 .. kStages - 2 queued, one commit group each (kSwizzledRaw: fp8 rows in
 // the swizzled raw layout, issue_tile). It returns false, before any barrier, for a block past
-// seq_len (padded rows and tails cost two loads); the caller returns.
+// seq_len (padded rows and tails cost two loads); the caller returns. load_q false: `q` is left
+// alone (the caller stores the encoding indexer_query gave, store_given_query).
 template <class T, bool kSwizzledRaw = false>
 struct RingBlock {
   int64_t t0 = 0, end = 0;  // the block's tokens [t0, end) of its row
@@ -131,7 +132,8 @@ struct RingBlock {
   }
 
   __device__ __forceinline__ bool start(const IndexerLogitsParams& p, int block_tokens,
-                                        uint8_t* smem_raw, QueryLoad<kWgWarps>& q) {
+                                        uint8_t* smem_raw, QueryLoad<kWgWarps>& q,
+                                        bool load_q = true) {
     const BlockSpan span = block_span(p, block_tokens);
     if (span.end <= span.t0) return false;
     t0 = span.t0, end = span.end;
@@ -139,7 +141,7 @@ struct RingBlock {
     smem = atom_aligned(smem_raw, base);
     weight = reinterpret_cast<float*>(smem + T::kWeightOff);
     pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
-    load_query(p, int(blockIdx.y), q, [](int) { return true; });
+    if (load_q) load_query(p, int(blockIdx.y), q, [](int) { return true; });
     pages[threadIdx.x] = span.page_id;
     __syncthreads();  // pages is complete
 #pragma unroll
@@ -175,6 +177,35 @@ __device__ __forceinline__ void store_query(const QueryLoad<kWgWarps>& q, uint8_
       *reinterpret_cast<uint2*>(dst) = e;
     }
     if (lane == 0) weight[h] = w;
+  }
+  fence_proxy_async();
+}
+
+// store_query<kFp8, true>'s bytes and weights from the encoding indexer_query wrote (p.q_fp8,
+// p.q_fp8_scale: the same encoder, so the same bytes): lane's 4 bytes of head h = warp + 4 i in
+// chunk lane / 4 of the swizzled K block, and the weight (w_scale w) * s_q, 0 past p.heads, as
+// encode_head computes it. The launcher has checked the 4-byte alignment.
+__device__ __forceinline__ void store_given_query(const IndexerLogitsParams& p, int row,
+                                                  uint8_t* query, float* weight) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint8_t* q8 = p.q_fp8 + int64_t(row) * p.ld_q_fp8;
+  uint32_t bytes[QueryLoad<kWgWarps>::kHeadsPerWarp];
+  float w[QueryLoad<kWgWarps>::kHeadsPerWarp];
+#pragma unroll
+  for (int i = 0; i < QueryLoad<kWgWarps>::kHeadsPerWarp; ++i) {  // every load before any use
+    const int h = warp + i * kWgWarps;
+    const bool real = h < p.heads;
+    bytes[i] = real ? *reinterpret_cast<const uint32_t*>(q8 + h * kIndexHeadDim + lane * 4) : 0u;
+    w[i] = real && lane == 0 ? __fmul_rn(p.w_scale, p.w[int64_t(row) * p.ld_w + h]) *
+                                   p.q_fp8_scale[int64_t(row) * p.heads + h]
+                             : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < QueryLoad<kWgWarps>::kHeadsPerWarp; ++i) {
+    const int h = warp + i * kWgWarps;
+    *reinterpret_cast<uint32_t*>(query + swizzle128_offset(h, lane / 4) + (lane % 4) * 4) =
+        bytes[i];
+    if (lane == 0) weight[h] = w[i];
   }
   fence_proxy_async();
 }

@@ -23,12 +23,16 @@
 //   descriptor, then the scales), the tile's two scales per thread go to registers before the stage
 //   is reused. Shared memory: query 8 KiB + 6 stages of 9 KiB + weights and page ids + 1 KiB of
 //   alignment = 63.75 KiB: three blocks per SM, 3 x 5 pages = 124 KiB of copies in flight per SM.
-//   165 registers, no spills (four blocks per SM would cap them at 128: it spills). Napkin per
+//   157 registers (165 before the given-query path), no spills (four blocks per SM would cap them
+//   at 128: it spills). Napkin per
 //   token per SM: HBM 7.7 clk at B = 64; shared memory 128 B written (cp.async) and 256 B read by
 //   the tensor core (A once, B per instruction: 64 x 32 B x 4 per 64 tokens) = 3 clk; tensor core 2
 //   clk (m64n64k32 e4m3 at 4096 FMA/clk: 32 clk, four per 64 tokens); issue ~1.5 clk (the
 //   epilogue). B = 64, L = 32K: HBM-bound, ~70 us expected; B = 1, L = 128K: the blocks' start
 //   (query, page ids) then ~2 tiles of HBM latency each.
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/indexer_wgmma.cuh"
 #include "backend/cuda/pdl.h"
 
@@ -87,8 +91,13 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   RingBlock<T, true> b;
   QueryLoad<kWgWarps> q;
-  if (!b.start(p, block_tokens, smem_raw, q)) return;
-  store_query<KvDtype::kFp8, true>(q, b.smem + T::kQueryOff, b.weight);
+  const bool given = p.q_fp8 != nullptr;  // the launcher passes it only when it may be read
+  if (!b.start(p, block_tokens, smem_raw, q, !given)) return;
+  if (given) {
+    store_given_query(p, row, b.smem + T::kQueryOff, b.weight);
+  } else {
+    store_query<KvDtype::kFp8, true>(q, b.smem + T::kQueryOff, b.weight);
+  }
 
   __syncthreads();  // the query and the weights are published
   const int g = lane / 4;
@@ -152,12 +161,28 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
   cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
 }
 
+// Whether the blocks read the query's encoding that indexer_query wrote (p.q_fp8) instead of
+// encoding q themselves: DSA_CUDA_INDEXER_Q=given (read at every call), where it is there and
+// 4-byte aligned; unset or "encode": every block encodes the row's q, until "given" has run on the
+// H200. Nsight Compute put about 40% of a B = 1, L = 128K launch's stall samples in that encoding
+// (256 blocks, each encoding the row's 64 heads: bench/results/2026-12-04-h200-indexer-e4m3.md);
+// a given query is 8 KiB of bytes and 64 scales a block. The same bytes, so the same bits.
+bool reads_given_query(const IndexerLogitsParams& p) {
+  const char* v = std::getenv("DSA_CUDA_INDEXER_Q");
+  if (v == nullptr || std::strcmp(v, "given") != 0) return false;
+  return p.q_fp8 != nullptr && p.q_fp8_scale != nullptr &&
+         p.ld_q_fp8 >= int64_t(p.heads) * kIndexHeadDim && p.ld_q_fp8 % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p.q_fp8) % 4 == 0;
+}
+
 }  // namespace
 
 cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
-  return launch_blocks(&indexer_logits_wgmma_e4m3, E4m3Tile::kSmemBytes, opted, p, block_tokens,
-                       stream);
+  IndexerLogitsParams launched = p;
+  if (!reads_given_query(p)) launched.q_fp8 = nullptr, launched.q_fp8_scale = nullptr;
+  return launch_blocks(&indexer_logits_wgmma_e4m3, E4m3Tile::kSmemBytes, opted, launched,
+                       block_tokens, stream);
 }
 
 }  // namespace dsa::cuda::indexer_detail
