@@ -339,8 +339,8 @@ struct IndexerQueryParams {
   int max_position = 0;
   RopeStyle style = RopeStyle::kHalfSplit;
   float hadamard_scale = 1.0f;
-  uint8_t* q_fp8 = nullptr;        // optional: [rows, ld_q_fp8 >= heads * 128] e4m3
-  float* q_fp8_scale = nullptr;    // with q_fp8: [rows, heads] s_q
+  uint8_t* q_fp8 = nullptr;      // optional: [rows, ld_q_fp8 >= heads * 128] e4m3
+  float* q_fp8_scale = nullptr;  // with q_fp8: [rows, heads] s_q
   int64_t ld_q_fp8 = 0;
 };
 
