@@ -30,7 +30,8 @@ source scripts/gpu-steps.sh
 steps_setup indexer.log
 
 step nvidia-smi 5 nvidia-smi
-step parity 150 "$B/tests/dsa_parity_tests" --gtest_filter='ParityAttention.IndexerLogits*' \
+step parity 150 "$B/tests/dsa_parity_tests" \
+  --gtest_filter='ParityAttention.IndexerLogits*:*ParityGraph.GivenIndexQuery*' \
   --gtest_output="json:$OUT/parity.json"
 sanitize sanitizer-memcheck memcheck 35 env DSA_CUDA_INDEXER_VARIANT="$SAN_VARIANT" \
   "$B/tests/dsa_parity_tests" --gtest_filter="$SAN_FILTER" --gtest_brief=1

@@ -288,11 +288,11 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
   float* qi = qq_.data() + int64_t(c.num_attention_heads) * c.qk_head_dim();
   float* ki = xp_.data() + c.q_lora_rank;
-  // With an fp8 cache the query's encoding too, once per row, for indexer_logits (see there).
-  const bool fp8_keys = cache.index_k(l).dtype == KvDtype::kFp8;
+  // With an fp8 cache, the query's encoding too, once per row, where indexer_logits reads it.
+  const bool encode = cache.index_k(l).dtype == KvDtype::kFp8 && be.reads_fp8_index_query();
   IndexerQueryParams query{
       qi, qq_ld, R, IH, step.positions, cos_sin_.data(), max_context_, style, hadamard_scale};
-  if (fp8_keys) {
+  if (encode) {
     query.q_fp8 = index_q_fp8_.data();
     query.q_fp8_scale = index_q_scale_.data();
     query.ld_q_fp8 = int64_t(IH) * kIndexHeadDim;

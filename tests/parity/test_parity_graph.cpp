@@ -84,11 +84,14 @@ TEST_P(ParityGraph, PdlFiveRowsAfterSixteenMatchEager) {
 }
 
 // The logits and tokens of 16 rows' first graph step, and of a second step of 5 of them (padded
-// in bucket 16), with DSA_CUDA_PDL set to `pdl` while the fixture is built and run.
-std::vector<StepResult> two_graph_steps(KvDtype index_k, const char* pdl) {
-  testing::RestoreEnv restore({"DSA_CUDA_PDL"});
-  setenv("DSA_CUDA_PDL", pdl, 1);
+// in bucket 16), with the knob `name` set to `value` while the fixture is built and run.
+std::vector<StepResult> two_graph_steps(KvDtype index_k, const char* name, const char* value) {
+  testing::RestoreEnv restore({name});
+  setenv(name, value, 1);
   GraphFixture f(micro_config(), index_k, {4, 16}, {}, BackendKind::kCuda);
+  if (std::strcmp(name, "DSA_CUDA_INDEXER_Q") == 0) {  // the knob reaches the model's choice
+    EXPECT_EQ(f.backend->reads_fp8_index_query(), std::strcmp(value, "given") == 0);
+  }
   f.start_requests(16, 7);
   const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   std::vector<StepResult> steps;
@@ -98,17 +101,30 @@ std::vector<StepResult> two_graph_steps(KvDtype index_k, const char* pdl) {
   return steps;
 }
 
+void expect_same_steps(const std::vector<StepResult>& a, const std::vector<StepResult>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(same_bits(a[i].logits, b[i].logits)) << "step " << i;
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "step " << i;
+    EXPECT_FALSE(a[i].logits.empty());
+  }
+}
+
 // The same steps with and without PDL give the same bits (only the time between kernels moves).
 TEST_P(ParityGraph, PdlGivesTheBitsOfPlainStreamOrder) {
   REQUIRE_GPU();
-  const std::vector<StepResult> off = two_graph_steps(GetParam(), "off");
-  const std::vector<StepResult> on = two_graph_steps(GetParam(), "on");
-  ASSERT_EQ(off.size(), on.size());
-  for (size_t i = 0; i < off.size(); ++i) {
-    EXPECT_TRUE(same_bits(off[i].logits, on[i].logits)) << "step " << i;
-    EXPECT_EQ(off[i].tokens, on[i].tokens) << "step " << i;
-    EXPECT_FALSE(off[i].logits.empty());
-  }
+  expect_same_steps(two_graph_steps(GetParam(), "DSA_CUDA_PDL", "off"),
+                    two_graph_steps(GetParam(), "DSA_CUDA_PDL", "on"));
+}
+
+// With an fp8 index-K cache and DSA_CUDA_INDEXER_Q=given, the model has indexer_query write the
+// query's fp8 encoding and the indexer's blocks read it instead of encoding q themselves: the same
+// bytes, so the steps give the bits of the blocks' own encoding (bf16 caches: the knob does
+// nothing, and the steps must not move either).
+TEST_P(ParityGraph, GivenIndexQueryGivesTheBitsOfTheBlocksEncoding) {
+  REQUIRE_GPU();
+  expect_same_steps(two_graph_steps(GetParam(), "DSA_CUDA_INDEXER_Q", "encode"),
+                    two_graph_steps(GetParam(), "DSA_CUDA_INDEXER_Q", "given"));
 }
 
 INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),

@@ -127,6 +127,10 @@ class Backend {
   virtual void indexer_query(const IndexerQueryParams& p);
 
   virtual void indexer_logits(const IndexerLogitsParams& p) = 0;
+  // Whether indexer_logits on an fp8 cache reads the query's encoding it is given
+  // (IndexerLogitsParams::q_fp8) instead of encoding q itself. The model asks indexer_query for
+  // the encoding only then, so no step writes bytes nobody reads. Default: no.
+  virtual bool reads_fp8_index_query() const { return false; }
   virtual void topk(const TopkParams& p) = 0;
   virtual void sparse_mla(const SparseMlaParams& p) = 0;
 

@@ -361,6 +361,8 @@ class CudaBackend final : public Backend {
   void latent_kv(const LatentKvParams& p) override {
     launched(cuda::latent_kv(p, stream_), "latent_kv");
   }
+  // The default fp8 kernel (wgmma-e4m3) under DSA_CUDA_INDEXER_Q=given.
+  bool reads_fp8_index_query() const override { return cuda::indexer_reads_given_query(); }
   void indexer_logits(const IndexerLogitsParams& p) override {
     launched(cuda::indexer_logits(p, stream_), "indexer_logits");
   }

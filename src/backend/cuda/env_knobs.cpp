@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,11 @@ const std::vector<std::string>& gemm_env_knob_names() {
   static const std::vector<std::string> names = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8",
                                                  "DSA_CUDA_GEMM_FP8_TILE", "DSA_CUDA_GEMM_KN"};
   return names;
+}
+
+bool indexer_reads_given_query() {
+  const char* v = std::getenv("DSA_CUDA_INDEXER_Q");
+  return v != nullptr && std::strcmp(v, "given") == 0;
 }
 
 std::string env_knobs_set() {

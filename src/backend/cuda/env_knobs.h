@@ -26,6 +26,9 @@ const std::vector<std::string>& gemm_env_knob_names();
 // "DSA_CUDA_SPARSE_MLA_MAX_SPLITS '3' must be one of 2, 4, 8, 16 (unset: the default, ...)".
 void check_env_knobs();
 
+// DSA_CUDA_INDEXER_Q=given: the fp8 indexer kernel reads the query's encoding indexer_query wrote.
+bool indexer_reads_given_query();
+
 // The knobs this process has set (non-empty), attention's then the GEMM's, in list order:
 // "DSA_CUDA_PDL=on, DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1"; empty when none is. A CUDA backend's
 // describe() carries it, so every report that names the backend says which kernels it ran.

@@ -30,9 +30,7 @@
 //   clk (m64n64k32 e4m3 at 4096 FMA/clk: 32 clk, four per 64 tokens); issue ~1.5 clk (the
 //   epilogue). B = 64, L = 32K: HBM-bound, ~70 us expected; B = 1, L = 128K: the blocks' start
 //   (query, page ids) then ~2 tiles of HBM latency each.
-#include <cstdlib>
-#include <cstring>
-
+#include "backend/cuda/env_knobs.h"
 #include "backend/cuda/indexer_wgmma.cuh"
 #include "backend/cuda/pdl.h"
 
@@ -168,8 +166,7 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
 // (256 blocks, each encoding the row's 64 heads: bench/results/2026-12-04-h200-indexer-e4m3.md);
 // a given query is 8 KiB of bytes and 64 scales a block. The same bytes, so the same bits.
 bool reads_given_query(const IndexerLogitsParams& p) {
-  const char* v = std::getenv("DSA_CUDA_INDEXER_Q");
-  if (v == nullptr || std::strcmp(v, "given") != 0) return false;
+  if (!indexer_reads_given_query()) return false;
   return p.q_fp8 != nullptr && p.q_fp8_scale != nullptr &&
          p.ld_q_fp8 >= int64_t(p.heads) * kIndexHeadDim && p.ld_q_fp8 % 4 == 0 &&
          reinterpret_cast<uintptr_t>(p.q_fp8) % 4 == 0;
