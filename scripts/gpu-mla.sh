@@ -12,12 +12,15 @@
 #   3. dsa_gpu_bench's sparse MLA rows (every kernel, 4 / 8 / 16 splits, eager and graph), tabled
 #      in table.md, and one traced launch of ws per B (--mla-trace: its CTAs' mean prologue,
 #      first chunk, token loop, combine, in trace.md).
-# MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them).
+# MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them);
+# MLA_RACE_ONLY=1 runs racecheck and its table alone (racecheck.md, racecheck-raw.txt: the first
+# hazards as reported).
 # MLA_DECODE=1 adds the V3.2 decode step at 8, 4, 2 and 1 splits (bench-decode, 1 layer, B = 1 / 8 /
 # 64 / 256); the step, the sparse MLA rows and traces with the options not yet the default (heads
 # per CTA from the batch, q from L2, both); the step on fp8 latent caches with the wgmma kernel
 # and with ws; B = 1 with both options at 8 splits; and a 1500-step
-# check-replay with the defaults. MLA_NCU=1 adds Nsight Compute on the ws kernel at B = 64 and
+# check-replay with the defaults. MLA_DECODE=fp8: the fp8 pair alone. MLA_NCU=1 adds Nsight
+# Compute on the ws kernel at B = 64 and
 # B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
@@ -32,34 +35,28 @@ G="$B/bench/dsa_gpu_bench"
 COMPACT=ParityAttention.SparseMlaWgmma64Compact
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+RACE_ONLY=${MLA_RACE_ONLY:-0}
+DECODE=${MLA_DECODE:-0}
 if [[ ${MLA_SKIP_CHECKS:-0} != 1 ]]; then
-  step parity 420 "$P" --gtest_filter='ParityAttention.SparseMla*:*ParityGraph*' \
-    --gtest_output="json:$OUT/parity.json"
-  for tool in memcheck synccheck initcheck; do
-    sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
-  done
+  if [[ $RACE_ONLY != 1 ]]; then
+    step parity 420 "$P" --gtest_filter='ParityAttention.SparseMla*:*ParityGraph*' \
+      --gtest_output="json:$OUT/parity.json"
+    for tool in memcheck synccheck initcheck; do
+      sanitize "sanitizer-$tool" "$tool" 60 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
+    done
+  fi
   step sanitizer-racecheck 180 "$SAN" --tool racecheck --racecheck-report all \
     --print-limit 100000 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
-  # racecheck's hazards by source-line pair (the heredoc stays at the margin).
-  step racecheck-table 10 python3 - "$LOG" "$OUT/racecheck.md" <<'EOF'
-import collections, re, sys
-text = open(sys.argv[1]).read()
-part = text.split("=== sanitizer-racecheck:")[1] if "=== sanitizer-racecheck:" in text else ""
-pairs = collections.Counter()
-for m in re.finditer(r"Potential (\w+) hazard.*?\n.*?(Write|Read) Thread.*? in (\S+:\d+)\n.*?"
-                     r"(Write|Read) Thread.*? in (\S+:\d+)", part):
-    pairs[(m.group(1), m.group(3), m.group(5))] += 1
-lines = ["| hazard | first access | second access | count |", "|---|---|---|---|"]
-lines += [f"| {k[0]} | {k[1]} | {k[2]} | {n} |" for k, n in pairs.most_common()]
-if not pairs:
-    lines.append("| none | | | 0 |")
-open(sys.argv[2], "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-EOF
+  # racecheck's hazards by source-location pair (a report it cannot table fails the step).
+  step racecheck-table 10 python3 bench/gpu/racecheck_table.py "$LOG" "$OUT/racecheck.md" \
+    --raw "$OUT/racecheck-raw.txt"
 fi
-step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only sparse_mla --mla-trace \
+# MLA_RACE_ONLY=1: racecheck and its table alone (the bench and the options are left out).
+[[ $RACE_ONLY == 1 ]] && DECODE=0 MLA_NCU=0
+[[ $RACE_ONLY == 1 ]] || step dsa_gpu_bench 150 "$G" --skip-store --skip-gemm --attention-only \
+  sparse_mla --mla-trace \
   --json "$OUT/bench.json"
-step table 10 python3 - "$OUT" <<'EOF'
+[[ $RACE_ONLY == 1 ]] || step table 10 python3 - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
 lines = ["| row | us | TFLOP/s | % of bf16 |", "|---|---|---|---|"]
@@ -91,7 +88,7 @@ open(os.path.join(out, "trace.md"), "w").write("\n".join(trace) + "\n")
 print("\n".join(trace))
 EOF
 
-if [[ ${MLA_DECODE:-0} == 1 ]]; then
+if [[ $DECODE == 1 ]]; then
   for splits in 8 4 2 1; do
     step "decode-v32-splits$splits" 150 env DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$B/dsa" \
       bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
@@ -109,12 +106,16 @@ if [[ ${MLA_DECODE:-0} == 1 ]]; then
     step "bench-$opt" 150 env "${env_args[@]}" "$G" --skip-store --skip-gemm --attention-only \
       sparse_mla --mla-trace --json "$OUT/bench-$opt.json"
   done
+fi
+if [[ $DECODE == 1 || $DECODE == fp8 ]]; then
   # fp8 latent caches: the default (the wgmma kernel) against ws's in-tile expansion.
   for kernel in wgmma ws; do
     step "decode-v32-fp8-$kernel" 150 env DSA_CUDA_SPARSE_MLA_VARIANT=$kernel "$B/dsa" \
       bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
       --iters 10 --gemm invariant --latent fp8 --json "$OUT/decode-fp8-$kernel.json"
   done
+fi
+if [[ $DECODE == 1 ]]; then
   # B = 1 at 8 splits with both (the latency configuration).
   step bench-latency 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto DSA_CUDA_SPARSE_MLA_Q=l2 \
     DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8 "$G" --skip-store --skip-gemm --attention-only sparse_mla \
@@ -178,3 +179,5 @@ EOF
   done
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
+# A racecheck report can make the log too large to come back whole: compressed past 4 MB.
+if [[ $(stat -c %s "$LOG") -gt 4000000 ]]; then gzip -f "$LOG"; fi
