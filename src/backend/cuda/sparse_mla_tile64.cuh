@@ -71,23 +71,30 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int3
 }
 
 // fp8 caches (the ws kernel): a chunk's raw bytes land inside its own bf16 tile and are expanded
-// there, so the ring needs no raw stage (q and two bf16 tiles fill shared memory). Within the
-// chunk's 72 KiB: the e4m3 values of 64-dim tile b (b < 8) in the upper half of tile b
-// ([64 tokens][64 B] from b * 8 KiB + 4 KiB), each token's four 128-value scales at the start of
-// tile 0 ([64 tokens][16 B]), and the rope, bf16 as stored, in its own rows of tile 8 as for bf16
-// caches. dequantize_tile() then writes tiles 0..7 over their raw halves, unit by unit.
-constexpr int kRawHalf = kTileBytes / 2;      // [64 tokens][64 e4m3] of one 64-dim tile
+// there, so the ring needs no raw stage (q and two bf16 tiles fill shared memory). Each token's raw
+// bytes sit in that token's own rows, so a warp expands the tokens it copied with no other warp
+// involved: in 64-dim tile b (b < 8) of token row r, the 64 e4m3 values of dims [64 b, 64 b + 64)
+// as four 16-byte pieces in logical 16-byte chunks 4..7 of the row (even b) or 0..3 (odd b: then
+// a warp's reads and copies cover all eight bank groups of a row), the token's four f32 scales in
+// logical chunk 0 of its tile-0 row (free: tile 0 is even), and the rope, bf16 as stored, in its
+// tile-8 row as for bf16 caches. Logical chunk k of row r sits at swizzle128_offset(r, k).
+// dequantize_tile() then writes each row's eight bf16 chunks over them.
 constexpr int kFp8Pieces = kKvLoraRank / 16;  // 16-byte pieces of e4m3 per token: 32
 constexpr int kScalesPerToken = kKvLoraRank / kLatentTile;  // 4
 constexpr int kRopeTile = kKvLoraRank / 64;                 // tile 8: dims 512..575
-static_assert(kTokens * kScalesPerToken * 4 <= kRawHalf, "the scales fit below tile 0's raw half");
 static_assert(kLatentTile == 128 && kScalesPerToken == 4, "one scale per pair of 64-dim tiles");
+static_assert(kScalesPerToken * 4 == 16, "a token's scales fill one 16-byte chunk");
+
+// The logical chunk of a token's row in 64-dim tile b that holds e4m3 piece p (dims 64 b + 16 p
+// .. + 16) until the row is expanded.
+__device__ __forceinline__ constexpr int raw_chunk(int b, int p) { return b % 2 == 0 ? 4 + p : p; }
 
 // The copies of one fp8 chunk into its tile, by kThreads threads, from the chunk's staged slots:
-// eight threads per token as fetch_chunk(); thread t copies e4m3 pieces c, c + 8, c + 16, c + 24
-// (c = t % 8: a quarter warp reads 128 contiguous bytes of the token), rope piece c, and with c = 0
-// the token's scales. Unused tokens (-1) get zeros everywhere: e4m3 0 times scale 0 is +0, the
-// bf16 kernel's zero rows. The caller commits the group.
+// eight threads per token as fetch_chunk(); thread t copies e4m3 pieces j = c, c + 8, c + 16,
+// c + 24 (c = t % 8: a quarter warp reads 128 contiguous bytes of the token; piece j is piece j % 4
+// of tile j / 4), rope piece c, and with c = 0 the token's scales. Unused tokens (-1) get zeros
+// everywhere: e4m3 0 times scale 0 is +0, the bf16 kernel's zero rows. The caller commits the
+// group.
 template <int kThreads>
 __device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const int32_t* slots,
                                                 uint8_t* tile, int t) {
@@ -104,57 +111,58 @@ __device__ __forceinline__ void fetch_chunk_fp8(const SparseMlaParams& p, const 
     const uint8_t* src = p.pool.data + (used ? slot : 0) * kLatentFp8TokenBytes;
 #pragma unroll
     for (int i = 0; i < kFp8Pieces / 8; ++i) {
-      const int j = c + 8 * i;  // dims [16 j, 16 j + 16): tile j / 4, piece j % 4 of its 64 B
-      copy(tile + (j / 4) * kTileBytes + kRawHalf + token * 64 + (j % 4) * 16, src + j * 16, used);
+      const int j = c + 8 * i, b = j / 4;
+      copy(tile + b * kTileBytes + swizzle128_offset(token, raw_chunk(b, j % 4)), src + j * 16,
+           used);
     }
     copy(tile + kRopeTile * kTileBytes + swizzle128_offset(token, c),
          src + kLatentFp8RopeOffset + c * 16, used);
-    if (c == 0) copy(tile + token * 16, src + kLatentFp8ScaleOffset, used);
+    if (c == 0) copy(tile + swizzle128_offset(token, 0), src + kLatentFp8ScaleOffset, used);
   });
 }
 
-// The bf16 rows of an fp8 chunk from its raw bytes, in place, by the 128 threads of one
-// warpgroup once the chunk's copies are visible to all of them: c = bf16(e4m3 * scale) as
-// dequant_pair() (the wgmma kernel's values, bit for bit), the rope as copied. Thread t expands
-// 32 values of token t / 2 per 64-dim tile (half t % 2 of the tile's row: 2 loads, 4 stores),
-// a unit of two tiles (one scale) at a time: every thread reads the unit's raw bytes (and, before
-// the first, its scales) before the sync(), and only then does any thread write the unit's tiles
-// over them. The other units' raw halves are outside what a unit writes. sync() is a barrier of
-// the 128 threads.
-template <class Sync>
-__device__ __forceinline__ void dequantize_tile(uint8_t* tile, int t, Sync sync) {
-  const int token = t / 2, half = t % 2;
-  const uint4 sc = *reinterpret_cast<const uint4*>(tile + token * 16);
-  const float scales[kScalesPerToken] = {__uint_as_float(sc.x), __uint_as_float(sc.y),
-                                         __uint_as_float(sc.z), __uint_as_float(sc.w)};
+// The bf16 rows of an fp8 chunk from its raw bytes, in place, by the kThreads threads that copied
+// it (fetch_chunk_fp8's token mapping: a token's eight threads are eight lanes of one warp), once
+// each has waited for its own copies: c = bf16(e4m3 * scale) as dequant_pair() (the wgmma kernel's
+// values, bit for bit), the rope as copied. Per token, thread t expands the pieces it copied
+// (piece c % 4 of tiles c / 4, c / 4 + 2, + 4, + 6): it reads them and the token's scales, the
+// warp syncs (every lane of the token has read what the row's writes will cover), then it writes
+// logical chunks 2 (c % 4) and 2 (c % 4) + 1 of each tile's row. A row is written only by the warp
+// that reads it, so nothing outside the warp takes part; a write instruction's 32 lanes cover the
+// eight bank groups four times, as do the reads.
+template <int kThreads>
+__device__ __forceinline__ void dequantize_tile(uint8_t* tile, int t) {
+  constexpr int kTokensPerPass = kThreads / 8;
+  static_assert(kThreads % 32 == 0 && kTokens % kTokensPerPass == 0);
+  const int c = t % 8, piece = c % 4;
+  __syncwarp();  // every lane's copies (waited for by each lane) -> every lane of the warp
 #pragma unroll
-  for (int u = 0; u < kScalesPerToken; ++u) {
-    uint4 raw[2][2];  // [tile of the unit][16 values]
+  for (int pass = 0; pass < kTokens / kTokensPerPass; ++pass) {
+    const int token = t / 8 + pass * kTokensPerPass;
+    const uint4 sc = *reinterpret_cast<const uint4*>(tile + swizzle128_offset(token, 0));
+    const float scales[kScalesPerToken] = {__uint_as_float(sc.x), __uint_as_float(sc.y),
+                                           __uint_as_float(sc.z), __uint_as_float(sc.w)};
+    uint4 raw[kScalesPerToken];  // [i]: tile c / 4 + 2 i, whose scale is scales[i]
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        raw[h][i] = *reinterpret_cast<const uint4*>(tile + (2 * u + h) * kTileBytes + kRawHalf +
-                                                    token * 64 + half * 32 + i * 16);
-      }
+    for (int i = 0; i < kScalesPerToken; ++i) {
+      const int b = c / 4 + 2 * i;
+      raw[i] = *reinterpret_cast<const uint4*>(tile + b * kTileBytes +
+                                               swizzle128_offset(token, raw_chunk(b, piece)));
     }
-    sync();
-    const float s = scales[u];
+    __syncwarp();  // the token's raw bytes and scales are read by all eight of its lanes
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 v = raw[h][i];  // dims 64 (2 u + h) + 32 half + 16 i + [0, 16)
-        const uint4 lo =
-            make_uint4(dequant_pair(uint16_t(v.x), s), dequant_pair(uint16_t(v.x >> 16), s),
-                       dequant_pair(uint16_t(v.y), s), dequant_pair(uint16_t(v.y >> 16), s));
-        const uint4 hi =
-            make_uint4(dequant_pair(uint16_t(v.z), s), dequant_pair(uint16_t(v.z >> 16), s),
-                       dequant_pair(uint16_t(v.w), s), dequant_pair(uint16_t(v.w >> 16), s));
-        uint8_t* row = tile + (2 * u + h) * kTileBytes;
-        *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 4 * half + 2 * i)) = lo;
-        *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 4 * half + 2 * i + 1)) = hi;
-      }
+    for (int i = 0; i < kScalesPerToken; ++i) {
+      const float s = scales[i];
+      const uint4 v = raw[i];  // dims 64 b + 16 piece + [0, 16)
+      const uint4 lo =
+          make_uint4(dequant_pair(uint16_t(v.x), s), dequant_pair(uint16_t(v.x >> 16), s),
+                     dequant_pair(uint16_t(v.y), s), dequant_pair(uint16_t(v.y >> 16), s));
+      const uint4 hi =
+          make_uint4(dequant_pair(uint16_t(v.z), s), dequant_pair(uint16_t(v.z >> 16), s),
+                     dequant_pair(uint16_t(v.w), s), dequant_pair(uint16_t(v.w >> 16), s));
+      uint8_t* row = tile + (c / 4 + 2 * i) * kTileBytes;
+      *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 2 * piece)) = lo;
+      *reinterpret_cast<uint4*>(row + swizzle128_offset(token, 2 * piece + 1)) = hi;
     }
   }
 }

@@ -56,14 +56,15 @@
 //
 // fp8 caches (656 B a token: 512 e4m3, four f32 scales of 128 values, the rope as 64 bf16). q and
 // the two bf16 tiles leave no room for a raw stage, so a chunk's raw bytes land inside its own
-// tile (sparse_mla_tile64.cuh: each 64-dim tile's e4m3 values in its upper half, the scales at the
-// start of tile 0, the rope in its bf16 rows) and warpgroup 1 expands them in place
-// (dequantize_tile: bf16(e4m3 * scale), the wgmma kernel's values) between the copies' landing and
+// tile, each token's in its own rows (sparse_mla_tile64.cuh: a 64-dim tile's e4m3 values in half
+// of the token's row, the scales in its tile-0 row, the rope in its bf16 row), and warpgroup 1
+// expands them in place (dequantize_tile: bf16(e4m3 * scale), the wgmma kernel's values; each
+// warp the rows of the tokens it copied, with warp syncs only) between the copies' landing and
 // K_READY, while its P V of the previous chunk runs on the tensor cores. From there on every
 // number is the bf16 path's: the outputs are ws's on a bf16 cache holding the dequantized values,
 // bit for bit (SparseMlaWsFp8MatchesDequantizedBf16Bitwise), so batch-invariant as it is.
 // Napkin math per chunk: 42 KiB copied instead of 72, then 42 KiB read and 64 KiB written by the
-// expansion (4 warpgroup barriers, ~800 instructions per thread of warpgroup 1): shared-memory
+// expansion (~800 instructions per thread of warpgroup 1, no bank conflicts): shared-memory
 // traffic ~1.25x the bf16 chunk's, on the path from the copies to S of the next chunk.
 //
 // Shared memory (offsets from a 1024-aligned base): q 72 KiB and two chunk tiles of 72 KiB, as in
@@ -124,8 +125,7 @@ constexpr int kPBytes = kPvSteps * kWgThreads * 16;  // [4 k16 steps][128 thread
 
 // The named barriers (0 is __syncthreads); each joins the 256 threads of the CTA, but
 // kSlotsStaged, warpgroup 1's own in the prologue (bar_wait_wg1).
-// kDequant: warpgroup 1's own, around an fp8 chunk's expansion (dequantize_tile).
-enum Barrier : int { kKReady = 3, kKFree = 5, kSlotsStaged = 7, kDequant = 8 };
+enum Barrier : int { kKReady = 3, kKFree = 5, kSlotsStaged = 7 };
 __device__ __forceinline__ void bar_wait(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreadsPerCta) : "memory");
 }
@@ -218,13 +218,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     }
   };
   // Warpgroup 1, once this thread's copies of the chunk have landed: an fp8 chunk is expanded to
-  // bf16 in its tile (every thread's copies visible first), then this thread's stores are fenced
-  // for the async proxy; the caller then announces the chunk (K_READY).
+  // bf16 in its tile (each warp its own tokens' rows), then this thread's stores are fenced for
+  // the async proxy; the caller then announces the chunk (K_READY).
   auto publish = [&](int chunk) {
-    if constexpr (D == KvDtype::kFp8) {
-      bar_wait_wg1(kDequant);
-      dequantize_tile(tile_bytes(chunk), t, [] { bar_wait_wg1(kDequant); });
-    }
+    if constexpr (D == KvDtype::kFp8) dequantize_tile<kWgThreads>(tile_bytes(chunk), t);
     fence_proxy_async();
   };
 
