@@ -15,12 +15,11 @@
 # MLA_SKIP_CHECKS=1 leaves out steps 1 and 2 (a second call after a first that ran them);
 # MLA_RACE_ONLY=1 runs racecheck and its table alone (racecheck.md, racecheck-raw.txt: the first
 # hazards as reported).
-# MLA_DECODE=1 adds the V3.2 decode step at 8, 4, 2 and 1 splits (bench-decode, 1 layer, B = 1 / 8 /
-# 64 / 256); the step, the sparse MLA rows and traces with the options not yet the default (heads
-# per CTA from the batch, q from L2, both); the step on fp8 latent caches with the wgmma kernel
-# and with ws; B = 1 with both options at 8 splits; and a 1500-step
-# check-replay with the defaults. MLA_DECODE=fp8: the fp8 pair alone. MLA_NCU=1 adds Nsight
-# Compute on the ws kernel at B = 64 and
+# MLA_DECODE=step adds the V3.2 decode step (bench-decode, 1 layer, B = 1 / 8 / 64 / 256) with the
+# defaults, with the former ones (64 heads per CTA, q through the cluster), on fp8 latent caches
+# with the default and with the wgmma kernel, and a 1500-step check-replay on bf16 and on fp8
+# caches; MLA_DECODE=1 adds to that the step at 8, 2 and 1 splits and B = 1's rows and trace at 8
+# splits. MLA_NCU=1 adds Nsight Compute on the ws kernel at B = 64 and
 # B = 1 (stall samples per source line, bench/gpu/ncu_stalls.py).
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md,
 # mla.log, parity.json, bench.json, table.md, trace.md, racecheck.md; with the options
@@ -88,39 +87,31 @@ open(os.path.join(out, "trace.md"), "w").write("\n".join(trace) + "\n")
 print("\n".join(trace))
 EOF
 
+decode() {  # decode NAME [ENV=VALUE...] [-- bench-decode flags]: the V3.2 step at B = 1 / 8 / 64 / 256
+  local name="$1" env_args=() flags=()
+  shift
+  while [[ $# -gt 0 && $1 != -- ]]; do env_args+=("$1"); shift; done
+  [[ $# -gt 0 ]] && { shift; flags=("$@"); }
+  step "decode-v32-$name" 150 env "${env_args[@]}" "$B/dsa" bench-decode --backend cuda \
+    --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
+    "${flags[@]}" --json "$OUT/decode-$name.json"
+}
 if [[ $DECODE == 1 ]]; then
-  for splits in 8 4 2 1; do
-    step "decode-v32-splits$splits" 150 env DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits "$B/dsa" \
-      bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
-      --iters 10 --gemm invariant --json "$OUT/decode-splits$splits.json"
-  done
-  # The options not yet the default, alone and together: ws's heads per CTA from the batch (16
-  # or 32 at small batches) and q copied from L2 by every CTA. The step, every B's rows and trace.
-  for opt in auto-heads q-l2 auto-heads-q-l2; do
-    env_args=()
-    [[ $opt == *auto-heads* ]] && env_args+=(DSA_CUDA_SPARSE_MLA_HEADS=auto)
-    [[ $opt == *q-l2* ]] && env_args+=(DSA_CUDA_SPARSE_MLA_Q=l2)
-    step "decode-v32-$opt" 150 env "${env_args[@]}" "$B/dsa" bench-decode --backend cuda \
-      --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
-      --json "$OUT/decode-$opt.json"
-    step "bench-$opt" 150 env "${env_args[@]}" "$G" --skip-store --skip-gemm --attention-only \
-      sparse_mla --mla-trace --json "$OUT/bench-$opt.json"
-  done
+  for splits in 8 2 1; do decode "splits$splits" DSA_CUDA_SPARSE_MLA_MAX_SPLITS=$splits; done
+  # B = 1 at 8 splits (the latency configuration): the rows and the trace.
+  step bench-latency 90 env DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8 "$G" --skip-store --skip-gemm \
+    --attention-only sparse_mla --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-latency.json"
 fi
-if [[ $DECODE == 1 || $DECODE == fp8 ]]; then
-  # fp8 latent caches: the default (the wgmma kernel) against ws's in-tile expansion.
-  for kernel in wgmma ws; do
-    step "decode-v32-fp8-$kernel" 150 env DSA_CUDA_SPARSE_MLA_VARIANT=$kernel "$B/dsa" \
-      bench-decode --backend cuda --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 \
-      --iters 10 --gemm invariant --latent fp8 --json "$OUT/decode-fp8-$kernel.json"
-  done
-fi
-if [[ $DECODE == 1 ]]; then
-  # B = 1 at 8 splits with both (the latency configuration).
-  step bench-latency 90 env DSA_CUDA_SPARSE_MLA_HEADS=auto DSA_CUDA_SPARSE_MLA_Q=l2 \
-    DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8 "$G" --skip-store --skip-gemm --attention-only sparse_mla \
-    --sparse-mla-rows 1 --mla-trace --json "$OUT/bench-latency.json"
+if [[ $DECODE == 1 || $DECODE == step ]]; then
+  # The defaults against the former ones: bf16 with 64 heads per CTA and q through the cluster
+  # (the same bits), fp8 with the wgmma kernel (its own bits); then check-replay on both caches.
+  decode default
+  decode former DSA_CUDA_SPARSE_MLA_HEADS=64 DSA_CUDA_SPARSE_MLA_Q=cluster
+  decode fp8 -- --latent fp8
+  decode fp8-wgmma DSA_CUDA_SPARSE_MLA_VARIANT=wgmma -- --latent fp8
   step check-replay 120 "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7
+  step check-replay-fp8 120 "$B/dsa" --log error check-replay --backend cuda --latent fp8 \
+    --index-k fp8 --steps 1500 --seed 7
 fi
 
 if [[ ${MLA_NCU:-0} == 1 ]]; then

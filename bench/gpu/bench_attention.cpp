@@ -21,8 +21,8 @@
 //       .../wgmma/heads=32|16 (its heads per CTA forced),
 //       bf16 only .../wgmma64 and .../wgmma64/splits=16 (the 64-token, token-split kernel,
 //       DSA_CUDA_SPARSE_MLA_VARIANT=wgmma64; an fp8 cache would run the wgmma kernel),
-//       .../ws, .../ws/splits=16|8|4|2|1, .../ws/heads=64|32|16 and .../ws/q=l2 (its
-//       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q copied from L2) and at B
+//       .../ws, .../ws/splits=16|8|4|2|1, .../ws/heads=64|32|16 and .../ws/q=l2|cluster (its
+//       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q's way forced) and at B
 //       = 1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
 //       .../ws/graph (bf16 and fp8; graph-launched); with --mla-trace,
@@ -395,19 +395,20 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back(
         {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/wgmma64/splits=16", false, "wgmma64"});
   }
-  // ws on either dtype (fp8: its in-tile expansion; the fp8 default is the wgmma kernel).
+  // ws on either dtype (the default for both; fp8: its in-tile expansion).
   variants.push_back({nullptr, "", "/ws", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/ws/splits=16", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/ws/splits=8", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/ws/splits=4", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "2", "/ws/splits=2", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", "/ws/splits=1", false, "ws"});
-  // ws's heads per CTA forced (unset: 64; DSA_CUDA_SPARSE_MLA_HEADS=auto for the run: 16 or 32
-  // at small batches).
+  // ws's heads per CTA forced (unset: the batch's choice, 16 or 32 at small batches, else 64) and
+  // q's way forced (unset: from L2).
   variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "64", "/ws/heads=64", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "32", "/ws/heads=32", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "l2", "/ws/q=l2", false, "ws"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "cluster", "/ws/q=cluster", false, "ws"});
   if (kRows == 1) {
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4/graph", true});

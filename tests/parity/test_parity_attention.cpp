@@ -1050,7 +1050,7 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
       SparseMlaCase c8({KvDtype::kFp8, 4, 40, 1697, true, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(c8, cpu(), cuda(), seed++)) << c8.vars();
-      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");  // q from L2 (aligned rows)
+      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");  // q from L2 (aligned rows; the others: cluster)
       SparseMlaCase l2({KvDtype::kBf16, 4, 40, 1697, false, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(l2, cpu(), cuda(), seed++)) << l2.vars() << ", q from L2";
       SparseMlaCase l2_8({KvDtype::kFp8, 4, 40, 1697, false, 16, true, 0, variant});
@@ -1154,9 +1154,10 @@ TEST_F(ParityAttention, SparseMlaWsHeadsPerCtaBitwise) {
   }
 }
 
-// ws with q copied from L2 by every CTA (DSA_CUDA_SPARSE_MLA_Q=l2) instead of shared through the
-// cluster gives wgmma64's bits: 64 and 16 heads per CTA, 4 and 16 splits, 40 heads (a partial
-// group), and odd strides (q's rows not 16-byte aligned: the cluster's way, the same bits).
+// ws with q copied from L2 by every CTA (DSA_CUDA_SPARSE_MLA_Q=l2, the default for aligned rows)
+// and shared through the cluster (=cluster) gives wgmma64's bits either way: 64 and 16 heads per
+// CTA, 4 and 16 splits, 40 heads (a partial group), and odd strides (q's rows not 16-byte aligned:
+// the cluster's way under either value, the same bits).
 TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
   const std::vector<MlaShape> shapes = {{4, 128, 2048, false, 0},
                                         {3, 128, 2048, false, 16},
@@ -1165,13 +1166,15 @@ TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
   uint64_t seed = 1700;
   for (const MlaShape& sh : shapes) {
     const Outputs wgmma64 = token_split_outputs(cpu(), cuda(), sh, kWgmma64, 0, seed);
-    ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");
-    for (int heads_per_cta : {64, 16}) {
-      EXPECT_TRUE(
-          same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed), wgmma64))
-          << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
-          << sh.max_splits << ", padded " << sh.padded_stride << ": ws with q from L2 and "
-          << heads_per_cta << " heads per CTA against wgmma64";
+    for (const char* q : {"l2", "cluster"}) {
+      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", q);
+      for (int heads_per_cta : {64, 16}) {
+        EXPECT_TRUE(same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed),
+                                 wgmma64))
+            << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk
+            << ", max_splits " << sh.max_splits << ", padded " << sh.padded_stride << ": ws with q "
+            << q << " and " << heads_per_cta << " heads per CTA against wgmma64";
+      }
     }
     ++seed;
   }

@@ -14,15 +14,16 @@ const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
       {"DSA_CUDA_SPARSE_MLA_VARIANT",
        {"ws", "wgmma64", "wgmma", "mma"},
-       "the sparse MLA kernel (default: ws for bf16 caches, wgmma for fp8; ws: ws for either)"},
+       "the sparse MLA kernel (default: ws for bf16 and fp8 caches; wgmma: the former fp8 "
+       "default; the others differ in bits)"},
       {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
        {"1", "2", "4", "8", "16"},
        "the bound on splits per row (default: 4; 8 for single-stream latency, 1 or 2 for large "
        "batches)"},
       {"DSA_CUDA_SPARSE_MLA_HEADS",
        {"auto", "16", "32", "64"},
-       "heads per CTA (default: the mma.sync kernel chooses from the batch, ws and wgmma hold "
-       "64; auto: every kernel chooses; the same bits)"},
+       "heads per CTA (default and auto: chosen from the batch, the fewest that fit one wave; "
+       "16, 32 or 64 forced; the same bits)"},
       {"DSA_CUDA_SPARSE_MLA_WGMMA_PV",
        {"wgmma", "mma"},
        "P V in the wgmma kernel (default: wgmma; mma is a check path with other bits)"},
@@ -31,8 +32,8 @@ const std::vector<EnvKnob>& env_knobs() {
        "the wgmma kernel's token loop (default: serial; the same bits)"},
       {"DSA_CUDA_SPARSE_MLA_Q",
        {"cluster", "l2"},
-       "where ws's CTAs get q (default: cluster, each CTA loads a share and stores it into the "
-       "others, and l2 at one split per row; l2: each copies its own; the same bits)"},
+       "where ws's CTAs get q (default: l2, each copies its own where rows are 16-byte aligned; "
+       "cluster: each loads a share and stores it into the others; the same bits)"},
       {"DSA_CUDA_INDEXER_VARIANT",
        {"legacy", "resident", "wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"},
        "the indexer kernel (default: wgmma for bf16 caches, wgmma-e4m3 for fp8)"},

@@ -301,19 +301,21 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // token-split wgmma kernel (sparse_mla_wgmma64.cu, DSA_CUDA_SPARSE_MLA_VARIANT= wgmma64) became
 // the default on 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
 // kernel's 31.4 / 271.8 / 1052.8 in the same process (bench/results/2026-12-04-h200-variants.md).
-// It serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma kernel, a
-// choice fixed by the pool, never by the batch. Its warp-specialized form (sparse_mla_ws.cu,
+// wgmma64 serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma
+// kernel under it, a choice fixed by the pool, never by the batch. Its warp-specialized form (sparse_mla_ws.cu,
 // =ws: the same bits, the warpgroups split by role) is faster at every batch: 20.9 / 194.7 / 725.5
 // us at B = 1 (graph) / 64 / 256 against wgmma64's 23.1 / 212.1 / 820.3 in the same process
 // (bench/results/2026-12-04-h200-mla-ws.md), and the default since the evening of 2026-12-04,
 // once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md). Same bits as
 // wgmma64, so a process that forces wgmma64 matches one that does not.
 enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
-// The defaults, per cache dtype (the pool's, never the batch's). fp8 caches stay on the wgmma
-// kernel until ws's fp8 path (dequantized in its tile by the copies warpgroup, sparse_mla_ws.cu)
-// has been measured against it; DSA_CUDA_SPARSE_MLA_VARIANT=ws runs ws on either dtype.
+// The defaults, per cache dtype (the pool's, never the batch's): ws for both since 2026-12-05. On
+// fp8 caches it expands each chunk to bf16 in its tile (sparse_mla_ws.cu) and runs 1.27-1.33x
+// faster than the wgmma kernel: 44.7 / 217.7 / 754.3 us at B = 1 / 64 / 256 against 57.5 / 276.2
+// / 1006.1 in the same process, on an H100 (bench/results/2026-12-05-h100-mla.md);
+// DSA_CUDA_SPARSE_MLA_VARIANT=wgmma gives the former fp8 default and its bits.
 constexpr MlaKernel kDefaultBf16Kernel = MlaKernel::kWs;
-constexpr MlaKernel kDefaultFp8Kernel = MlaKernel::kWgmma;
+constexpr MlaKernel kDefaultFp8Kernel = MlaKernel::kWs;
 MlaKernel mla_kernel(KvDtype dtype) {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;

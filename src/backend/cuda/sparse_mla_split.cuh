@@ -304,17 +304,18 @@ inline int max_splits() {
 }
 
 // Heads per CTA of the 64-row wgmma kernels (wgmma, ws), 16, 32 or 64: the CTA's heads fill the
-// tile's first rows, the rest stay zero in q and are never combined. DSA_CUDA_SPARSE_MLA_HEADS=
-// 16|32|64 forces one (read at every call); =auto takes the batch's choice: the fewest that still
-// fit the launch in one wave of the GPU, else 64. Unset: 64 until the batch's choice has run on
-// the H200 (kAutoHeadsByDefault). A CTA's token loop costs the same with fewer heads, but its
-// share of q's broadcast and of the combine, the distributed-shared-memory traffic fixed per CTA
-// (about 11 of a ws CTA's 28 us at B = 1 and 4 splits,
-// bench/results/2026-12-04-h200-mla-splits.md), shrinks with its heads; at small batches the extra
-// CTAs run on SMs that would idle. Heads are independent (S, the softmax, P V and the combine are
-// per head), so any choice gives the same bits (SparseMlaWsHeadsPerCtaBitwise,
-// SparseMlaWgmmaHeadsPerCtaBitwise, SparseMlaAutoHeadsInvariant).
-constexpr bool kAutoHeadsByDefault = false;
+// tile's first rows, the rest stay zero in q and are never combined. By default (and with
+// DSA_CUDA_SPARSE_MLA_HEADS=auto) the batch chooses: the fewest that still fit the launch in one
+// wave of the GPU, else 64; =16|32|64 forces one (read at every call). A CTA's token loop costs
+// the same with fewer heads, but its share of q's traffic and of the combine, the
+// distributed-shared-memory traffic fixed per CTA (about 11 of a ws CTA's 28 us at B = 1 and 4
+// splits, bench/results/2026-12-04-h200-mla-splits.md), shrinks with its heads; at small batches
+// the extra CTAs run on SMs that would idle: ws at B = 1 took 27.9 us with 16 heads per CTA
+// against 32.2 with 64 (4 splits, an H100, bench/results/2026-12-05-h100-mla.md). Heads are
+// independent (S, the softmax, P V and the combine are per head), so any choice gives the same
+// bits (SparseMlaWsHeadsPerCtaBitwise, SparseMlaWgmmaHeadsPerCtaBitwise,
+// SparseMlaAutoHeadsInvariant).
+constexpr bool kAutoHeadsByDefault = true;
 // DSA_CUDA_SPARSE_MLA_HEADS as every sparse MLA launcher reads it (at every call): 16, 32 or 64
 // forced; -1 for "auto"; 0 unset (or anything else, which the backend refuses when it is made).
 inline int heads_knob() {

@@ -2,8 +2,7 @@
 // kernel. The arithmetic of the 64-token kernel (sparse_mla_wgmma64.cu), term for term, with the
 // work of a chunk split between the two warpgroups by role instead of by tokens, so that they
 // stop waiting for each other at every step. bf16 latent caches, and fp8 ones expanded in the
-// tiles (below; the default for fp8 caches stays the wgmma kernel, sparse_mla_wgmma.cu, until this
-// path has run on the H200: DSA_CUDA_SPARSE_MLA_VARIANT=ws selects it).
+// tiles (below). The default for both (sparse_mla.cu).
 //
 // Why: the 64-token kernel runs both warpgroups in lock step through three CTA barriers per
 // chunk (S of 32 tokens each, the shared row max, the P exchange, P V of 256 dims each), with one
@@ -47,12 +46,12 @@
 // combine (sparse_mla_split.cuh). So it gives the 64-token kernel's bits, which the parity tests
 // check bitwise, and is batch-invariant for the same reasons.
 //
-// Heads per CTA: 64, or with DSA_CUDA_SPARSE_MLA_HEADS=auto 16 or 32 where the launch then still
-// fits one wave (heads_per_cta, sparse_mla_split.cuh): the tile keeps its 64 rows, the rows past
-// the CTA's heads zero in q and never combined, so a CTA costs the same in its token loop and less
-// in q's broadcast and the combine. q comes through the cluster (share_queries) or, with
-// DSA_CUDA_SPARSE_MLA_Q=l2, from L2 into the ring before the first chunk (q_from_l2). Neither
-// choice moves a bit.
+// Heads per CTA: 16 or 32 where the launch then still fits one wave, else 64 (heads_per_cta,
+// sparse_mla_split.cuh; DSA_CUDA_SPARSE_MLA_HEADS forces one): the tile keeps its 64 rows, the
+// rows past the CTA's heads zero in q and never combined, so a CTA costs the same in its token
+// loop and less in q's traffic and the combine. q comes from L2 into the ring before the first
+// chunk (q_from_l2) or, with DSA_CUDA_SPARSE_MLA_Q=cluster (or rows not 16-byte aligned),
+// through the cluster (share_queries). Neither choice moves a bit.
 //
 // fp8 caches (656 B a token: 512 e4m3, four f32 scales of 128 values, the rope as 64 bf16). q and
 // the two bf16 tiles leave no room for a raw stage, so a chunk's raw bytes land inside its own
@@ -471,20 +470,19 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 // Where a CTA's q comes from: the cluster (each CTA loads 1/splits of it and stores it into every
 // CTA: q's traffic crosses L2 once per head group and the SM-to-SM network splits - 1 times) or
 // L2 (each CTA copies its own heads' f32 rows with cp.async into the ring before the first chunk:
-// splits times the L2 reads, no network traffic and no cluster barrier in the prologue).
-// DSA_CUDA_SPARSE_MLA_Q=l2 picks L2 where q's rows are 16-byte aligned (read at every call);
-// cluster: the cluster; unset: the cluster, until L2 has run on the H200, except where the
-// cluster is one CTA (DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1): nothing to share there, and L2 lets all
-// 256 threads copy where the cluster's way has warpgroup 0 load alone. At 4 splits and B = 64 the
-// cluster's way takes 6.3 of a CTA's 31.3 us (bench/results/2026-12-04-h200-mla-splits.md, run
-// 7), its loads and the network pushes at about 9 B per SM clock; L2 delivers several times that
-// per SM. Either way q is rounded to bf16 the same way: the same bits.
-bool q_from_l2(const SparseMlaParams& p, const SplitPlan& plan) {
+// splits times the L2 reads, no network traffic and no cluster barrier in the prologue). L2 by
+// default where q's rows are 16-byte aligned (the model's always are); DSA_CUDA_SPARSE_MLA_Q=
+// cluster forces the cluster, =l2 asks for L2 (read at every call). L2 is faster at every batch
+// measured: 30.9 / 159.1 / 540.3 us at B = 1 / 64 / 256 against the cluster's 32.2 / 168.9 /
+// 571.4 (bf16, 4 splits, one process on an H100, bench/results/2026-12-05-h100-mla.md); at 4
+// splits and B = 64 the cluster's way took 6.3 of a CTA's 31.3 us on the H200
+// (bench/results/2026-12-04-h200-mla-splits.md, run 7), its loads and the network pushing about
+// 9 B per SM clock. Either way q is rounded to bf16 the same way: the same bits.
+bool q_from_l2(const SparseMlaParams& p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_Q");
-  if (v != nullptr && std::strcmp(v, "l2") == 0) return aligned;
   if (v != nullptr && std::strcmp(v, "cluster") == 0) return false;
-  return aligned && plan.splits == 1;
+  return aligned;
 }
 
 }  // namespace
@@ -496,7 +494,7 @@ cudaError_t sparse_mla_ws(const SparseMlaParams& p, cudaStream_t stream) {
   // pool, never by the batch.
   if (p.pool.capacity() > INT32_MAX) return sparse_mla_wgmma(p, stream);
   SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
-  plan.q_from_l2 = q_from_l2(p, plan);
+  plan.q_from_l2 = q_from_l2(p);
   static LaunchOnce once_bf16, once_fp8;
   const bool fp8 = p.pool.dtype == KvDtype::kFp8;
   LaunchOnce& once = fp8 ? once_fp8 : once_bf16;
