@@ -1050,7 +1050,8 @@ TEST_F(ParityAttention, SparseMlaWgmma64Compact) {
       EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
       SparseMlaCase c8({KvDtype::kFp8, 4, 40, 1697, true, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(c8, cpu(), cuda(), seed++)) << c8.vars();
-      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", "l2");  // q from L2 (aligned rows; the others: cluster)
+      ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q",
+                      "l2");  // q from L2 (aligned rows; the others: cluster)
       SparseMlaCase l2({KvDtype::kBf16, 4, 40, 1697, false, 16, true, 0, variant});
       EXPECT_TRUE(check_parity(l2, cpu(), cuda(), seed++)) << l2.vars() << ", q from L2";
       SparseMlaCase l2_8({KvDtype::kFp8, 4, 40, 1697, false, 16, true, 0, variant});
@@ -1169,8 +1170,8 @@ TEST_F(ParityAttention, SparseMlaWsQFromL2Bitwise) {
     for (const char* q : {"l2", "cluster"}) {
       ScopedEnv q_env("DSA_CUDA_SPARSE_MLA_Q", q);
       for (int heads_per_cta : {64, 16}) {
-        EXPECT_TRUE(same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed),
-                                 wgmma64))
+        EXPECT_TRUE(
+            same_outputs(token_split_outputs(cpu(), cuda(), sh, kWs, heads_per_cta, seed), wgmma64))
             << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk
             << ", max_splits " << sh.max_splits << ", padded " << sh.padded_stride << ": ws with q "
             << q << " and " << heads_per_cta << " heads per CTA against wgmma64";

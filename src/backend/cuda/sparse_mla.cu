@@ -302,12 +302,12 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // the default on 2026-12-04: 26.5 / 230.8 / 885.5 us at B = 1 / 64 / 256 (bf16) against the wgmma
 // kernel's 31.4 / 271.8 / 1052.8 in the same process (bench/results/2026-12-04-h200-variants.md).
 // wgmma64 serves bf16 caches; an fp8 cache (or a pool past INT32_MAX tokens) runs the wgmma
-// kernel under it, a choice fixed by the pool, never by the batch. Its warp-specialized form (sparse_mla_ws.cu,
-// =ws: the same bits, the warpgroups split by role) is faster at every batch: 20.9 / 194.7 / 725.5
-// us at B = 1 (graph) / 64 / 256 against wgmma64's 23.1 / 212.1 / 820.3 in the same process
-// (bench/results/2026-12-04-h200-mla-ws.md), and the default since the evening of 2026-12-04,
-// once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md). Same bits as
-// wgmma64, so a process that forces wgmma64 matches one that does not.
+// kernel under it, a choice fixed by the pool, never by the batch. Its warp-specialized form
+// (sparse_mla_ws.cu, =ws: the same bits, the warpgroups split by role) is faster at every
+// batch: 20.9 / 194.7 / 725.5 us at B = 1 (graph) / 64 / 256 against wgmma64's 23.1 / 212.1 / 820.3
+// in the same process (bench/results/2026-12-04-h200-mla-ws.md), and the default since the evening
+// of 2026-12-04, once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md).
+// Same bits as wgmma64, so a process that forces wgmma64 matches one that does not.
 enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
 // The defaults, per cache dtype (the pool's, never the batch's): ws for both since 2026-12-05. On
 // fp8 caches it expands each chunk to bf16 in its tile (sparse_mla_ws.cu) and runs 1.27-1.33x

@@ -79,7 +79,7 @@ __device__ __forceinline__ void fetch_chunk(const SparseMlaParams& p, const int3
 // logical chunk 0 of its tile-0 row (free: tile 0 is even), and the rope, bf16 as stored, in its
 // tile-8 row as for bf16 caches. Logical chunk k of row r sits at swizzle128_offset(r, k).
 // dequantize_tile() then writes each row's eight bf16 chunks over them.
-constexpr int kFp8Pieces = kKvLoraRank / 16;  // 16-byte pieces of e4m3 per token: 32
+constexpr int kFp8Pieces = kKvLoraRank / 16;                // 16-byte pieces of e4m3 per token: 32
 constexpr int kScalesPerToken = kKvLoraRank / kLatentTile;  // 4
 constexpr int kRopeTile = kKvLoraRank / 64;                 // tile 8: dims 512..575
 static_assert(kLatentTile == 128 && kScalesPerToken == 4, "one scale per pair of 64-dim tiles");
