@@ -296,7 +296,9 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
 // choice for latency at one or two rows (B = 1: 23 us against 32 in the bf16 kernel, 37 against
 // 60 in the fp8 one). 1 is the other end: one CTA per row and head group, no cluster traffic (q
 // from L2 by the CTA itself, no combine), the whole of a CTA's life in its token loop; at B = 64
-// the launch is 128 CTAs, one wave, where 4 splits run 512 in five (not yet run on the H200).
+// the launch is 128 CTAs, one wave, where 4 splits run 512 in five: on an H100 ws took 119.9 us
+// at 1 split and 118.6 at 2 against 156.2 at 4, and 73.8 / 41.1 / 25.9 at B = 1
+// (bench/results/2026-12-05-h100-mla.md). A deployment's choice, never the batch's.
 inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
