@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 
 #include "dsa/checkpoint.h"
@@ -95,6 +96,7 @@ void add_model_source_options(CLI::App* app, ModelOptions& o) {
                   "bytes; --gemm invariant or exact)")
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
+  add_mla_splits_option(app, o.mla_splits);
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
@@ -119,6 +121,31 @@ KvDtype parse_kv_dtype(const std::string& name, const char* flag) {
   if (name == "bf16") return KvDtype::kBf16;
   if (name == "fp8") return KvDtype::kFp8;
   fail(ErrorCode::kInvalidArgument, "{} must be bf16 or fp8, got '{}'", flag, name);
+}
+
+CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
+  return app
+      ->add_option("--mla-splits", splits,
+                   "CUDA sparse MLA: the bound on splits per row for this process (default: 4, "
+                   "or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency, 2 or 1 for "
+                   "servers sized for large batches; each value gives other bits")
+      ->check(CLI::IsMember({"1", "2", "4", "8", "16"}));
+}
+
+void apply_mla_splits(const std::string& splits, BackendKind backend) {
+  if (splits.empty()) return;
+  constexpr const char* kVar = "DSA_CUDA_SPARSE_MLA_MAX_SPLITS";
+  const char* env = std::getenv(kVar);
+  require(env == nullptr || splits == env, ErrorCode::kInvalidArgument,
+          "--mla-splits {} conflicts with {}={} in the environment: the split bound is one "
+          "value per process; unset the variable or pass the same value",
+          splits, kVar, env == nullptr ? "" : env);
+  if (backend != BackendKind::kCuda) {
+    spdlog::warn("--mla-splits {}: only the CUDA backend splits rows; the CPU ignores it", splits);
+    return;
+  }
+  require(setenv(kVar, splits.c_str(), 1) == 0, ErrorCode::kResourceExhausted,
+          "--mla-splits: could not set {}", kVar);
 }
 
 ModelConfig resolve_config(const ModelOptions& o) {
@@ -164,6 +191,7 @@ ModelStack build_model_stack(const ModelOptions& o) {
   cc.latent_dtype = latent;
   cc.index_k_dtype = index_k;
   cc.fp8_scale_rounding = o.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
+  apply_mla_splits(o.mla_splits, parse_backend(o.backend));
   s.backend = make_backend(parse_backend(o.backend));
   s.backend->set_gemm_mode(parse_gemm_mode(o.gemm));
   if (s.backend->kind() == BackendKind::kCuda && s.backend->gemm_mode() == GemmMode::kFast) {

@@ -49,9 +49,10 @@ struct ModelOptions {
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
   std::string gemm = "invariant";  // exact | invariant | fast (GemmMode; CUDA only)
   std::string weights = "bf16";    // bf16 | fp8 (WeightDtype: how the projections are held)
+  std::string mla_splits;  // "" (the backend's bound) | 1 | 2 | 4 | 8 | 16 (CUDA sparse MLA)
 };
-// --preset, --checkpoint, --backend, --gemm, --weights, --index-k, --latent, --ue8m0,
-// --weights-seed.
+// --preset, --checkpoint, --backend, --gemm, --weights, --mla-splits, --index-k, --latent,
+// --ue8m0, --weights-seed.
 void add_model_source_options(CLI::App* app, ModelOptions& o);
 // --max-rows, --max-context, --pages.
 void add_capacity_options(CLI::App* app, ModelOptions& o);
@@ -59,6 +60,15 @@ void add_capacity_options(CLI::App* app, ModelOptions& o);
 void add_model_options(CLI::App* app, ModelOptions& o);
 
 KvDtype parse_kv_dtype(const std::string& name, const char* flag);
+
+// --mla-splits N: the CUDA sparse MLA kernels' bound on splits per row for the whole process, set
+// as DSA_CUDA_SPARSE_MLA_MAX_SPLITS before the backend is made (the kernels read it at every
+// call; the split count moves the bits, so it is fixed for the process, never per batch). A
+// different value of that variable already in the environment is refused (kInvalidArgument)
+// rather than silently overridden; with the CPU backend it only warns that nothing reads it. Call
+// before make_backend. add_mla_splits_option registers the flag (add_model_source_options does).
+CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits);
+void apply_mla_splits(const std::string& splits, BackendKind backend);
 
 // The config a command will run: the checkpoint's (only config.json is read) or the preset's.
 ModelConfig resolve_config(const ModelOptions& o);

@@ -19,6 +19,7 @@ namespace {
 struct StressOpts {
   std::string preset = "tiny", backend = "cpu", index_k = "all", mode = "all", faults = "all";
   std::string policy = "keep", audit_scope = "all", prefix_cache = "all", json, plot;
+  std::string mla_splits;
   uint64_t weight_seed = 0;
   int max_rows = 64;
   int layers = 0;
@@ -115,6 +116,7 @@ int run_stress_command(StressOpts& o) {
   c.audit_scope = parse_scope(o.audit_scope);
   require(!c.cells.empty(), ErrorCode::kInvalidArgument, "no cell matches the flags");
   if (cpu && !o.allow_slow_cpu) refuse_slow_cpu_run(c);
+  apply_mla_splits(o.mla_splits, backend);
 
   StressProgressFn progress;
   if (!o.quiet) progress = print_progress;
@@ -164,6 +166,7 @@ void register_stress(CLI::App& app, SubcommandAction& run) {
   add_int_option(cmd, "--layers", o->layers, 0, 256,
                  "layers kept from the preset (0: all), e.g. --preset v32 --layers 2");
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
+  add_mla_splits_option(cmd, o->mla_splits);
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
   cmd->add_option("--mode", o->mode, "eager | graph | all")->capture_default_str();
   cmd->add_option("--faults,--inject", o->faults,
