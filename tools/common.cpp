@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "dsa/checkpoint.h"
 #include "dsa/config.h"
@@ -129,23 +131,24 @@ CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
                    "CUDA sparse MLA: the bound on splits per row for this process (default: 4, "
                    "or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency, 2 or 1 for "
                    "servers sized for large batches; each value gives other bits")
-      ->check(CLI::IsMember({"1", "2", "4", "8", "16"}));
+      ->check(CLI::IsMember(
+          std::vector<std::string>(kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end())));
 }
 
 void apply_mla_splits(const std::string& splits, BackendKind backend) {
   if (splits.empty()) return;
-  constexpr const char* kVar = "DSA_CUDA_SPARSE_MLA_MAX_SPLITS";
-  const char* env = std::getenv(kVar);
+  const char* var = kSparseMlaSplitsVar.data();
+  const char* env = std::getenv(var);
   require(env == nullptr || splits == env, ErrorCode::kInvalidArgument,
           "--mla-splits {} conflicts with {}={} in the environment: the split bound is one "
           "value per process; unset the variable or pass the same value",
-          splits, kVar, env == nullptr ? "" : env);
+          splits, var, env == nullptr ? "" : env);
   if (backend != BackendKind::kCuda) {
     spdlog::warn("--mla-splits {}: only the CUDA backend splits rows; the CPU ignores it", splits);
     return;
   }
-  require(setenv(kVar, splits.c_str(), 1) == 0, ErrorCode::kResourceExhausted,
-          "--mla-splits: could not set {}", kVar);
+  require(setenv(var, splits.c_str(), 1) == 0, ErrorCode::kResourceExhausted,
+          "--mla-splits: could not set {}", var);
 }
 
 ModelConfig resolve_config(const ModelOptions& o) {

@@ -2,6 +2,7 @@
 // tools) see only this; the CPU backend is the executable specification, CUDA must match it.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,12 @@
 namespace dsa {
 
 enum class BackendKind : uint8_t { kCpu, kCuda };
+
+// The CUDA sparse MLA kernels' bound on splits per row: the variable they read and the values it
+// takes (unset: 4). The split count moves the bits, so it is one value per process (the CUDA
+// backend refuses any other value when it is made; the dsa commands' --mla-splits sets it).
+inline constexpr std::string_view kSparseMlaSplitsVar = "DSA_CUDA_SPARSE_MLA_MAX_SPLITS";
+inline constexpr std::array<std::string_view, 5> kSparseMlaSplitBounds = {"1", "2", "4", "8", "16"};
 
 std::string_view backend_name(BackendKind kind);
 BackendKind parse_backend(std::string_view name);  // "cpu" | "cuda"; throws on anything else

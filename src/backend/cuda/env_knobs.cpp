@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dsa/backend.h"
 #include "dsa/error.h"
 
 namespace dsa::cuda {
@@ -16,8 +17,8 @@ const std::vector<EnvKnob>& env_knobs() {
        {"ws", "wgmma64", "wgmma", "mma"},
        "the sparse MLA kernel (default: ws for bf16 and fp8 caches; wgmma: the former fp8 "
        "default; the others differ in bits)"},
-      {"DSA_CUDA_SPARSE_MLA_MAX_SPLITS",
-       {"1", "2", "4", "8", "16"},
+      {kSparseMlaSplitsVar.data(),
+       {kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end()},
        "the bound on splits per row (default: 4; 8 for single-stream latency, 1 or 2 for large "
        "batches)"},
       {"DSA_CUDA_SPARSE_MLA_HEADS",
