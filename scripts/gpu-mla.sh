@@ -135,12 +135,9 @@ fi
 step options-table 10 python3 - "$OUT" <<'EOF'
 import glob, json, os, sys
 out = sys.argv[1]
-lines = ["| decode step, graph ms | B = 1 | B = 8 | B = 64 | B = 256 |", "|---|---|---|---|---|"]
-for path in sorted(glob.glob(os.path.join(out, "decode-*.json"))):
-    rows = {r["batch"]: r["graph_ms"] for r in json.load(open(path)).get("results", [])}
-    name = os.path.basename(path)[len("decode-"):-len(".json")]
-    lines.append(f"| {name} | " + " | ".join(f"{rows[b]:.3f}" if b in rows else "" for b in
-                                             (1, 8, 64, 256)) + " |")
+sys.path.insert(0, "bench/gpu")
+from decode_table import table
+lines = table(out)
 lines += ["", "| bench (default kernel) | row | us | TFLOP/s | q stored | loop | combine | life |",
           "|---|---|---|---|---|---|---|---|"]
 for path in [os.path.join(out, "bench.json")] + sorted(glob.glob(os.path.join(out, "bench-*.json"))):

@@ -25,10 +25,11 @@
 //       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q's way forced) and at B
 //       = 1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
-//       .../ws/graph (bf16 and fp8; graph-launched); with --mla-trace,
-//       sparse_mla_trace/bf16/B=.../ws: one traced launch of the ws kernel, its CTAs' mean time per
-//       phase, and cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement
-//       alone
+//       .../ws/graph (bf16 and fp8; graph-launched); .../hn and .../hn/splits=16|8|2|1 (the
+//       heads-as-N kernel, =hn) and at B = 1 .../hn/graph, .../hn/splits=8|16/graph and
+//       .../ws/splits=8/graph; with --mla-trace, sparse_mla_trace/bf16/B=.../ws, .../hn and
+//       .../hn/splits=8: one traced launch of the kernel, its CTAs' mean time per phase, and
+//       cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement alone
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -250,7 +251,8 @@ void bench_topk(BenchContext& ctx, int rows, int len, int kK, std::mt19937_64& g
 // bench built it), summarized: the mean over CTAs of each phase in microseconds (clock64 spans
 // scaled by the CTAs' own globaltimer span), the mean chunk of the token loop, the launch's span
 // and how much of span x SMs the CTAs' lifetimes cover.
-void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
+void trace_sparse_mla(BenchContext& ctx, SparseMlaParams p, int kRows, const char* kernel,
+                      const char* splits) {
   using T = SparseMlaTrace;
   Backend& be = ctx.backend;
   // 128 heads in groups of 16 at the least, at most 16 splits: the CTAs launched are the first
@@ -259,10 +261,14 @@ void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
   DeviceBuffer<uint64_t> trace(be, size_t(most) * T::kWords);
   be.fill(trace.data(), 0, trace.bytes());
   p.trace = trace.data();
-  with_env("DSA_CUDA_SPARSE_MLA_VARIANT", "ws", [&] {
-    be.sparse_mla(p);  // warm (the first launch sets the kernel's attributes)
-    be.sparse_mla(p);
+  with_env("DSA_CUDA_SPARSE_MLA_VARIANT", kernel, [&] {
+    with_env(splits != nullptr ? "DSA_CUDA_SPARSE_MLA_MAX_SPLITS" : nullptr, splits, [&] {
+      be.sparse_mla(p);  // warm (the first launch sets the kernel's attributes)
+      be.sparse_mla(p);
+    });
   });
+  const std::string label =
+      std::string(kernel) + (splits != nullptr ? std::string("/splits=") + splits : "");
   be.synchronize();
   std::vector<uint64_t> w(size_t(most) * T::kWords);
   be.copy_to_host(w.data(), trace.data(), trace.bytes());
@@ -309,13 +315,13 @@ void trace_sparse_mla_ws(BenchContext& ctx, SparseMlaParams p, int kRows) {
   const double span_us = double(last - first) * 1e-3;
   const double cover = life_us / (span_us * std::max(1, used_sms));
   std::printf(
-      "  sparse_mla_trace/bf16/B=%d/ws: %d CTAs on %d SMs over %.2f us (%.0f%% covered); "
+      "  sparse_mla_trace/bf16/B=%d/%s: %d CTAs on %d SMs over %.2f us (%.0f%% covered); "
       "per CTA us:",
-      kRows, ctas, used_sms, span_us, 100 * cover);
+      kRows, label.c_str(), ctas, used_sms, span_us, 100 * cover);
   for (int i = 0; i < kN; ++i) std::printf(" %s %.2f", kPhases[i].name, sum[i] / ctas);
   std::printf(", a chunk %.2f\n", chunked ? chunk_us / chunked : 0.0);
   BenchResult r;
-  r.name = "sparse_mla_trace/bf16/B=" + std::to_string(kRows) + "/ws";
+  r.name = "sparse_mla_trace/bf16/B=" + std::to_string(kRows) + "/" + label;
   r.us = span_us;
   r.extra = {{"ctas", ctas},
              {"sms", used_sms},
@@ -409,7 +415,17 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   variants.push_back({"DSA_CUDA_SPARSE_MLA_HEADS", "16", "/ws/heads=16", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "l2", "/ws/q=l2", false, "ws"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_Q", "cluster", "/ws/q=cluster", false, "ws"});
+  // hn (heads as the MMA's N, 16 heads per CTA: for small batches) at every split bound.
+  variants.push_back({nullptr, "", "/hn", false, "hn"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/hn/splits=16", false, "hn"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/hn/splits=8", false, "hn"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "2", "/hn/splits=2", false, "hn"});
+  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", "/hn/splits=1", false, "hn"});
   if (kRows == 1) {
+    variants.push_back({nullptr, "", "/hn/graph", true, "hn"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/hn/splits=8/graph", true, "hn"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/hn/splits=16/graph", true, "hn"});
+    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/ws/splits=8/graph", true, "ws"});
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4/graph", true});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/default/splits=8/graph", true});
@@ -466,7 +482,9 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   }
   if (ctx.mla_trace && bf16) {
     p.q = q.data(), p.indices = d_indices.data(), p.out = out.data(), p.lse = lse.data();
-    trace_sparse_mla_ws(ctx, p, kRows);
+    trace_sparse_mla(ctx, p, kRows, "ws", nullptr);
+    trace_sparse_mla(ctx, p, kRows, "hn", nullptr);
+    trace_sparse_mla(ctx, p, kRows, "hn", "8");
   }
 }
 

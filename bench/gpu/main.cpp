@@ -224,9 +224,11 @@ int main(int argc, char** argv) {
   bool mla_trace = false;
   app.add_flag("--mla-trace", mla_trace,
                "after the bf16 sparse MLA rows of each B, one traced launch of the "
-               "warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws): the mean time its CTAs "
+               "warp-specialized kernel (DSA_CUDA_SPARSE_MLA_VARIANT=ws) and of the heads-as-N "
+               "one (=hn, at the default bound and at 8 splits): the mean time their CTAs "
                "spend in each phase (q's broadcast, first chunk, token loop, the combine's "
-               "barrier, loads and exit), rows sparse_mla_trace/bf16/B=.../ws; then the combine's "
+               "barrier, loads and exit), rows sparse_mla_trace/bf16/B=.../ws, .../hn and "
+               ".../hn/splits=8; then the combine's "
                "data movement alone, pulled, pushed and through global memory, rows "
                "cluster_exchange/...");
   std::vector<std::string> gemm_kernels;

@@ -1280,5 +1280,91 @@ TEST_F(ParityAttention, SparseMlaAutoHeadsInvariant) {
   }
 }
 
+// ---- the heads-as-N kernel (DSA_CUDA_SPARSE_MLA_VARIANT=hn) -----------------------------------
+// Its own family: 16 heads per CTA on wgmma's N, the chunk's 64 tokens on M (S^T = K Q^T, O^T +=
+// V^T P^T), the column maxima over four warps, per-thread l sums: other bits than every other
+// kernel, within the same tolerances against the CPU, batch-invariant on their own.
+
+constexpr const char* kHn = "hn";
+
+// The CPU's output and lse: 128, 16 and 4 heads (8, 1 and a partial group); topk 37 to 300 (one
+// chunk, empty splits), the real topk at the default 4 splits and at 1, 2, 8 and 16 (a
+// non-portable cluster), ragged topks (2048 - 17, 63, 1, 65); padded, short, sentinel, negative
+// and out-of-pool slots; odd strides (q's rows not 16-byte aligned: q loaded without cp.async);
+// a spare output row that must stay poison. bf16 and fp8 caches.
+TEST_F(ParityAttention, SparseMlaHnMatchesCpu) {
+  int cases = 0;
+  for (int heads : {128, 16, 4}) {
+    for (int topk : {100, 37, 150, 300}) {
+      SparseMlaCase c({KvDtype::kBf16, 5, heads, topk, topk == 37, 0, true, 0, kHn});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 2000 + cases++)) << c.vars();
+    }
+  }
+  for (int max_splits : {0, 1, 2, 8, 16}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      SparseMlaCase c({dtype, 3, 128, 2048, max_splits == 8, 0, true, max_splits, kHn});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 2000 + cases++)) << c.vars();
+    }
+  }
+  for (int topk : {2048 - 17, 63, 1, 65}) {
+    SparseMlaCase c({KvDtype::kBf16, 5, 128, topk, true, 0, true, 0, kHn});
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 2000 + cases++)) << c.vars();
+  }
+  SparseMlaCase fp8({KvDtype::kFp8, 4, 40, 2048 - 17, false, 0, true, 8, kHn});
+  EXPECT_TRUE(check_parity(fp8, cpu(), cuda(), 2000 + cases++)) << fp8.vars();
+}
+
+// One small case for the sanitizers (scripts/gpu-mla.sh): topk 1697, 27 chunks of 64 (the last of
+// 33 tokens): 7 chunks per split at the default 4 splits, all 27 in one CTA at 1 (the ring wraps
+// 13 times), 4 at 8 (the eighth split empty) and 2 at 16; 40 heads (3 groups, the last of 8);
+// short, padded and sentinel rows, a spare output row; bf16 and fp8, q's rows aligned or not.
+TEST_F(ParityAttention, SparseMlaHnCompact) {
+  uint64_t seed = 2100;
+  for (int max_splits : {0, 1, 8, 16}) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+      SparseMlaCase c({dtype, 4, 40, 1697, max_splits % 2 == 0, 0, true, max_splits, kHn});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), seed++)) << c.vars();
+    }
+  }
+}
+
+// A probe row (row 0, full) alone, among 7 and among 255 rows (padded and short rows among them),
+// bitwise: topk 2048 at 4 (the default), 8, 16 and 1 splits, 2048 - 17 and 512; an fp8 cache.
+TEST_F(ParityAttention, SparseMlaHnBatchInvariant) {
+  struct Shape {
+    KvDtype dtype;
+    int topk, max_splits;
+  };
+  for (const Shape sh : {Shape{KvDtype::kBf16, 2048, 0}, Shape{KvDtype::kBf16, 2048, 8},
+                         Shape{KvDtype::kBf16, 2048, 16}, Shape{KvDtype::kBf16, 2048, 1},
+                         Shape{KvDtype::kBf16, 2048 - 17, 0}, Shape{KvDtype::kBf16, 512, 0},
+                         Shape{KvDtype::kFp8, 2048, 8}}) {
+    auto make = [&](int rows) -> std::unique_ptr<OpCase> {
+      return std::make_unique<SparseMlaCase>(
+          MlaSpec{sh.dtype, rows, 128, sh.topk, false, 0, false, sh.max_splits, kHn});
+    };
+    EXPECT_TRUE(check_batch_invariance(make, {1, 7, 255}, cpu(), cuda()))
+        << "hn, " << kv_dtype_name(sh.dtype) << ", topk " << sh.topk << ", max_splits "
+        << sh.max_splits;
+  }
+}
+
+// hn on an fp8 cache expands each chunk to bf16 in its tile as ws does (sparse_mla_tile64.cuh), so
+// its outputs are hn's on a bf16 cache holding the dequantized values, bit for bit, on every shape
+// of ws's bitwise family.
+TEST_F(ParityAttention, SparseMlaHnFp8MatchesDequantizedBf16Bitwise) {
+  const std::vector<MlaShape> shapes = ws_bitwise_shapes();
+  uint64_t seed = 2200;
+  for (const MlaShape& sh : shapes) {
+    const Outputs bf16 =
+        token_split_outputs(cpu(), cuda(), sh, kHn, 0, seed, KvDtype::kBf16, /*dequantized=*/true);
+    EXPECT_TRUE(
+        same_outputs(token_split_outputs(cpu(), cuda(), sh, kHn, 0, seed, KvDtype::kFp8), bf16))
+        << "rows " << sh.rows << ", heads " << sh.heads << ", topk " << sh.topk << ", max_splits "
+        << sh.max_splits << ": hn on fp8 against hn on the dequantized bf16 cache";
+    ++seed;
+  }
+}
+
 }  // namespace
 }  // namespace dsa::parity

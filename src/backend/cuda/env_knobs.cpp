@@ -14,9 +14,9 @@ namespace dsa::cuda {
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
       {"DSA_CUDA_SPARSE_MLA_VARIANT",
-       {"ws", "wgmma64", "wgmma", "mma"},
+       {"ws", "wgmma64", "wgmma", "mma", "hn"},
        "the sparse MLA kernel (default: ws for bf16 and fp8 caches; wgmma: the former fp8 "
-       "default; the others differ in bits)"},
+       "default; hn: heads as the MMA's N, for small batches; the others differ in bits)"},
       {kSparseMlaSplitsVar.data(),
        {kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end()},
        "the bound on splits per row (default: 4; 8 for single-stream latency, 1 or 2 for large "

@@ -308,7 +308,9 @@ cudaError_t launch_dtype(const SparseMlaParams& p, cudaStream_t stream) {
 // in the same process (bench/results/2026-12-04-h200-mla-ws.md), and the default since the evening
 // of 2026-12-04, once racecheck was clean over it (bench/results/2026-12-04-h200-mla-splits.md).
 // Same bits as wgmma64, so a process that forces wgmma64 matches one that does not.
-enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs };
+// =hn runs the heads-as-N kernel (sparse_mla_hn.cu: a CTA's 16 heads on wgmma's N, the chunk's
+// tokens on M, for small batches; its own bits, bf16 and fp8 caches).
+enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs, kHn };
 // The defaults, per cache dtype (the pool's, never the batch's): ws for both since 2026-12-05. On
 // fp8 caches it expands each chunk to bf16 in its tile (sparse_mla_ws.cu) and runs 1.27-1.33x
 // faster than the wgmma kernel: 44.7 / 217.7 / 754.3 us at B = 1 / 64 / 256 against 57.5 / 276.2
@@ -322,6 +324,7 @@ MlaKernel mla_kernel(KvDtype dtype) {
   if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
   if (v != nullptr && std::strcmp(v, "wgmma64") == 0) return MlaKernel::kWgmma64;
   if (v != nullptr && std::strcmp(v, "ws") == 0) return MlaKernel::kWs;
+  if (v != nullptr && std::strcmp(v, "hn") == 0) return MlaKernel::kHn;
   return dtype == KvDtype::kBf16 ? kDefaultBf16Kernel : kDefaultFp8Kernel;
 }
 
@@ -334,6 +337,7 @@ cudaError_t sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   if (kernel == MlaKernel::kWgmma) return sparse_mla_wgmma(p, stream);
   if (kernel == MlaKernel::kWgmma64) return sparse_mla_wgmma64(p, stream);
   if (kernel == MlaKernel::kWs) return sparse_mla_ws(p, stream);
+  if (kernel == MlaKernel::kHn) return sparse_mla_hn(p, stream);
   return p.pool.dtype == KvDtype::kBf16 ? launch_dtype<KvDtype::kBf16>(p, stream)
                                         : launch_dtype<KvDtype::kFp8>(p, stream);
 }

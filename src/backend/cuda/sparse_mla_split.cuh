@@ -215,6 +215,45 @@ __device__ __forceinline__ void combine_slices(const SparseMlaParams& p, int spl
   }
 }
 
+// The diagnostics trace of the warp-specialized kernels (SparseMlaParams::trace, the words of
+// SparseMlaTrace, one row per CTA), written by one thread only when the pointer is set:
+// trace_begin at the start, trace_stamp at each phase, trace_finish at the end (the SM, the
+// CTA's chunks; a CTA with no chunk gets its first S at its prologue's end).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) {
+  p.trace[size_t(blockIdx.x) * SparseMlaTrace::kWords + word] = uint64_t(clock64());
+}
+__device__ __forceinline__ void trace_begin(const SparseMlaParams& p) {
+  trace_stamp(p, SparseMlaTrace::kStart);
+  p.trace[size_t(blockIdx.x) * SparseMlaTrace::kWords + SparseMlaTrace::kNsStart] = global_ns();
+}
+__device__ __forceinline__ void trace_finish(const SparseMlaParams& p, int n_chunks) {
+  using T = SparseMlaTrace;
+  trace_stamp(p, T::kEnd);
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  uint64_t* w = p.trace + size_t(blockIdx.x) * T::kWords;
+  w[T::kNsEnd] = global_ns();
+  w[T::kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
+  if (n_chunks == 0) w[T::kFirstS] = w[T::kPrologue];  // no S: the loops are empty
+}
+
+// Whether combine_splits runs the batched slices (combine_slice) for a kernel: those of 256 threads
+// and any that says so (V::kSliceCombine: the heads-as-N kernel, whose V::kThreads is the 128 of
+// its 256 threads that combine); the mma.sync kernel's smaller CTAs take the table path.
+template <class V>
+__host__ __device__ constexpr bool slice_combine() {
+  if constexpr (requires { V::kSliceCombine; }) {
+    return V::kSliceCombine;
+  } else {
+    return V::kThreads >= 256;
+  }
+}
+
 // The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
 // [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
 // and l [kHeads]. Per head, the weights of the splits (split_weights); over this CTA's slice of
@@ -236,7 +275,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
     m = at(s, V::kSmem.m)[h];
     l = at(s, V::kSmem.l)[h];
   };
-  if constexpr (V::kThreads >= 256) {
+  if constexpr (slice_combine<V>()) {
     combine_slices<V>(
         p, splits, split, row, head0, heads,
         [&](int s, int h, int d) -> const float* { return at(s, 0) + h * kPartPitch + d; }, ml);
@@ -484,3 +523,9 @@ __device__ __forceinline__ void finish_split(const SparseMlaParams& p, cg::clust
 }
 
 }  // namespace dsa::cuda::sparse_mla_detail
+
+namespace dsa::cuda {
+// The heads-as-N kernel (sparse_mla_hn.cu; DSA_CUDA_SPARSE_MLA_VARIANT=hn), for small batches: its
+// own bits, bf16 and fp8 caches (p already checked by sparse_mla()).
+cudaError_t sparse_mla_hn(const SparseMlaParams& p, cudaStream_t stream);
+}  // namespace dsa::cuda

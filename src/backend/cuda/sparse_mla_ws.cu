@@ -167,17 +167,8 @@ struct WsVariant {
   static_assert(kSmem.bars % 8 == 0);
 };
 
-// The diagnostics trace (SparseMlaParams::trace, the words of SparseMlaTrace), written by thread
-// 0 (and 128, kLoop1) only when the pointer is set.
+// The diagnostics trace: thread 0 (and 128, kLoop1) only (sparse_mla_split.cuh).
 using Trace = SparseMlaTrace;
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void trace_stamp(const SparseMlaParams& p, int word) {
-  p.trace[size_t(blockIdx.x) * Trace::kWords + word] = uint64_t(clock64());
-}
 
 template <KvDtype D>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
@@ -237,10 +228,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     mbar_init_fence();
   }
   const bool tracing = p.trace != nullptr && threadIdx.x == 0;
-  if (tracing) {
-    trace_stamp(p, Trace::kStart);
-    p.trace[size_t(blockIdx.x) * Trace::kWords + Trace::kNsStart] = global_ns();
-  }
+  if (tracing) trace_begin(p);
   // Warpgroup 1 loads the slots of chunks 0..2 and stages them (checked) for every thread.
   auto stage_first_slots = [&] {
     int64_t first[kSlotStages];
@@ -456,15 +444,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                   row0, wg * (kKvLoraRank / 2) + 2 * qd, wg == 0 && qd == 0, [&](int word) {
                     if (tracing) trace_stamp(p, word);
                   });
-  if (tracing) {
-    trace_stamp(p, Trace::kEnd);
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    uint64_t* w = p.trace + size_t(blockIdx.x) * Trace::kWords;
-    w[Trace::kNsEnd] = global_ns();
-    w[Trace::kWhere] = uint64_t(sm) | uint64_t(uint32_t(n_chunks)) << 32;
-    if (n_chunks == 0) w[Trace::kFirstS] = w[Trace::kPrologue];  // no S: the loops are empty
-  }
+  if (tracing) trace_finish(p, n_chunks);
 }
 
 // Where a CTA's q comes from: the cluster (each CTA loads 1/splits of it and stores it into every
