@@ -12,6 +12,8 @@
 #      process, the default ws beside hn) with --mla-trace (ws, hn, hn at 8 splits), tabled;
 #   4. the V3.2 decode step (bench-decode, 1 layer, B = 1 / 8 / 64 / 256) with the defaults, with
 #      ws at 8 splits, hn at the default bound and hn at 8 splits, and check-replay over hn.
+# HN_QUICK=1 (about 4 minutes, for a short lease): memcheck and racecheck only, the bench at B = 1
+# and 64, the step with the defaults and with hn, no check-replay.
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md, hn.log,
 # parity.json, bench.json, table.md, trace.md, racecheck.md, decode-*.json.
 set -uo pipefail
@@ -26,7 +28,12 @@ COMPACT=ParityAttention.SparseMlaHnCompact
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 step parity 300 "$P" --gtest_filter='ParityAttention.SparseMlaHn*' \
   --gtest_output="json:$OUT/parity.json"
-for tool in memcheck synccheck initcheck; do
+QUICK=${HN_QUICK:-0}
+TOOLS=(memcheck synccheck initcheck)
+[[ $QUICK == 1 ]] && TOOLS=(memcheck)
+ROWS=(--sparse-mla-rows 1,64,256)
+[[ $QUICK == 1 ]] && ROWS=(--sparse-mla-rows 1,64)
+for tool in "${TOOLS[@]}"; do
   sanitize "sanitizer-$tool" "$tool" 90 "$P" --gtest_filter="$COMPACT" --gtest_brief=1
 done
 step sanitizer-racecheck 150 "$SAN" --tool racecheck --racecheck-report all --print-limit 100000 \
@@ -34,8 +41,8 @@ step sanitizer-racecheck 150 "$SAN" --tool racecheck --racecheck-report all --pr
 step racecheck-table 10 python3 bench/gpu/racecheck_table.py "$LOG" "$OUT/racecheck.md" \
   --raw "$OUT/racecheck-raw.txt"
 
-step dsa_gpu_bench 200 "$G" --skip-store --skip-gemm --attention-only sparse_mla --mla-trace \
-  --json "$OUT/bench.json"
+step dsa_gpu_bench 200 "$G" --skip-store --skip-gemm --attention-only sparse_mla "${ROWS[@]}" \
+  --mla-trace --json "$OUT/bench.json"
 step table 10 python3 - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
@@ -65,11 +72,13 @@ decode() {  # decode NAME [ENV=VALUE...]: the V3.2 step at B = 1 / 8 / 64 / 256,
     --json "$OUT/decode-$name.json"
 }
 decode default
-decode ws-splits8 DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
 decode hn DSA_CUDA_SPARSE_MLA_VARIANT=hn
-decode hn-splits8 DSA_CUDA_SPARSE_MLA_VARIANT=hn DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
-step check-replay-hn 120 env DSA_CUDA_SPARSE_MLA_VARIANT=hn "$B/dsa" --log error check-replay \
-  --backend cuda --steps 1500 --seed 7
+if [[ $QUICK != 1 ]]; then
+  decode ws-splits8 DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
+  decode hn-splits8 DSA_CUDA_SPARSE_MLA_VARIANT=hn DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
+  step check-replay-hn 120 env DSA_CUDA_SPARSE_MLA_VARIANT=hn "$B/dsa" --log error check-replay \
+    --backend cuda --steps 1500 --seed 7
+fi
 step decode-table 10 bash -c "python3 bench/gpu/decode_table.py '$OUT' | tee '$OUT/decode.md'"
 
 {
