@@ -77,6 +77,7 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
       cc.latent_dtype = parse_kv_dtype(o->model.latent, "--latent");
       cc.fp8_scale_rounding = o->model.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
       apply_mla_splits(o->model.mla_splits, parse_backend(o->model.backend));
+      apply_mla_kernel(o->model.mla_kernel, parse_backend(o->model.backend));
       auto device = make_backend(parse_backend(o->model.backend));
       check_memory(*device, config, max_b, context + 1, cc, parse_weight_dtype(o->model.weights));
       device->set_gemm_mode(parse_gemm_mode(o->model.gemm));

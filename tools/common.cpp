@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsa/checkpoint.h"
@@ -99,6 +100,7 @@ void add_model_source_options(CLI::App* app, ModelOptions& o) {
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
   add_mla_splits_option(app, o.mla_splits);
+  add_mla_kernel_option(app, o.mla_kernel);
   app->add_option("--index-k", o.index_k, "index-K cache dtype: bf16 | fp8")->capture_default_str();
   app->add_option("--latent", o.latent, "latent-KV cache dtype: bf16 | fp8")->capture_default_str();
   app->add_flag("--ue8m0", o.ue8m0, "round fp8 cache scales up to powers of two");
@@ -135,20 +137,44 @@ CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
           std::vector<std::string>(kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end())));
 }
 
-void apply_mla_splits(const std::string& splits, BackendKind backend) {
-  if (splits.empty()) return;
-  const char* var = kSparseMlaSplitsVar.data();
-  const char* env = std::getenv(var);
-  require(env == nullptr || splits == env, ErrorCode::kInvalidArgument,
-          "--mla-splits {} conflicts with {}={} in the environment: the split bound is one "
-          "value per process; unset the variable or pass the same value",
-          splits, var, env == nullptr ? "" : env);
+namespace {
+// A flag that sets one of the CUDA kernels' process-wide variables (they read it at every call;
+// its value moves the bits, so it holds for the process's life): refused when the environment
+// already holds a different value, a warning alone on the CPU backend, which reads none of them.
+void set_process_knob(const char* flag, const std::string& value, std::string_view var,
+                      const char* what, BackendKind backend) {
+  if (value.empty()) return;
+  const std::string name(var);
+  const char* env = std::getenv(name.c_str());
+  require(env == nullptr || value == env, ErrorCode::kInvalidArgument,
+          "{} {} conflicts with {}={} in the environment: {} is one value per process; unset the "
+          "variable or pass the same value",
+          flag, value, name, env == nullptr ? "" : env, what);
   if (backend != BackendKind::kCuda) {
-    spdlog::warn("--mla-splits {}: only the CUDA backend splits rows; the CPU ignores it", splits);
+    spdlog::warn("{} {}: only the CUDA backend reads it; the CPU ignores it", flag, value);
     return;
   }
-  require(setenv(var, splits.c_str(), 1) == 0, ErrorCode::kResourceExhausted,
-          "--mla-splits: could not set {}", var);
+  require(setenv(name.c_str(), value.c_str(), 1) == 0, ErrorCode::kResourceExhausted,
+          "{}: could not set {}", flag, name);
+}
+}  // namespace
+
+void apply_mla_splits(const std::string& splits, BackendKind backend) {
+  set_process_knob("--mla-splits", splits, kSparseMlaSplitsVar, "the split bound", backend);
+}
+
+CLI::Option* add_mla_kernel_option(CLI::App* app, std::string& kernel) {
+  return app
+      ->add_option("--mla-kernel", kernel,
+                   "CUDA sparse MLA: the kernel family for this process (default: ws, or "
+                   "DSA_CUDA_SPARSE_MLA_VARIANT); hn (a CTA's 16 heads on the MMA's N) with "
+                   "--mla-splits 8 for single-stream latency; each family gives other bits")
+      ->check(CLI::IsMember(
+          std::vector<std::string>(kSparseMlaKernels.begin(), kSparseMlaKernels.end())));
+}
+
+void apply_mla_kernel(const std::string& kernel, BackendKind backend) {
+  set_process_knob("--mla-kernel", kernel, kSparseMlaKernelVar, "the kernel family", backend);
 }
 
 ModelConfig resolve_config(const ModelOptions& o) {
@@ -195,6 +221,7 @@ ModelStack build_model_stack(const ModelOptions& o) {
   cc.index_k_dtype = index_k;
   cc.fp8_scale_rounding = o.ue8m0 ? ScaleRounding::kUe8m0 : ScaleRounding::kExact;
   apply_mla_splits(o.mla_splits, parse_backend(o.backend));
+  apply_mla_kernel(o.mla_kernel, parse_backend(o.backend));
   s.backend = make_backend(parse_backend(o.backend));
   s.backend->set_gemm_mode(parse_gemm_mode(o.gemm));
   if (s.backend->kind() == BackendKind::kCuda && s.backend->gemm_mode() == GemmMode::kFast) {

@@ -50,9 +50,10 @@ struct ModelOptions {
   std::string gemm = "invariant";  // exact | invariant | fast (GemmMode; CUDA only)
   std::string weights = "bf16";    // bf16 | fp8 (WeightDtype: how the projections are held)
   std::string mla_splits;  // "" (the backend's bound) | 1 | 2 | 4 | 8 | 16 (CUDA sparse MLA)
+  std::string mla_kernel;  // "" (the backend's family) | ws | hn | wgmma64 | wgmma | mma
 };
-// --preset, --checkpoint, --backend, --gemm, --weights, --mla-splits, --index-k, --latent,
-// --ue8m0, --weights-seed.
+// --preset, --checkpoint, --backend, --gemm, --weights, --mla-splits, --mla-kernel, --index-k,
+// --latent, --ue8m0, --weights-seed.
 void add_model_source_options(CLI::App* app, ModelOptions& o);
 // --max-rows, --max-context, --pages.
 void add_capacity_options(CLI::App* app, ModelOptions& o);
@@ -69,6 +70,12 @@ KvDtype parse_kv_dtype(const std::string& name, const char* flag);
 // before make_backend. add_mla_splits_option registers the flag (add_model_source_options does).
 CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits);
 void apply_mla_splits(const std::string& splits, BackendKind backend);
+// --mla-kernel NAME: the CUDA sparse MLA kernel family for the whole process (ws, the default; hn,
+// the heads-as-N kernel for small batches; wgmma64, wgmma, mma), set as
+// DSA_CUDA_SPARSE_MLA_VARIANT before the backend is made, with --mla-splits's rules: a different
+// value already in the environment is refused, the CPU backend warns that nothing reads it.
+CLI::Option* add_mla_kernel_option(CLI::App* app, std::string& kernel);
+void apply_mla_kernel(const std::string& kernel, BackendKind backend);
 
 // The config a command will run: the checkpoint's (only config.json is read) or the preset's.
 ModelConfig resolve_config(const ModelOptions& o);

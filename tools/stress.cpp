@@ -20,6 +20,7 @@ struct StressOpts {
   std::string preset = "tiny", backend = "cpu", index_k = "all", mode = "all", faults = "all";
   std::string policy = "keep", audit_scope = "all", prefix_cache = "all", json, plot;
   std::string mla_splits;
+  std::string mla_kernel;
   uint64_t weight_seed = 0;
   int max_rows = 64;
   int layers = 0;
@@ -117,6 +118,7 @@ int run_stress_command(StressOpts& o) {
   require(!c.cells.empty(), ErrorCode::kInvalidArgument, "no cell matches the flags");
   if (cpu && !o.allow_slow_cpu) refuse_slow_cpu_run(c);
   apply_mla_splits(o.mla_splits, backend);
+  apply_mla_kernel(o.mla_kernel, backend);
 
   StressProgressFn progress;
   if (!o.quiet) progress = print_progress;
@@ -167,6 +169,7 @@ void register_stress(CLI::App& app, SubcommandAction& run) {
                  "layers kept from the preset (0: all), e.g. --preset v32 --layers 2");
   cmd->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   add_mla_splits_option(cmd, o->mla_splits);
+  add_mla_kernel_option(cmd, o->mla_kernel);
   cmd->add_option("--index-k", o->index_k, "bf16 | fp8 | all")->capture_default_str();
   cmd->add_option("--mode", o->mode, "eager | graph | all")->capture_default_str();
   cmd->add_option("--faults,--inject", o->faults,

@@ -21,6 +21,12 @@ enum class BackendKind : uint8_t { kCpu, kCuda };
 // backend refuses any other value when it is made; the dsa commands' --mla-splits sets it).
 inline constexpr std::string_view kSparseMlaSplitsVar = "DSA_CUDA_SPARSE_MLA_MAX_SPLITS";
 inline constexpr std::array<std::string_view, 5> kSparseMlaSplitBounds = {"1", "2", "4", "8", "16"};
+// The CUDA sparse MLA kernel family: the variable the dispatch reads and the families it takes
+// (unset: ws). Each family sums in its own order, so it is one value per process too (the CUDA
+// backend refuses any other value when it is made; the dsa commands' --mla-kernel sets it).
+inline constexpr std::string_view kSparseMlaKernelVar = "DSA_CUDA_SPARSE_MLA_VARIANT";
+inline constexpr std::array<std::string_view, 5> kSparseMlaKernels = {"ws", "hn", "wgmma64",
+                                                                      "wgmma", "mma"};
 
 std::string_view backend_name(BackendKind kind);
 BackendKind parse_backend(std::string_view name);  // "cpu" | "cuda"; throws on anything else

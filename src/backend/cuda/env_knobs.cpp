@@ -13,8 +13,8 @@ namespace dsa::cuda {
 
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
-      {"DSA_CUDA_SPARSE_MLA_VARIANT",
-       {"ws", "wgmma64", "wgmma", "mma", "hn"},
+      {kSparseMlaKernelVar.data(),
+       {kSparseMlaKernels.begin(), kSparseMlaKernels.end()},
        "the sparse MLA kernel (default: ws for bf16 and fp8 caches; wgmma: the former fp8 "
        "default; hn: heads as the MMA's N, for small batches; the others differ in bits)"},
       {kSparseMlaSplitsVar.data(),
