@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -127,17 +128,15 @@ KvDtype parse_kv_dtype(const std::string& name, const char* flag) {
   fail(ErrorCode::kInvalidArgument, "{} must be bf16 or fp8, got '{}'", flag, name);
 }
 
-CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
-  return app
-      ->add_option("--mla-splits", splits,
-                   "CUDA sparse MLA: the bound on splits per row for this process (default: 4, "
-                   "or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency, 2 or 1 for "
-                   "servers sized for large batches; each value gives other bits")
-      ->check(CLI::IsMember(
-          std::vector<std::string>(kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end())));
+namespace {
+// A flag taking one of `values` (the list of a CUDA kernels' process-wide variable).
+template <size_t kN>
+CLI::Option* add_knob_option(CLI::App* app, const char* flag, std::string& value, const char* help,
+                             const std::array<std::string_view, kN>& values) {
+  return app->add_option(flag, value, help)
+      ->check(CLI::IsMember(std::vector<std::string>(values.begin(), values.end())));
 }
 
-namespace {
 // A flag that sets one of the CUDA kernels' process-wide variables (they read it at every call;
 // its value moves the bits, so it holds for the process's life): refused when the environment
 // already holds a different value, a warning alone on the CPU backend, which reads none of them.
@@ -159,18 +158,24 @@ void set_process_knob(const char* flag, const std::string& value, std::string_vi
 }
 }  // namespace
 
+CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
+  return add_knob_option(app, "--mla-splits", splits,
+                         "CUDA sparse MLA: the bound on splits per row for this process (default: "
+                         "4, or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency, 2 or "
+                         "1 for servers sized for large batches; each value gives other bits",
+                         kSparseMlaSplitBounds);
+}
+
 void apply_mla_splits(const std::string& splits, BackendKind backend) {
   set_process_knob("--mla-splits", splits, kSparseMlaSplitsVar, "the split bound", backend);
 }
 
 CLI::Option* add_mla_kernel_option(CLI::App* app, std::string& kernel) {
-  return app
-      ->add_option("--mla-kernel", kernel,
-                   "CUDA sparse MLA: the kernel family for this process (default: ws, or "
-                   "DSA_CUDA_SPARSE_MLA_VARIANT); hn (a CTA's 16 heads on the MMA's N) with "
-                   "--mla-splits 8 for single-stream latency; each family gives other bits")
-      ->check(CLI::IsMember(
-          std::vector<std::string>(kSparseMlaKernels.begin(), kSparseMlaKernels.end())));
+  return add_knob_option(app, "--mla-kernel", kernel,
+                         "CUDA sparse MLA: the kernel family for this process (default: ws, or "
+                         "DSA_CUDA_SPARSE_MLA_VARIANT); hn (a CTA's 16 heads on the MMA's N) with "
+                         "--mla-splits 8 for single-stream latency; each family gives other bits",
+                         kSparseMlaKernels);
 }
 
 void apply_mla_kernel(const std::string& kernel, BackendKind backend) {
