@@ -105,7 +105,7 @@ __device__ __forceinline__ void bar_wg0() {
 }
 
 struct SmemHn {
-  size_t q, kv, pt, cmax, lsum, slots, m, l, coef, bytes;
+  size_t q, kv, pt, cmax, lsum, slots, m, l, bytes;
 };
 constexpr SmemHn hn_layout() {
   SmemHn s{};
@@ -117,8 +117,7 @@ constexpr SmemHn hn_layout() {
   s.slots = s.lsum + 4 * kHnHeads * 4;                     // [chunks][64] int32
   s.m = s.slots + size_t(kMaxChunksPerCta) * kTokens * 4;  // [16] f32
   s.l = s.m + kHnHeads * 4;                                // [16] f32
-  s.coef = s.l + kHnHeads * 4;           // unused: the combine computes its weights
-  s.bytes = s.coef + kSwizzleAtomBytes;  // + align slack
+  s.bytes = s.l + kHnHeads * 4 + kSwizzleAtomBytes;        // + align slack
   return s;
 }
 
@@ -450,7 +449,7 @@ cudaError_t sparse_mla_hn(const SparseMlaParams& p, cudaStream_t stream) {
     return sparse_mla_wgmma(p, stream);
   }
   plan.heads_per_cta = kHnHeads;
-  plan.q_from_l2 = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
+  plan.q_from_l2 = q_rows_aligned(p);
   static LaunchOnce once_bf16, once_fp8;
   const bool fp8 = p.pool.dtype == KvDtype::kFp8;
   const SplitKernel kernel =

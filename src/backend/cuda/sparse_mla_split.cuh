@@ -17,6 +17,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "dsa/backend.h"
 #include "dsa/ops.h"
 
 namespace dsa::cuda::sparse_mla_detail {
@@ -329,6 +330,12 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
   }
 }
 
+// Whether every row of q (and each head's 576 floats in it) starts 16-byte aligned: the CTAs may
+// then copy their heads' q from L2 with cp.async (the ws and hn kernels).
+inline bool q_rows_aligned(const SparseMlaParams& p) {
+  return (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
+}
+
 // The bound on splits per row: kDefaultSplits (4), or 1, 2, 8 or 16 with
 // DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: the default). It changes the
 // split boundaries, so it changes the bits: set it for a whole process or not at all. 8 is the
@@ -339,7 +346,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
 // at 1 split and 118.6 at 2 against 156.2 at 4, and 73.8 / 41.1 / 25.9 at B = 1
 // (bench/results/2026-12-05-h100-mla.md). A deployment's choice, never the batch's.
 inline int max_splits() {
-  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
+  const char* v = std::getenv(kSparseMlaSplitsVar.data());
   const int n = v != nullptr ? std::atoi(v) : 0;
   return n == 1 || n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
 }

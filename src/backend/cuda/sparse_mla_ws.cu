@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 // (bench/results/2026-12-04-h200-mla-splits.md, run 7), its loads and the network pushing about
 // 9 B per SM clock. Either way q is rounded to bf16 the same way: the same bits.
 bool q_from_l2(const SparseMlaParams& p) {
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
+  const bool aligned = q_rows_aligned(p);
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_Q");
   if (v != nullptr && std::strcmp(v, "cluster") == 0) return false;
   return aligned;
