@@ -319,7 +319,7 @@ enum class MlaKernel { kMma, kWgmma, kWgmma64, kWs, kHn };
 constexpr MlaKernel kDefaultBf16Kernel = MlaKernel::kWs;
 constexpr MlaKernel kDefaultFp8Kernel = MlaKernel::kWs;
 MlaKernel mla_kernel(KvDtype dtype) {
-  const char* v = std::getenv(kSparseMlaKernelVar.data());
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_VARIANT");
   if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MlaKernel::kWgmma;
   if (v != nullptr && std::strcmp(v, "mma") == 0) return MlaKernel::kMma;
   if (v != nullptr && std::strcmp(v, "wgmma64") == 0) return MlaKernel::kWgmma64;

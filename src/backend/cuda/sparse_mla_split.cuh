@@ -17,7 +17,6 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/wgmma.cuh"
-#include "dsa/backend.h"
 #include "dsa/ops.h"
 
 namespace dsa::cuda::sparse_mla_detail {
@@ -346,7 +345,7 @@ inline bool q_rows_aligned(const SparseMlaParams& p) {
 // at 1 split and 118.6 at 2 against 156.2 at 4, and 73.8 / 41.1 / 25.9 at B = 1
 // (bench/results/2026-12-05-h100-mla.md). A deployment's choice, never the batch's.
 inline int max_splits() {
-  const char* v = std::getenv(kSparseMlaSplitsVar.data());
+  const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
   return n == 1 || n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
 }
