@@ -13,7 +13,7 @@
 #   4. the V3.2 decode step (bench-decode, 1 layer, B = 1 / 8 / 64 / 256) with the defaults, with
 #      ws at 8 splits, hn at the default bound and hn at 8 splits, and check-replay over hn.
 # HN_QUICK=1 (about 4 minutes, for a short lease): memcheck and racecheck only, the bench at B = 1
-# and 64, the step with the defaults and with hn, no check-replay.
+# and 64, the step with the defaults and with hn at 8 splits, no check-replay.
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md, hn.log,
 # parity.json, bench.json, table.md, trace.md, racecheck.md, decode-*.json.
 set -uo pipefail
@@ -72,10 +72,10 @@ decode() {  # decode NAME [ENV=VALUE...]: the V3.2 step at B = 1 / 8 / 64 / 256,
     --json "$OUT/decode-$name.json"
 }
 decode default
-decode hn DSA_CUDA_SPARSE_MLA_VARIANT=hn
+decode hn-splits8 DSA_CUDA_SPARSE_MLA_VARIANT=hn DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
 if [[ $QUICK != 1 ]]; then
+  decode hn DSA_CUDA_SPARSE_MLA_VARIANT=hn
   decode ws-splits8 DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
-  decode hn-splits8 DSA_CUDA_SPARSE_MLA_VARIANT=hn DSA_CUDA_SPARSE_MLA_MAX_SPLITS=8
   step check-replay-hn 120 env DSA_CUDA_SPARSE_MLA_VARIANT=hn "$B/dsa" --log error check-replay \
     --backend cuda --steps 1500 --seed 7
 fi

@@ -24,6 +24,8 @@
 //                       the async proxy (wg 1 arrives, wg 0 syncs before S);
 //   K_FREE[b]  (bar 5 + b): wg 0's S and P V of chunk k are done (wg 0 arrives, wg 1 syncs
 //                       before copying chunk k + 2 into the tile).
+// Warpgroup 0 issues chunk k + 1's S right behind chunk k's P V (two accumulator sets for S),
+// so the tensor pipe holds both; it waits for P V alone before it frees chunk k's tile.
 // Each arrive has its sync under the same condition; a barrier is never arrived at again before
 // its previous phase completed (K_READY of chunk k + 2 follows wg 1's K_FREE(k) sync, K_FREE of
 // chunk k + 2 follows wg 0's K_READY(k + 2) sync). Warpgroup 0's own barrier (bar 1, 128
@@ -31,7 +33,8 @@
 // is staged (checked, int32) in the prologue, so no slot stage turns.
 //
 // The arithmetic of a head, which fixes its bits (the same for every batch, so batch-invariant):
-//   s = S^T[t][h] (36 k16 steps in k order), scaled to log2 units, -inf where the slot is unused;
+//   s = a + b, a and b the chains of k16 steps over dims 0..287 and 288..575 (18 each, in k
+//       order), scaled to log2 units, -inf where the slot is unused;
 //   the chunk's max of head h: per warp the max over its 16 tokens (the thread's two, then the
 //       xor-4, 8, 16 butterfly), then max over the four warps in order 0..3;
 //   m_new = max(m, that), alpha = 2^(m - m_new) (m_new -inf: 0 used), p = 2^(s - m_new);
@@ -39,16 +42,19 @@
 //       the end over the xor-4, 8, 16 butterfly and then the warps in order 0..3;
 //   O^T rescaled by alpha (skipped when every alpha of the warp is 1: o * 1 is o), then += V^T P^T
 //       with P rounded to bf16, k16 steps 0..3 per accumulator, chunks ascending;
-//   the split plan split_plan(topk, max_splits(), 64) and the cluster's combine
-//   (sparse_mla_split.cuh: combine_splits, fixed split order), as every kernel.
+//   the split plan split_plan(topk, max_splits(), 64) and combine_slice's weights and sums
+//       (sparse_mla_split.cuh, fixed split order), as every kernel; the partials reach the CTA
+//       that sums a slice by remote stores (the end of the kernel), the values combine_splits
+//       would have read.
 // The heads per CTA are 16 always (the group the batch never moves); B only decides how many
 // CTAs run.
 //
 // Shared memory (offsets from a 1024-aligned base): q 18 KiB (nine [16][64] tiles), two chunk
 // tiles of 72 KiB, P^T 2 KiB, the column maxima [4][16] f32, the row sums [4][16] f32, the slots
-// [chunks per split][64] int32 (8 KiB at one split), m and l [16]: 176 KiB at most. q's f32 rows
-// come from L2 into the second tile before it takes chunk 1; after the loop the partial o [16]
-// [kPartPitch] f32 overlays q and the first tile.
+// [chunks per split][64] int32 (8 KiB at one split), m [16], and what the other CTAs push: the
+// partials' slices [splits][16][512 / splits] f32 (32 KiB) and their m and l [16][16] f32 each:
+// 210 KiB at most. q's f32 rows come from L2 into the second tile before it takes chunk 1; after
+// the loop the partial o [16][kPartPitch] f32 overlays q and the first tile.
 // ptxas (sm_90a, nvcc 13.0): see the build's -Xptxas -v line for sparse_mla_hn_kernel.
 #include <cooperative_groups.h>
 
@@ -56,6 +62,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/launch.h"
@@ -105,28 +112,29 @@ __device__ __forceinline__ void bar_wg0() {
 }
 
 struct SmemHn {
-  size_t q, kv, pt, cmax, lsum, slots, m, l, bytes;
+  size_t q, kv, pt, cmax, lsum, slots, m, recv, recv_m, recv_l, bytes;
 };
 constexpr SmemHn hn_layout() {
   SmemHn s{};
-  s.q = 0;                                                 // 1024-aligned
-  s.kv = s.q + kQBytes;                                    // 1024-aligned
-  s.pt = s.kv + size_t(kRing) * kChunkBytes;               // 1024-aligned
-  s.cmax = s.pt + kPtBytes;                                // [4 warps][16] f32
-  s.lsum = s.cmax + 4 * kHnHeads * 4;                      // [4 warps][16] f32
-  s.slots = s.lsum + 4 * kHnHeads * 4;                     // [chunks][64] int32
-  s.m = s.slots + size_t(kMaxChunksPerCta) * kTokens * 4;  // [16] f32
-  s.l = s.m + kHnHeads * 4;                                // [16] f32
-  s.bytes = s.l + kHnHeads * 4 + kSwizzleAtomBytes;        // + align slack
+  s.q = 0;                                                  // 1024-aligned
+  s.kv = s.q + kQBytes;                                     // 1024-aligned
+  s.pt = s.kv + size_t(kRing) * kChunkBytes;                // 1024-aligned
+  s.cmax = s.pt + kPtBytes;                                 // [4 warps][16] f32
+  s.lsum = s.cmax + 4 * kHnHeads * 4;                       // [4 warps][16] f32
+  s.slots = s.lsum + 4 * kHnHeads * 4;                      // [chunks][64] int32
+  s.m = s.slots + size_t(kMaxChunksPerCta) * kTokens * 4;   // [16] f32
+  s.recv = s.m + kHnHeads * 4;                              // [splits][16][512 / splits] f32
+  s.recv_m = s.recv + size_t(kHnHeads) * kKvLoraRank * 4;   // [kMaxSplits][16] f32
+  s.recv_l = s.recv_m + size_t(kMaxSplits) * kHnHeads * 4;  // [kMaxSplits][16] f32
+  s.bytes = s.recv_l + size_t(kMaxSplits) * kHnHeads * 4 + kSwizzleAtomBytes;  // + align slack
   return s;
 }
 
-// What combine_splits needs of the kernel: 16 heads, combined by the first 128 threads (8 a head,
-// so every split count up to 16 divides a CTA's slice: combine_slice), m and l where they are.
+// What combine_slice needs of the kernel: 16 heads, combined by the first 128 threads (8 a head,
+// so every split count up to 16 divides a CTA's slice).
 struct HnVariant {
   static constexpr int kHeads = kHnHeads;
   static constexpr int kThreads = kWgThreads;  // the combine's threads (of the CTA's 256)
-  static constexpr bool kSliceCombine = true;
   static constexpr SmemHn kSmem = hn_layout();
   static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
   static_assert(size_t(kHeads) * kPartPitch * 4 <= kSmem.pt,
@@ -137,14 +145,20 @@ struct HnVariant {
 // The diagnostics trace: thread 0 (and 128, kLoop1) only (sparse_mla_split.cuh).
 using Trace = SparseMlaTrace;
 
-// S^T [64 tokens x 16 heads] over all 576 dims, in k order: step i reads k16 block i % 4 of
-// 64-dim tile i / 4 of the chunk (8 KiB tiles) and of q (2 KiB tiles).
+// S^T [64 tokens x 16 heads] over the 576 dims as two chains of 18 k16 steps, issued
+// interleaved so the tensor pipe holds two independent accumulations: a over dims 0..287 (steps
+// 0..17), b over dims 288..575 (steps 18..35), each in k order; S^T = a + b afterwards. Step i
+// reads k16 block i % 4 of 64-dim tile i / 4 of the chunk (8 KiB tiles) and of q (2 KiB tiles).
+constexpr int kChainSteps = kScoreSteps / 2;
+template <int kI>
+__device__ __forceinline__ void score_step(float (&s)[8], uint32_t tile, uint32_t q) {
+  wgmma_bf16<16, 0>(s, wgmma_desc_sw128(tile + uint32_t((kI / 4) * kTileBytes + (kI % 4) * 32)),
+                    wgmma_desc_sw128(q + uint32_t((kI / 4) * kQTileBytes + (kI % 4) * 32)));
+}
 template <int... kI>
-__device__ __forceinline__ void scores_t(float (&s)[8], uint32_t tile, uint32_t q,
+__device__ __forceinline__ void scores_t(float (&a)[8], float (&b)[8], uint32_t tile, uint32_t q,
                                          std::integer_sequence<int, kI...>) {
-  (wgmma_bf16<16, 0>(s, wgmma_desc_sw128(tile + uint32_t((kI / 4) * kTileBytes + (kI % 4) * 32)),
-                     wgmma_desc_sw128(q + uint32_t((kI / 4) * kQTileBytes + (kI % 4) * 32))),
-   ...);
+  ((score_step<kI>(a, tile, q), score_step<kI + kChainSteps>(b, tile, q)), ...);
 }
 
 template <KvDtype D>
@@ -184,6 +198,7 @@ __global__ void __launch_bounds__(kHnThreads, 1)
   };
   const bool tracing = p.trace != nullptr && threadIdx.x == 0;
   if (tracing) trace_begin(p);
+  cluster_arrive_relaxed();  // this CTA has started: the others may store into its shared memory
 
   // Prologue. q's f32 rows into the second tile (cp.async where rows are 16-byte aligned), every
   // slot of the CTA's chunks loaded meanwhile and staged; then chunk 0's copies into the first
@@ -247,22 +262,35 @@ __global__ void __launch_bounds__(kHnThreads, 1)
   if (wg == 0) {
     const uint32_t q_tile = base + uint32_t(V::kSmem.q), pt = base + uint32_t(V::kSmem.pt);
     const float scale_log2 = p.scale * 1.4426950408889634f;
-    for (int ch = 0; ch < n_chunks; ++ch) {
+    // S of a chunk into (sa, sb), committed as one group: chunk 0's before the loop, chunk
+    // ch + 1's right behind chunk ch's P V, so the two overlap in the tensor pipe.
+    float sa[8], sb[8];
+    auto issue_scores = [&](int ch) {
       bar_wait(kKReady + ch % kRing);
-      if (tracing && ch == 0) trace_stamp(p, Trace::kFirstS);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        sa[i] = 0.0f, sb[i] = 0.0f;
+        fence_operand(sa[i]);
+        fence_operand(sb[i]);
+      }
+      wgmma_fence();
+      scores_t(sa, sb, tile_at(ch), q_tile, std::make_integer_sequence<int, kChainSteps>{});
+      wgmma_commit();
+    };
+    // One chunk: its softmax and P V, then (kNext) the next chunk's S. Every wgmma wait is
+    // fixed at compile time (the last chunk is peeled), so no accumulator is in flight across
+    // a branch that ptxas cannot see as uniform.
+    auto chunk_step = [&](int ch, auto next) {
+      constexpr bool kNext = decltype(next)::value;
       const uint32_t tile = tile_at(ch);
+      wgmma_wait<0>();  // S of chunk ch (chunk ch - 1's P V was waited for before it was issued)
       float s[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        s[i] = 0.0f;
-        fence_operand(s[i]);
+        fence_operand(sa[i]);
+        fence_operand(sb[i]);
+        s[i] = sa[i] + sb[i];
       }
-      wgmma_fence();
-      scores_t(s, tile, q_tile, std::make_integer_sequence<int, kScoreSteps>{});
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 8; ++i) fence_operand(s[i]);
 
       // Mask and scale; s[4 j + 2 r + e] is token tok0 + 8 r, head index 2 j + e.
       const int32_t* slots = slots_of(ch);
@@ -347,13 +375,24 @@ __global__ void __launch_bounds__(kHnThreads, 1)
         }
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (kNext) {
+        issue_scores(ch + 1);
+        wgmma_wait<1>();  // P V of chunk ch (chunk ch + 1's S may still run)
+      } else {
+        wgmma_wait<0>();
+      }
 #pragma unroll
       for (int b = 0; b < kOutTiles; ++b) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) fence_operand(o[b][i]);
       }
       if (ch + 2 < n_chunks) bar_arrive(kKFree + ch % kRing);  // the tile may take chunk ch + 2
+    };
+    if (n_chunks > 0) {
+      issue_scores(0);
+      if (tracing) trace_stamp(p, Trace::kFirstS);
+      for (int ch = 0; ch + 1 < n_chunks; ++ch) chunk_step(ch, std::true_type{});
+      chunk_step(n_chunks - 1, std::false_type{});
     }
     if (tracing) trace_stamp(p, Trace::kLoop0);
   } else {
@@ -422,18 +461,58 @@ __global__ void __launch_bounds__(kHnThreads, 1)
     }
   }
   __syncthreads();  // the partial, m and the warps' l sums are stored
+
+  // The combine, pushed: each CTA stores the slices of its partial into the CTAs that own them
+  // (recv [split][head][dim - d0] of split r's CTA for r's dims [d0, d0 + 512 / splits)), and its
+  // m and l into every CTA's recv_m / recv_l [split][head]; after one cluster barrier each CTA
+  // sums its own slice from its own shared memory. The remote stores never wait for a round
+  // trip, nothing remote is read, and no CTA waits at the end for others to finish reading it.
+  // The arithmetic is combine_slice's, on the same values: the bits do not depend on the path.
+  const int splits = plan.splits, split = work.split, slice = kKvLoraRank / splits;
+  auto* recv = reinterpret_cast<float*>(smem + V::kSmem.recv);
+  auto* recv_m = reinterpret_cast<float*>(smem + V::kSmem.recv_m);
+  auto* recv_l = reinterpret_cast<float*>(smem + V::kSmem.recv_l);
+  auto in_cta = [&](float* local, int r) {
+    return r == split ? local : cluster.map_shared_rank(local, r);
+  };
+  cluster_wait_acquire();  // the phase of the arrival at the start: every CTA has started
   if (threadIdx.x < kHnHeads) {
     const int h = int(threadIdx.x);
-    reinterpret_cast<float*>(smem + V::kSmem.l)[h] =
+    const float l_h =
         ((lsum_s[h] + lsum_s[kHnHeads + h]) + lsum_s[2 * kHnHeads + h]) + lsum_s[3 * kHnHeads + h];
+    const float m_h = reinterpret_cast<const float*>(smem + V::kSmem.m)[h];
+    for (int r = 0; r < splits; ++r) {
+      *in_cta(recv_m + split * kHnHeads + h, r) = m_h;
+      *in_cta(recv_l + split * kHnHeads + h, r) = l_h;
+    }
   }
-  cluster.sync();  // every split's partial is complete and visible to the cluster
+  {
+    const auto* part = reinterpret_cast<const float*>(smem);
+    constexpr int kRowVecs = kKvLoraRank / 4;
+    for (int i = int(threadIdx.x); i < work.heads * kRowVecs; i += kHnThreads) {
+      const int h = i / kRowVecs, d = i % kRowVecs * 4;
+      const float4 v = *reinterpret_cast<const float4*>(part + h * kPartPitch + d);
+      *reinterpret_cast<float4*>(
+          in_cta(recv + (split * kHnHeads + h) * slice + d % slice, d / slice)) = v;
+    }
+  }
+  cluster_arrive_release();  // this CTA's pushes are done
+  cluster_wait_acquire();    // every CTA's pushes are visible
   if (tracing) trace_stamp(p, Trace::kParts);
-  combine_splits<V>(p, cluster, plan.splits, work.split, work.row, work.head0, work.heads, smem);
-  if (tracing) trace_stamp(p, Trace::kCombined);
-  cluster_arrive_relaxed();  // no CTA leaves while another still reads its shared memory
-  cluster_wait_acquire();
-  if (tracing) trace_finish(p, n_chunks);
+  const int d0 = split * slice;
+  combine_slices<V>(
+      p, splits, split, work.row, work.head0, work.heads,
+      [&](int s, int h, int d) -> const float* {
+        return recv + (s * kHnHeads + h) * slice + (d - d0);
+      },
+      [&](int s, int h, float& m_s, float& l_s) {
+        m_s = recv_m[s * kHnHeads + h];
+        l_s = recv_l[s * kHnHeads + h];
+      });
+  if (tracing) {
+    trace_stamp(p, Trace::kCombined);
+    trace_finish(p, n_chunks);
+  }
 }
 
 }  // namespace

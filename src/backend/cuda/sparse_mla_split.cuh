@@ -242,18 +242,6 @@ __device__ __forceinline__ void trace_finish(const SparseMlaParams& p, int n_chu
   if (n_chunks == 0) w[T::kFirstS] = w[T::kPrologue];  // no S: the loops are empty
 }
 
-// Whether combine_splits runs the batched slices (combine_slice) for a kernel: those of 256 threads
-// and any that says so (V::kSliceCombine: the heads-as-N kernel, whose V::kThreads is the 128 of
-// its 256 threads that combine); the mma.sync kernel's smaller CTAs take the table path.
-template <class V>
-__host__ __device__ constexpr bool slice_combine() {
-  if constexpr (requires { V::kSliceCombine; }) {
-    return V::kSliceCombine;
-  } else {
-    return V::kThreads >= 256;
-  }
-}
-
 // The cluster's combine, after every CTA has left its partial in shared memory: part [kHeads]
 // [kPartPitch] o (unnormalized), m [kHeads] (log2 units, -inf when the split saw no valid slot)
 // and l [kHeads]. Per head, the weights of the splits (split_weights); over this CTA's slice of
@@ -275,7 +263,7 @@ __device__ void combine_splits(const SparseMlaParams& p, cg::cluster_group& clus
     m = at(s, V::kSmem.m)[h];
     l = at(s, V::kSmem.l)[h];
   };
-  if constexpr (slice_combine<V>()) {
+  if constexpr (V::kThreads >= 256) {  // the batched slices; the mma.sync kernel: the table
     combine_slices<V>(
         p, splits, split, row, head0, heads,
         [&](int s, int h, int d) -> const float* { return at(s, 0) + h * kPartPitch + d; }, ml);
