@@ -161,36 +161,6 @@ __device__ __forceinline__ void scores_t(float (&a)[8], float (&b)[8], uint32_t 
   ((score_step<kI>(a, tile, q), score_step<kI + kChainSteps>(b, tile, q)), ...);
 }
 
-// A bf16 chunk through the copying warpgroup's registers, so that its loads can fly before its
-// tile is free: load_chunk (fetch_chunk's token and piece mapping, 4 tokens x 9 tiles of 16
-// bytes a thread; zeros for unused slots) any time after the slots are staged, store_chunk into
-// the tile once warpgroup 0 has freed it. 144 registers of a thread hold one chunk.
-constexpr int kRegTokens = kTokens / (kWgThreads / 8);  // 4 tokens a thread
-using ChunkRegs = uint4[kRegTokens][kTiles64];
-__device__ __forceinline__ void load_chunk(const SparseMlaParams& p, const int32_t* slots, int t,
-                                           ChunkRegs& r) {
-  const int c = t % 8;
-#pragma unroll
-  for (int i = 0; i < kRegTokens; ++i) {
-    const int64_t slot = slots[t / 8 + i * (kWgThreads / 8)];
-    const uint4* src = reinterpret_cast<const uint4*>(
-        p.pool.data + (slot >= 0 ? slot : 0) * (kLatentDim * 2) + c * 16);
-#pragma unroll
-    for (int b = 0; b < kTiles64; ++b) {
-      r[i][b] = slot >= 0 ? __ldg(src + b * (kSwizzleRowBytes / 16)) : make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-__device__ __forceinline__ void store_chunk(uint8_t* tile, int t, const ChunkRegs& r) {
-  const int c = t % 8;
-#pragma unroll
-  for (int i = 0; i < kRegTokens; ++i) {
-    uint8_t* dst = tile + swizzle128_offset(t / 8 + i * (kWgThreads / 8), c);
-#pragma unroll
-    for (int b = 0; b < kTiles64; ++b) *reinterpret_cast<uint4*>(dst + b * kTileBytes) = r[i][b];
-  }
-}
-
 template <KvDtype D>
 __global__ void __launch_bounds__(kHnThreads, 1)
     sparse_mla_hn_kernel(SparseMlaParams p, SplitPlan plan) {
@@ -433,33 +403,31 @@ __global__ void __launch_bounds__(kHnThreads, 1)
       publish(0);
       bar_arrive(kKReady + 0);
     }
-    // Step ch: chunk ch + 1 announced once its copies have landed (K_READY; fp8: expanded, so
-    // the expansion overlaps warpgroup 0's work on chunk ch), then chunk ch + 2 into chunk ch's
-    // tile once warpgroup 0 is done with it (K_FREE). The order is warpgroup 0's: it waits for
-    // chunk ch + 1 (its S goes behind chunk ch's P V) before it frees chunk ch's tile. bf16:
-    // chunks 2 on go through registers, their loads issued a step before the tile is free
-    // (chunk 2's here), so the gather's latency is not waited for after K_FREE.
-    [[maybe_unused]] ChunkRegs regs;
-    if constexpr (D == KvDtype::kBf16) {
-      if (n_chunks > 2) load_chunk(p, slots_of(2), t, regs);
-    }
+    // Step ch: chunk ch + 2 into chunk ch's tile once warpgroup 0 is done with it (K_FREE), and
+    // chunk ch + 1 announced once its copies have landed (K_READY). bf16: the copies first, so
+    // they start the moment the tile is free (announcing is a fence). fp8: the announcement
+    // first, so chunk ch + 1's expansion overlaps warpgroup 0's work on chunk ch.
     for (int ch = 0; ch < n_chunks; ++ch) {
+      auto refill = [&] {
+        if (ch + 2 < n_chunks) {
+          bar_wait(kKFree + ch % kRing);
+          fetch(ch + 2);
+        }
+        cp_async_commit();
+      };
+      if constexpr (D == KvDtype::kBf16) refill();
       if (ch + 1 < n_chunks) {
-        cp_async_wait<0>();  // every group (chunk ch + 1's is the newest; none past chunk 1 in
-                             // bf16)
+        // bf16: every group but chunk ch + 2's has landed; fp8: every group (ch + 1's is the
+        // newest).
+        if constexpr (D == KvDtype::kBf16) {
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
         publish(ch + 1);
         bar_arrive(kKReady + (ch + 1) % kRing);
       }
-      if (ch + 2 < n_chunks) {
-        bar_wait(kKFree + ch % kRing);
-        if constexpr (D == KvDtype::kBf16) {
-          store_chunk(tile_bytes(ch + 2), t, regs);
-          if (ch + 3 < n_chunks) load_chunk(p, slots_of(ch + 3), t, regs);
-        } else {
-          fetch(ch + 2);
-        }
-      }
-      cp_async_commit();
+      if constexpr (D == KvDtype::kFp8) refill();
     }
     cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
     if (p.trace != nullptr && t == 0) trace_stamp(p, Trace::kLoop1);
