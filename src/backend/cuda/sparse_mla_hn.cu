@@ -403,31 +403,21 @@ __global__ void __launch_bounds__(kHnThreads, 1)
       publish(0);
       bar_arrive(kKReady + 0);
     }
-    // Step ch: chunk ch + 2 into chunk ch's tile once warpgroup 0 is done with it (K_FREE), and
-    // chunk ch + 1 announced once its copies have landed (K_READY). bf16: the copies first, so
-    // they start the moment the tile is free (announcing is a fence). fp8: the announcement
-    // first, so chunk ch + 1's expansion overlaps warpgroup 0's work on chunk ch.
+    // Step ch: chunk ch + 1 announced once its copies have landed (K_READY; fp8: expanded, so
+    // the expansion overlaps warpgroup 0's work on chunk ch), then chunk ch + 2 into chunk ch's
+    // tile once warpgroup 0 is done with it (K_FREE). The order is warpgroup 0's: it waits for
+    // chunk ch + 1 (its S goes behind chunk ch's P V) before it frees chunk ch's tile.
     for (int ch = 0; ch < n_chunks; ++ch) {
-      auto refill = [&] {
-        if (ch + 2 < n_chunks) {
-          bar_wait(kKFree + ch % kRing);
-          fetch(ch + 2);
-        }
-        cp_async_commit();
-      };
-      if constexpr (D == KvDtype::kBf16) refill();
       if (ch + 1 < n_chunks) {
-        // bf16: every group but chunk ch + 2's has landed; fp8: every group (ch + 1's is the
-        // newest).
-        if constexpr (D == KvDtype::kBf16) {
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
+        cp_async_wait<0>();  // every group (chunk ch + 1's is the newest)
         publish(ch + 1);
         bar_arrive(kKReady + (ch + 1) % kRing);
       }
-      if constexpr (D == KvDtype::kFp8) refill();
+      if (ch + 2 < n_chunks) {
+        bar_wait(kKFree + ch % kRing);
+        fetch(ch + 2);
+      }
+      cp_async_commit();
     }
     cp_async_wait<0>();  // nothing in flight past here (the trailing groups are empty)
     if (p.trace != nullptr && t == 0) trace_stamp(p, Trace::kLoop1);
