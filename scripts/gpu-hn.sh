@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The heads-as-N sparse MLA kernel's GPU check (src/backend/cuda/sparse_mla_hn.cu,
-# DSA_CUDA_SPARSE_MLA_VARIANT=hn), in one device call of about 6 minutes. Runs ON the device, from
+# DSA_CUDA_SPARSE_MLA_VARIANT=hn), in one device call of about 3 minutes. Runs ON the device, from
 # the repository root, with the build of scripts/gpu-build.sh carried (build-gpu/{lib,tests,bench,
 # dsa}):
 #   1. its parity tests (ParityAttention.SparseMlaHn*: the CPU's outputs at every split bound, bf16
@@ -12,7 +12,7 @@
 #      process, the default ws beside hn) with --mla-trace (ws, hn, hn at 8 splits), tabled;
 #   4. the V3.2 decode step (bench-decode, 1 layer, B = 1 / 8 / 64 / 256) with the defaults, with
 #      ws at 8 splits, hn at the default bound and hn at 8 splits, and check-replay over hn.
-# HN_QUICK=1 (about 4 minutes, for a short lease): memcheck and racecheck only, the bench at B = 1
+# HN_QUICK=1 (about 2 minutes, for a short lease): memcheck and racecheck only, the bench at B = 1
 # and 64, the step with the defaults and with hn at 8 splits, no check-replay.
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md, hn.log,
 # parity.json, bench.json, table.md, trace.md, racecheck.md, decode-*.json.
