@@ -161,9 +161,8 @@ void set_process_knob(const char* flag, const std::string& value, std::string_vi
 CLI::Option* add_mla_splits_option(CLI::App* app, std::string& splits) {
   return add_knob_option(app, "--mla-splits", splits,
                          "CUDA sparse MLA: the bound on splits per row for this process (default: "
-                         "4, or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency (12 "
-                         "with --mla-kernel hn; the other kernels take 12 as 8), 2 or 1 for "
-                         "servers sized for large batches; each value gives other bits",
+                         "4, or DSA_CUDA_SPARSE_MLA_MAX_SPLITS); 8 for single-stream latency, 2 or "
+                         "1 for servers sized for large batches; each value gives other bits",
                          kSparseMlaSplitBounds);
 }
 

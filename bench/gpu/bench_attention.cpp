@@ -25,12 +25,11 @@
 //       warp-specialized form, =ws, bf16 and fp8; heads per CTA forced; q's way forced) and at B
 //       = 1 .../graph,
 //       .../mma/graph, .../wgmma/graph, .../wgmma/overlap/graph and (bf16) .../wgmma64/graph and
-//       .../ws/graph (bf16 and fp8; graph-launched); .../hn and .../hn/splits=16|12|8|2|1 (the
-//       heads-as-N kernel, =hn) and at B = 1 .../hn/graph, .../hn/splits=8|16|12/graph and
-//       .../ws/splits=8/graph; with --mla-trace, sparse_mla_trace/bf16/B=.../ws, .../hn,
-//       .../hn/splits=8 and .../hn/splits=12: one traced launch of the kernel, its CTAs' mean time
-//       per phase, and cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data
-//       movement alone
+//       .../ws/graph (bf16 and fp8; graph-launched); .../hn and .../hn/splits=16|8|2|1 (the
+//       heads-as-N kernel, =hn) and at B = 1 .../hn/graph, .../hn/splits=8|16/graph and
+//       .../ws/splits=8/graph; with --mla-trace, sparse_mla_trace/bf16/B=.../ws, .../hn and
+//       .../hn/splits=8: one traced launch of the kernel, its CTAs' mean time per phase, and
+//       cluster_exchange/{pull,push,global}/ctas=16|1024: the combine's data movement alone
 // Every row gets its own pages in a random order (a serving pool's layout). Inputs rotate over
 // more than 3x L2 where one set would fit in it (top-k's small batches, the attention's queries).
 #include <algorithm>
@@ -419,7 +418,6 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
   // hn (heads as the MMA's N, 16 heads per CTA: for small batches) at every split bound.
   variants.push_back({nullptr, "", "/hn", false, "hn"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/hn/splits=16", false, "hn"});
-  variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "12", "/hn/splits=12", false, "hn"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/hn/splits=8", false, "hn"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "2", "/hn/splits=2", false, "hn"});
   variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "1", "/hn/splits=1", false, "hn"});
@@ -427,7 +425,6 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     variants.push_back({nullptr, "", "/hn/graph", true, "hn"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/hn/splits=8/graph", true, "hn"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "16", "/hn/splits=16/graph", true, "hn"});
-    variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "12", "/hn/splits=12/graph", true, "hn"});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "8", "/ws/splits=8/graph", true, "ws"});
     variants.push_back({nullptr, "", "/graph", true});
     variants.push_back({"DSA_CUDA_SPARSE_MLA_MAX_SPLITS", "4", "/default/splits=4/graph", true});
@@ -488,7 +485,6 @@ void bench_sparse_mla(BenchContext& ctx, KvDtype dtype, int kRows, std::mt19937_
     trace_sparse_mla(ctx, p, kRows, "ws", nullptr);
     trace_sparse_mla(ctx, p, kRows, "hn", nullptr);
     trace_sparse_mla(ctx, p, kRows, "hn", "8");
-    trace_sparse_mla(ctx, p, kRows, "hn", "12");
   }
 }
 

@@ -17,13 +17,10 @@ namespace dsa {
 enum class BackendKind : uint8_t { kCpu, kCuda };
 
 // The CUDA sparse MLA kernels' bound on splits per row: the variable they read and the values it
-// takes (unset: 4). hn splits a row into exactly that many CTAs (fewer when the row has fewer
-// chunks of 64); the other kernels into the largest power of two within it, so 12 is 8 for them.
-// The split count moves the bits, so it is one value per process (the CUDA backend refuses any
-// other value when it is made; the dsa commands' --mla-splits sets it).
+// takes (unset: 4). The split count moves the bits, so it is one value per process (the CUDA
+// backend refuses any other value when it is made; the dsa commands' --mla-splits sets it).
 inline constexpr std::string_view kSparseMlaSplitsVar = "DSA_CUDA_SPARSE_MLA_MAX_SPLITS";
-inline constexpr std::array<std::string_view, 6> kSparseMlaSplitBounds = {"1", "2",  "4",
-                                                                          "8", "12", "16"};
+inline constexpr std::array<std::string_view, 5> kSparseMlaSplitBounds = {"1", "2", "4", "8", "16"};
 // The CUDA sparse MLA kernel family: the variable the dispatch reads and the families it takes
 // (unset: ws). Each family sums in its own order, so it is one value per process too (the CUDA
 // backend refuses any other value when it is made; the dsa commands' --mla-kernel sets it).

@@ -19,9 +19,8 @@ const std::vector<EnvKnob>& env_knobs() {
        "default; hn: heads as the MMA's N, for small batches; the others differ in bits)"},
       {kSparseMlaSplitsVar.data(),
        {kSparseMlaSplitBounds.begin(), kSparseMlaSplitBounds.end()},
-       "the bound on splits per row (default: 4; 8 for single-stream latency, 12 with hn, which "
-       "splits into exactly that many, where the others take the power of two within it; 1 or 2 "
-       "for large batches)"},
+       "the bound on splits per row (default: 4; 8 for single-stream latency, 1 or 2 for large "
+       "batches)"},
       {"DSA_CUDA_SPARSE_MLA_HEADS",
        {"auto", "16", "32", "64"},
        "heads per CTA (default and auto: chosen from the batch, the fewest that fit one wave; "

@@ -42,29 +42,22 @@
 //       the end over the xor-4, 8, 16 butterfly and then the warps in order 0..3;
 //   O^T rescaled by alpha (skipped when every alpha of the warp is 1: o * 1 is o), then += V^T P^T
 //       with P rounded to bf16, k16 steps 0..3 per accumulator, chunks ascending;
-//   the splits: exactly the bound's count (max_splits(), 12 included), or one per chunk when the
-//       row has fewer chunks of 64; the row's chunks dealt in order, the first chunks % splits
-//       CTAs one more than the rest; the combine: split_weights and the fmaf chain in split order
-//       (sparse_mla_split.cuh, as every kernel's), over output slices of hn_slice(splits) dims,
-//       whose partials reach the CTA that sums them by remote stores (the end of the kernel).
-// Why 12: a CTA at 16 splits lives 9.0 us at B = 1 against 11.4 at 8, but an H100 holds only
-// seven 16-CTA clusters at once (one CTA per SM), so the eight head groups of a row ran in two
-// waves (bench/results/2026-12-06-h100-hn2.md, run 6); 12-CTA clusters give a CTA at most 3
-// chunks of the 32, in clusters small enough that eight may fit at once.
+//   the split plan split_plan(topk, max_splits(), 64) and combine_slice's weights and sums
+//       (sparse_mla_split.cuh, fixed split order), as every kernel; the partials reach the CTA
+//       that sums a slice by remote stores (the end of the kernel), the values combine_splits
+//       would have read.
 // The heads per CTA are 16 always (the group the batch never moves); B only decides how many
 // CTAs run.
 //
 // Shared memory (offsets from a 1024-aligned base): q 18 KiB (nine [16][64] tiles), two chunk
 // tiles of 72 KiB, P^T 2 KiB, the column maxima [4][16] f32, the row sums [4][16] f32, the slots
-// [chunks per split][64] int32 (8 KiB at one split), m [16], what the other CTAs push (the
-// partials' slices [splits][16][hn_slice] f32, 35 KiB at the worst count, and their m and l
-// [16][16] f32 each) and the combine's weights [16][16] f32: 212 KiB. q's f32 rows come from L2
-// into the second tile before it takes chunk 1; after the loop the partial o [16][kPartPitch] f32
-// overlays q and the first tile. ptxas (sm_90a, nvcc 13.0): see the build's -Xptxas -v line for
-// sparse_mla_hn_kernel.
+// [chunks per split][64] int32 (8 KiB at one split), m [16], and what the other CTAs push: the
+// partials' slices [splits][16][512 / splits] f32 (32 KiB) and their m and l [16][16] f32 each:
+// 210 KiB at most. q's f32 rows come from L2 into the second tile before it takes chunk 1; after
+// the loop the partial o [16][kPartPitch] f32 overlays q and the first tile.
+// ptxas (sm_90a, nvcc 13.0): see the build's -Xptxas -v line for sparse_mla_hn_kernel.
 #include <cooperative_groups.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -118,43 +111,33 @@ __device__ __forceinline__ void bar_wg0() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(int(kSoftmax)), "n"(kWgThreads) : "memory");
 }
 
-// The output dims a CTA sums at `splits` splits: ceil(512 / splits) rounded up to whole float4s
-// (CTA r sums dims [r w, min(512, (r + 1) w)); the last ones may have fewer or none).
-__host__ __device__ constexpr int hn_slice(int splits) {
-  return ((kKvLoraRank + splits - 1) / splits + 3) / 4 * 4;
-}
-// The floats of the pushed partials a CTA holds per head, at the worst split count.
-constexpr int hn_recv_per_head() {
-  int most = 0;
-  for (int s = 1; s <= kMaxSplits; ++s) most = most > s * hn_slice(s) ? most : s * hn_slice(s);
-  return most;
-}
-
 struct SmemHn {
-  size_t q, kv, pt, cmax, lsum, slots, m, recv, recv_m, recv_l, wts, bytes;
+  size_t q, kv, pt, cmax, lsum, slots, m, recv, recv_m, recv_l, bytes;
 };
 constexpr SmemHn hn_layout() {
   SmemHn s{};
-  s.q = 0;                                                        // 1024-aligned
-  s.kv = s.q + kQBytes;                                           // 1024-aligned
-  s.pt = s.kv + size_t(kRing) * kChunkBytes;                      // 1024-aligned
-  s.cmax = s.pt + kPtBytes;                                       // [4 warps][16] f32
-  s.lsum = s.cmax + 4 * kHnHeads * 4;                             // [4 warps][16] f32
-  s.slots = s.lsum + 4 * kHnHeads * 4;                            // [chunks][64] int32
-  s.m = s.slots + size_t(kMaxChunksPerCta) * kTokens * 4;         // [16] f32
-  s.recv = s.m + kHnHeads * 4;                                    // [splits][16][hn_slice] f32
-  s.recv_m = s.recv + size_t(kHnHeads) * hn_recv_per_head() * 4;  // [kMaxSplits][16] f32
-  s.recv_l = s.recv_m + size_t(kMaxSplits) * kHnHeads * 4;        // [kMaxSplits][16] f32
-  s.wts = s.recv_l + size_t(kMaxSplits) * kHnHeads * 4;           // [16][kMaxSplits] f32
-  s.bytes = s.wts + size_t(kMaxSplits) * kHnHeads * 4 + kSwizzleAtomBytes;  // + align slack
+  s.q = 0;                                                  // 1024-aligned
+  s.kv = s.q + kQBytes;                                     // 1024-aligned
+  s.pt = s.kv + size_t(kRing) * kChunkBytes;                // 1024-aligned
+  s.cmax = s.pt + kPtBytes;                                 // [4 warps][16] f32
+  s.lsum = s.cmax + 4 * kHnHeads * 4;                       // [4 warps][16] f32
+  s.slots = s.lsum + 4 * kHnHeads * 4;                      // [chunks][64] int32
+  s.m = s.slots + size_t(kMaxChunksPerCta) * kTokens * 4;   // [16] f32
+  s.recv = s.m + kHnHeads * 4;                              // [splits][16][512 / splits] f32
+  s.recv_m = s.recv + size_t(kHnHeads) * kKvLoraRank * 4;   // [kMaxSplits][16] f32
+  s.recv_l = s.recv_m + size_t(kMaxSplits) * kHnHeads * 4;  // [kMaxSplits][16] f32
+  s.bytes = s.recv_l + size_t(kMaxSplits) * kHnHeads * 4 + kSwizzleAtomBytes;  // + align slack
   return s;
 }
 
-// The kernel's shared memory, checked.
+// What combine_slice needs of the kernel: 16 heads, combined by the first 128 threads (8 a head,
+// so every split count up to 16 divides a CTA's slice).
 struct HnVariant {
+  static constexpr int kHeads = kHnHeads;
+  static constexpr int kThreads = kWgThreads;  // the combine's threads (of the CTA's 256)
   static constexpr SmemHn kSmem = hn_layout();
   static_assert(kSmem.bytes <= kSmemLimit, "over the sm_90 dynamic shared memory limit");
-  static_assert(size_t(kHnHeads) * kPartPitch * 4 <= kSmem.pt,
+  static_assert(size_t(kHeads) * kPartPitch * 4 <= kSmem.pt,
                 "the partial o overlays q and the ring");
   static_assert(kSmem.kv % kSwizzleAtomBytes == 0 && kSmem.pt % kSwizzleAtomBytes == 0);
 };
@@ -199,11 +182,7 @@ __global__ void __launch_bounds__(kHnThreads, 1)
 
   cg::cluster_group cluster = cg::this_cluster();
   const CtaWork work = cta_work(p, plan, kHnHeads, int(cluster.block_rank()), kTokens);
-  // The row's chunks dealt in order, the first (chunks % splits) splits one more than the rest.
-  const int total_chunks = (p.topk + kTokens - 1) / kTokens;
-  const int per = total_chunks / plan.splits, extra = total_chunks % plan.splits;
-  const int chunk0 = work.split * per + min(work.split, extra);
-  const int n_chunks = per + (work.split < extra ? 1 : 0);
+  const int chunk0 = work.chunk0, n_chunks = work.n_chunks;
   const int wg = int(threadIdx.x) / kWgThreads, t = int(threadIdx.x) % kWgThreads;
   const int warp = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
   auto fetch = [&](int chunk) {
@@ -474,13 +453,12 @@ __global__ void __launch_bounds__(kHnThreads, 1)
   __syncthreads();  // the partial, m and the warps' l sums are stored
 
   // The combine, pushed: each CTA stores the slices of its partial into the CTAs that own them
-  // (recv [split][head][dim - d0] of split r's CTA for r's dims [d0, d0 + hn_slice)), and its m
-  // and l into every CTA's recv_m / recv_l [split][head]; after one cluster barrier each CTA sums
-  // its own slice from its own shared memory. The remote stores never wait for a round trip,
-  // nothing remote is read, and no CTA waits at the end for others to finish reading it. The
-  // arithmetic is combine_slice's (split_weights, then the fmaf chain in split order), on the
-  // same values at any slice boundaries: the bits do not depend on the path.
-  const int splits = plan.splits, split = work.split, slice = hn_slice(splits);
+  // (recv [split][head][dim - d0] of split r's CTA for r's dims [d0, d0 + 512 / splits)), and its
+  // m and l into every CTA's recv_m / recv_l [split][head]; after one cluster barrier each CTA
+  // sums its own slice from its own shared memory. The remote stores never wait for a round
+  // trip, nothing remote is read, and no CTA waits at the end for others to finish reading it.
+  // The arithmetic is combine_slice's, on the same values: the bits do not depend on the path.
+  const int splits = plan.splits, split = work.split, slice = kKvLoraRank / splits;
   auto* recv = reinterpret_cast<float*>(smem + V::kSmem.recv);
   auto* recv_m = reinterpret_cast<float*>(smem + V::kSmem.recv_m);
   auto* recv_l = reinterpret_cast<float*>(smem + V::kSmem.recv_l);
@@ -511,44 +489,16 @@ __global__ void __launch_bounds__(kHnThreads, 1)
   cluster_arrive_release();  // this CTA's pushes are done
   cluster_wait_acquire();    // every CTA's pushes are visible
   if (tracing) trace_stamp(p, Trace::kParts);
-  // Each head's split weights (split 0's CTA also writes the head's lse), then this CTA's dims
-  // [d0, d1): out = sum_s w_s o_s in split order, a float4 an item.
-  auto* wts = reinterpret_cast<float*>(smem + V::kSmem.wts);  // [16][kMaxSplits]
-  if (threadIdx.x < kHnHeads) {
-    const int h = int(threadIdx.x);
-    float w[kMaxSplits], l_s[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      w[s] = s < splits ? recv_m[s * kHnHeads + h] : 0.0f;
-      l_s[s] = s < splits ? recv_l[s * kHnHeads + h] : 0.0f;
-    }
-    const float lse = split_weights(w, l_s, splits);
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) wts[h * kMaxSplits + s] = w[s];
-    if (p.lse != nullptr && split == 0 && h < work.heads) {
-      p.lse[int64_t(work.row) * p.heads + work.head0 + h] = lse;
-    }
-  }
-  __syncthreads();  // the weights are complete
-  const int d0 = split * slice, d1 = min(kKvLoraRank, d0 + slice);
-  const int vecs = d1 > d0 ? (d1 - d0) / 4 : 0;
-  const bool out_vec4 = (reinterpret_cast<uintptr_t>(p.out) & 15u) == 0 && p.ld_out % 4 == 0;
-  for (int i = int(threadIdx.x); i < work.heads * vecs; i += kHnThreads) {
-    const int h = i / vecs, d = d0 + i % vecs * 4;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < splits; ++s) {
-      const float4 v = *reinterpret_cast<const float4*>(recv + (s * kHnHeads + h) * slice + d - d0);
-      const float w = wts[h * kMaxSplits + s];
-      acc.x = fmaf(v.x, w, acc.x), acc.y = fmaf(v.y, w, acc.y);
-      acc.z = fmaf(v.z, w, acc.z), acc.w = fmaf(v.w, w, acc.w);
-    }
-    float* out = p.out + int64_t(work.row) * p.ld_out + int64_t(work.head0 + h) * kKvLoraRank + d;
-    if (out_vec4) {
-      *reinterpret_cast<float4*>(out) = acc;
-    } else {
-      out[0] = acc.x, out[1] = acc.y, out[2] = acc.z, out[3] = acc.w;  // ld_out may be odd
-    }
-  }
+  const int d0 = split * slice;
+  combine_slices<V>(
+      p, splits, split, work.row, work.head0, work.heads,
+      [&](int s, int h, int d) -> const float* {
+        return recv + (s * kHnHeads + h) * slice + (d - d0);
+      },
+      [&](int s, int h, float& m_s, float& l_s) {
+        m_s = recv_m[s * kHnHeads + h];
+        l_s = recv_l[s * kHnHeads + h];
+      });
   if (tracing) {
     trace_stamp(p, Trace::kCombined);
     trace_finish(p, n_chunks);
@@ -563,12 +513,7 @@ cudaError_t sparse_mla_hn(const SparseMlaParams& p, cudaStream_t stream) {
   // Slots are staged as int32, and every slot of a CTA's chunks at once: a pool past 2^31 tokens,
   // or a topk past 2048 at one split, runs the wgmma kernel (a choice fixed by the pool and the
   // model's topk, never by the batch).
-  // hn splits a row into exactly the bound's count of CTAs (12 too: not a power of two, since its
-  // combine takes any count), or one per chunk when the row has fewer.
-  const int chunks = (p.topk + kTokens - 1) / kTokens;
-  SplitPlan plan;
-  plan.splits = std::max(1, std::min(max_splits(), chunks));
-  plan.chunks_per_split = (chunks + plan.splits - 1) / plan.splits;
+  SplitPlan plan = split_plan(p.topk, max_splits(), kTokens);
   if (p.pool.capacity() > INT32_MAX || plan.chunks_per_split > kMaxChunksPerCta) {
     return sparse_mla_wgmma(p, stream);
   }

@@ -323,9 +323,8 @@ inline bool q_rows_aligned(const SparseMlaParams& p) {
   return (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.ld_q % 4 == 0;
 }
 
-// The bound on splits per row: kDefaultSplits (4), or 1, 2, 8, 12 or 16 with
-// DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: the default; split_plan
-// makes 12 the power of two 8, the hn kernel splits into 12). It changes the
+// The bound on splits per row: kDefaultSplits (4), or 1, 2, 8 or 16 with
+// DSA_CUDA_SPARSE_MLA_MAX_SPLITS (read at every call; anything else: the default). It changes the
 // split boundaries, so it changes the bits: set it for a whole process or not at all. 8 is the
 // choice for latency at one or two rows (B = 1: 23 us against 32 in the bf16 kernel, 37 against
 // 60 in the fp8 one). 1 is the other end: one CTA per row and head group, no cluster traffic (q
@@ -336,7 +335,7 @@ inline bool q_rows_aligned(const SparseMlaParams& p) {
 inline int max_splits() {
   const char* v = std::getenv("DSA_CUDA_SPARSE_MLA_MAX_SPLITS");
   const int n = v != nullptr ? std::atoi(v) : 0;
-  return n == 1 || n == 2 || n == 4 || n == 8 || n == 12 || n == kMaxSplits ? n : kDefaultSplits;
+  return n == 1 || n == 2 || n == 4 || n == 8 || n == kMaxSplits ? n : kDefaultSplits;
 }
 
 // Heads per CTA of the 64-row wgmma kernels (wgmma, ws), 16, 32 or 64: the CTA's heads fill the
