@@ -29,15 +29,7 @@ sanitize sanitizer-memcheck-pdl memcheck 240 env DSA_CUDA_PDL=on "$P" \
   --gtest_filter='*/ParityGraph.*' --gtest_brief=1
 step check-replay-pdl 120 env DSA_CUDA_PDL=on "$B/dsa" --log error check-replay --backend cuda \
   --steps 1500 --seed 7
-# The incident's replay exits 1 by design: the step passes when it says CORRUPTION FOUND and its
-# detectors agree (no "DISAGREE" line).
-expect_incident() {
-  local text
-  text="$("$@" 2>&1)"
-  echo "$text"
-  grep -q "verdict      CORRUPTION FOUND" <<< "$text" && ! grep -q "DISAGREE" <<< "$text"
-}
-export -f expect_incident
+# The incident's replay: expect_incident (gpu-steps.sh).
 step check-replay-pdl-incident 120 bash -c 'expect_incident "$@"' _ env DSA_CUDA_PDL=on \
   "$B/dsa" --log error check-replay --backend cuda --steps 1500 --seed 7 --inject incident
 for pdl in off on; do

@@ -8,6 +8,9 @@
 # sanitize NAME TOOL TIMEOUT_S COMMAND...: COMMAND under compute-sanitizer's TOOL as one step
 # (exit 17 on an error, 30 reports at most; racecheck reports every hazard, not only errors).
 # sanitize_parity TIMEOUT_S FILTER: memcheck and racecheck over those parity tests.
+# expect_incident COMMAND...: runs a `check-replay --inject incident` COMMAND (exit 1 by design)
+# and passes when it says CORRUPTION FOUND with its detectors agreeing (no "DISAGREE" line);
+# exported, for `step NAME T bash -c 'expect_incident "$@"' _ COMMAND...`.
 # attention_summary TITLE: joins $OUT/bench.json and $OUT/torch_attention.json into
 # $OUT/report.md (bench/gpu/report.py, as a step), then writes $OUT/summary.md (the steps' table
 # and the report) and prints it.
@@ -59,6 +62,14 @@ sanitize_parity() {
       --gtest_filter="$filter" --gtest_brief=1
   done
 }
+
+expect_incident() {
+  local text
+  text="$("$@" 2>&1)"
+  echo "$text"
+  grep -q "verdict      CORRUPTION FOUND" <<< "$text" && ! grep -q "DISAGREE" <<< "$text"
+}
+export -f expect_incident
 
 steps_summary() {
   echo "# $1"

@@ -97,8 +97,11 @@ void add_model_source_options(CLI::App* app, ModelOptions& o) {
   app->add_option("--weights", o.weights,
                   "how the dense projections are held: bf16 | fp8 (e4m3 with 128x128 block "
                   "scales, quantized from the bf16 values as write-checkpoint --fp8 does; half the "
-                  "bytes; --gemm invariant or exact)")
-      ->check(CLI::IsMember({"bf16", "fp8"}))
+                  "bytes; multiplied as their bf16 dequantization; --gemm invariant or exact) | "
+                  "w8a8 (the same fp8 bytes multiplied as they are, each GEMM's input quantized "
+                  "to e4m3 per 128 values: DeepSeek's fp8 inference numerics on the fp8 tensor "
+                  "cores; --gemm invariant)")
+      ->check(CLI::IsMember({"bf16", "fp8", "w8a8"}))
       ->capture_default_str();
   add_mla_splits_option(app, o.mla_splits);
   add_mla_kernel_option(app, o.mla_kernel);
@@ -205,10 +208,11 @@ void check_memory(const Backend& backend, const ModelConfig& config, int64_t max
 Weights load_model_weights(Backend& backend, const ModelOptions& o, const ModelConfig& config) {
   const WeightDtype dtype = parse_weight_dtype(o.weights);
   CheckpointLoadOptions load;
-  load.keep_fp8 = dtype == WeightDtype::kFp8;  // a checkpoint's fp8 tensors stay as stored
+  load.keep_fp8 = holds_fp8(dtype);  // a checkpoint's fp8 tensors stay as stored
   Weights weights = o.checkpoint.empty() ? Weights::synthetic(backend, config, o.seed)
                                          : load_checkpoint(backend, o.checkpoint, nullptr, load);
-  if (dtype == WeightDtype::kFp8) weights.quantize_fp8(backend);
+  if (holds_fp8(dtype)) weights.quantize_fp8(backend);
+  weights.set_fp8_activations(dtype == WeightDtype::kW8A8);
   return weights;
 }
 

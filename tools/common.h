@@ -48,7 +48,7 @@ struct ModelOptions {
   int64_t pages = 0;       // 0: enough for max_rows full contexts
   std::string checkpoint;  // a checkpoint directory: its config and weights replace the preset's
   std::string gemm = "invariant";  // exact | invariant | fast (GemmMode; CUDA only)
-  std::string weights = "bf16";    // bf16 | fp8 (WeightDtype: how the projections are held)
+  std::string weights = "bf16";    // bf16 | fp8 | w8a8 (WeightDtype: how the projections are held)
   std::string mla_splits;  // "" (the backend's bound) | 1 | 2 | 4 | 8 | 16 (CUDA sparse MLA)
   std::string mla_kernel;  // "" (the backend's family) | ws | hn | wgmma64 | wgmma | mma
 };

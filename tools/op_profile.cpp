@@ -180,7 +180,7 @@ void ProfilingBackend::gemm(const GemmParams& p) {
                                         : fmt::format("m={} n={} k={}", p.m, p.n, p.k);
   const double w_bytes = p.w_fp8 ? n * k + f32_bytes(std::ceil(n / 128) * std::ceil(k / 128))
                                  : 2 * n * k;  // fp8: a byte a weight, plus the block scales
-  timed({"gemm", p.w_fp8 ? shape + " fp8w" : shape,
+  timed({"gemm", p.w_fp8 ? shape + (p.x_fp8 ? " w8a8" : " fp8w") : shape,
          b * (w_bytes + f32_bytes(m * k) + y_passes * f32_bytes(m * n)), 2 * b * m * n * k},
         [&] { inner_.gemm(p); });
 }

@@ -19,7 +19,9 @@
 // the bf16 run of the same kernel on the same values ("FP8W BITS DIFFER" when not);
 // extra.vs_invariant_bf16 is the fp8 time over that bf16 time (the hope at B <= 64: near 0.5).
 // At B = 1 every fp8 tile of the wgmma kernel is also timed by name
-// (gemm/invariant-fp8w-tile/<tile>/...), the same check on each.
+// (gemm/invariant-fp8w-tile/<tile>/...), the same check on each. With fp8 activations too
+// (`--weights w8a8`, the e4m3 kernel): gemm/invariant-fp8w-w8a8/..., the quantizer included,
+// checked by nmse against cuBLASLt on the dequantized weights (x's e4m3 rounding).
 //
 // kKN projections (kv_b absorb) run on the wgmma kernel's bulk-copy tiles read MN-major
 // (GemmInvariantTuning::kn = 1, the default) in the wgmma rows; they are also timed on the
@@ -44,6 +46,8 @@ namespace dsa::bench {
 namespace {
 
 using namespace gemm;
+
+constexpr double kW8a8BenchNmse = 1e-2;  // x's e4m3 rounding is about 1e-3
 
 // A result row over the fp8 weights' bytes (the codes, their scales, x and y).
 BenchResult fp8_result(const BenchContext& ctx, std::string name, double us, double bytes8,
@@ -227,6 +231,65 @@ void bench_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
       ctx.add(std::move(r));
       if (wgmma && rows == 1) bench_fp8_tiles(ctx, pr, p8, buf, want, bf16_us, bytes8, flops);
     }
+    // fp8 activations too (GemmParams::x_fp8, `--weights w8a8`): x quantized and the e4m3 kernel,
+    // both timed as the model calls them (the quantizer's launch included). Checked by nmse
+    // against cuBLASLt on the dequantized set 0: x's e4m3 rounding alone, about 1e-3.
+    GemmParams pa = p8;
+    pa.x_fp8 = true;
+    if (!cuda::gemm_invariant_w8a8_runs(pa)) continue;
+    const double e8 = nmse(run_on_zero(be, pa, buf), ref);
+    const bool ok8 = e8 <= kW8a8BenchNmse;
+    if (!ok8) {
+      std::printf(
+          "  W8A8 CHECK FAILED %s B=%d: nmse %.3g against cuBLASLt on the dequantized "
+          "weights\n",
+          pr.name, rows, e8);
+    }
+    const double w8a8_us = time_projection(ctx, pa, buf, std::max(2 * buf.sets8, 20));
+    const auto wg = std::find(kernels.begin(), kernels.end(), cuda::GemmKernel::kWgmma);
+    const double bf16_us = wg == kernels.end() ? us.front() : us[size_t(wg - kernels.begin())];
+    BenchResult r = fp8_result(
+        ctx, std::string("gemm/invariant-fp8w-w8a8/") + pr.name + "/B=" + std::to_string(rows),
+        w8a8_us, bytes8, flops);
+    r.extra = {
+        {"n", pr.n},
+        {"k", pr.k},
+        {"rows", rows},
+        {"sets", buf.sets8},
+        {"splits", cuda::gemm_invariant_splits(pr.n, pr.k, pr.batch, {})},
+        {"tile", cuda::gemm_invariant_w8a8_tile_name(cuda::gemm_invariant_w8a8_tile(rows, {}))},
+        {"vs_cublaslt", w8a8_us / cublas_us},
+        {"invariant_bf16_us", bf16_us},
+        {"vs_invariant_bf16", w8a8_us / bf16_us},
+        {"nmse_vs_dequant", e8},
+        {"ok", ok8}};
+    ctx.add(std::move(r));
+    if (rows != 1) continue;
+    // Every w8a8 tile at B = 1 (gemm/invariant-fp8w-w8a8-tile/<tile>/...): each must give the
+    // default's bits (a tile never changes one).
+    const std::vector<float> want8 = run_on_zero(be, pa, buf);
+    for (int tile = 0; tile < cuda::gemm_invariant_w8a8_tile_count(); ++tile) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.w8a8_tile = tile;
+      set_gemm_invariant_tuning(be, tuning);
+      const std::vector<float> got = run_on_zero(be, pa, buf);
+      const bool same = std::memcmp(got.data(), want8.data(), got.size() * sizeof(float)) == 0;
+      const char* name = cuda::gemm_invariant_w8a8_tile_name(tile);
+      if (!same) std::printf("  W8A8 BITS DIFFER %s B=1 tile %s from the default\n", pr.name, name);
+      const double t = time_projection(ctx, pa, buf, std::max(2 * buf.sets8, 20));
+      set_gemm_invariant_tuning(be, {});
+      BenchResult rt = fp8_result(
+          ctx, std::string("gemm/invariant-fp8w-w8a8-tile/") + name + "/" + pr.name + "/B=1", t,
+          bytes8, flops);
+      rt.extra = {{"n", pr.n},
+                  {"k", pr.k},
+                  {"rows", 1},
+                  {"tile", name},
+                  {"ok", same},
+                  {"invariant_bf16_us", bf16_us},
+                  {"vs_invariant_bf16", t / bf16_us}};
+      ctx.add(std::move(rt));
+    }
   }
 }
 
@@ -267,7 +330,7 @@ void run_gemm_benches(BenchContext& ctx) {
   }
   std::puts("(* kKN weights on mma.sync under the wgmma kernel, DSA_CUDA_GEMM_KN=mma)");
   std::puts("(! after a ratio: that run failed its check against cuBLASLt)");
-  for (const char* kernel : {"", "-wgmma"}) {
+  for (const char* kernel : {"", "-wgmma", "-w8a8"}) {
     std::printf(
         "\ngemm: fp8-weight invariant%s time / bf16 invariant time (the same kernel), and fp8 us "
         "/ floor us\n",
@@ -292,7 +355,8 @@ void run_gemm_benches(BenchContext& ctx) {
   }
   std::puts(
       "(! after a ratio: the fp8 run's bits differ from the bf16 run on its dequantized "
-      "weights)");
+      "weights; -w8a8, fp8 x too: against the bf16 wgmma time, ! when its nmse against cuBLASLt "
+      "on the dequantized weights is over 1e-2)");
   std::puts("\ngemm: fp8-weight wgmma time / bf16 wgmma time per fp8 tile, B = 1");
   std::printf("%-14s", "projection");
   for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
@@ -314,6 +378,27 @@ void run_gemm_benches(BenchContext& ctx) {
     std::printf("\n");
   }
   std::puts("(! after a ratio: the tile's bits differ from the bf16 wgmma run)");
+  std::puts("\ngemm: w8a8 time / bf16 wgmma time per w8a8 tile, B = 1 (us in brackets)");
+  std::printf("%-14s", "projection");
+  for (int tile = 0; tile < cuda::gemm_invariant_w8a8_tile_count(); ++tile) {
+    std::printf(" %22s", cuda::gemm_invariant_w8a8_tile_name(tile));
+  }
+  std::printf("\n");
+  for (const Projection& pr : kV32) {
+    if (!pr.fp8) continue;
+    std::printf("%-14s", pr.name);
+    for (int tile = 0; tile < cuda::gemm_invariant_w8a8_tile_count(); ++tile) {
+      const std::string want = std::string("gemm/invariant-fp8w-w8a8-tile/") +
+                               cuda::gemm_invariant_w8a8_tile_name(tile) + "/" + pr.name + "/B=1";
+      for (const BenchResult& r : ctx.results()) {
+        if (r.name != want) continue;
+        std::printf(" %12.2f%s (%6.1f)", r.extra["vs_invariant_bf16"].get<double>(),
+                    r.extra["ok"].get<bool>() ? " " : "!", r.us);
+      }
+    }
+    std::printf("\n");
+  }
+  std::puts("(! after a ratio: the tile's bits differ from the default w8a8 tile)");
 }
 
 }  // namespace dsa::bench

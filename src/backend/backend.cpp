@@ -43,6 +43,8 @@ void require_gemm_weight_operand(const GemmParams& p) {
   require((p.w != nullptr) != (p.w_fp8 != nullptr), ErrorCode::kInvalidArgument,
           "gemm: exactly one of w (bf16) and w_fp8 (fp8 e4m3) must be set; got {}",
           p.w ? "both" : "neither");
+  require(!p.x_fp8 || p.w_fp8, ErrorCode::kInvalidArgument,
+          "gemm: fp8 activations (x_fp8) multiply fp8 weights (w_fp8) only");
   if (!p.w_fp8) return;
   require(p.w_scale != nullptr, ErrorCode::kInvalidArgument,
           "gemm: fp8 weights (w_fp8) need their 128 x 128 block scales (w_scale)");

@@ -18,6 +18,7 @@ inline void linear(Backend& be, const float* x, int64_t ld_x, const WeightMatrix
   g.w_fp8 = w.fp8;
   g.w_scale = w.scale;
   g.ld_w_scale = (int64_t(k) + kGemmFp8Block - 1) / kGemmFp8Block;
+  g.x_fp8 = w.fp8 != nullptr && w.x_fp8;
   g.y = y;
   g.m = rows;
   g.n = n;

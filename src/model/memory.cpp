@@ -36,7 +36,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t max_rows, int64_t m
     uint64_t numel = 1;
     for (int64_t d : spec.shape) numel = mul(numel, u(d));
     uint64_t n = mul(numel, sizeof(Bf16));
-    if (weights == WeightDtype::kFp8 && weight_kept_fp8(spec.name, spec.shape)) {
+    if (holds_fp8(weights) && weight_kept_fp8(spec.name, spec.shape)) {
       // One byte a weight, and one f32 scale per 128 x 128 block (Weights::quantize_fp8).
       auto blocks = [](int64_t d) { return (u(d) + kGemmFp8Block - 1) / kGemmFp8Block; };
       n = add(numel, mul(mul(blocks(spec.shape[0]), blocks(spec.shape[1])), sizeof(float)));

@@ -32,13 +32,22 @@ int64_t scale_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize
 }  // namespace
 
 std::string_view weight_dtype_name(WeightDtype dtype) {
-  return dtype == WeightDtype::kFp8 ? "fp8" : "bf16";
+  switch (dtype) {
+    case WeightDtype::kFp8:
+      return "fp8";
+    case WeightDtype::kW8A8:
+      return "w8a8";
+    default:
+      return "bf16";
+  }
 }
 
 WeightDtype parse_weight_dtype(std::string_view name) {
   if (name == "bf16") return WeightDtype::kBf16;
   if (name == "fp8") return WeightDtype::kFp8;
-  fail(ErrorCode::kInvalidArgument, "unknown weights dtype '{}' (expected bf16 or fp8)", name);
+  if (name == "w8a8") return WeightDtype::kW8A8;
+  fail(ErrorCode::kInvalidArgument, "unknown weights dtype '{}' (expected bf16, fp8 or w8a8)",
+       name);
 }
 
 bool weight_kept_fp8(const std::string& name, const std::vector<int64_t>& shape) {
@@ -266,7 +275,7 @@ const Bf16* Weights::get(const std::string& name, const std::vector<int64_t>& sh
 WeightMatrix Weights::matrix(const std::string& name, const std::vector<int64_t>& shape) const {
   const WeightTensor& t = find_tensor(tensors_, name, shape);
   if (!t.is_fp8()) return {t.data.data(), nullptr, nullptr};
-  return {nullptr, t.fp8.data(), t.scale.data()};
+  return {nullptr, t.fp8.data(), t.scale.data(), fp8_activations_};
 }
 
 }  // namespace dsa

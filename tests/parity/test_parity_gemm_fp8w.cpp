@@ -17,9 +17,15 @@
 // Outputs are poisoned outside [m, n) and 256 guard bytes surround every buffer; both must come
 // back byte for byte. Weight codes cover every e4m3 value but NaN, and the scales span 2^-20 ..
 // 2^6, so the f32 product and its bf16 rounding are exercised everywhere.
+//
+// fp8 activations (x_fp8, the e4m3 kernel of gemm_w8a8.cu): the CPU's result within the e4m3
+// tensor core's bound and a tight nmse, for the V3.2 shapes and edge shapes; every tile and both
+// reductions the same bits; the probe row bitwise invariant to its batch; refusals by message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -33,6 +39,7 @@
 #include "common/test_util.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
+#include "dsa/token_codec.h"
 #include "parity/gemm_guarded.h"
 
 namespace dsa::parity {
@@ -90,8 +97,9 @@ class Problem {
   std::vector<float>& x() { return x_; }
   const Shape& shape() const { return s_; }
 
-  GemmParams params(int m, bool fp8) const {
+  GemmParams params(int m, bool fp8, bool x_fp8 = false) const {
     GemmParams p;
+    p.x_fp8 = x_fp8;
     p.m = m, p.n = s_.n, p.k = s_.k;
     p.ld_x = s_.k, p.ld_y = s_.n;
     p.output = s_.output;
@@ -109,11 +117,11 @@ class Problem {
 
   // y after one run with m rows: fp8 or the dequantized bf16 weights. Adds failures for changed
   // guards or bytes outside the m x n output (rows m, m + 1 are poisoned past the output).
-  std::vector<float> run(Backend& be, GemmMode mode, int m, bool fp8) {
+  std::vector<float> run(Backend& be, GemmMode mode, int m, bool fp8, bool x_fp8 = false) {
     Guarded x(be, x_.size() * 4), y(be, y0_.size() * 4);
     x.write(x_.data());
     y.write(y0_.data());
-    GemmParams p = params(m, fp8);
+    GemmParams p = params(m, fp8, x_fp8);
     p.x = static_cast<const float*>(x.data());
     p.y = static_cast<float*>(y.data());
     be.set_gemm_mode(mode);
@@ -134,14 +142,55 @@ class Problem {
   }
 
   // The CPU backend on the same fp8 weights (host copies), m rows.
-  std::vector<float> run_cpu(Backend& cpu, int m) const {
+  std::vector<float> run_cpu(Backend& cpu, int m, bool x_fp8 = false) const {
     std::vector<float> y = y0_;
-    GemmParams p = params(m, true);
+    GemmParams p = params(m, true, x_fp8);
     p.x = x_.data(), p.y = y.data();
     p.w_fp8 = q_host_.data(), p.w_scale = scale_host_.data();
     cpu.gemm(p);
     return y;
   }
+
+  // A = |alpha| sum over blocks of |s_x s_w| sum over k of |q_x q_w| per output of m rows (the
+  // codes and scales of x as encode_fp8_group makes them): the magnitude the e4m3 tensor core's
+  // truncations are bounded by.
+  std::vector<double> w8a8_magnitude(int m) const {
+    const int blocks = (s_.k + 127) / 128;
+    std::vector<double> qx(size_t(m) * s_.k), sx(size_t(m) * blocks);
+    std::vector<Fp8E4M3> codes(128);
+    for (int r = 0; r < m; ++r) {
+      for (int b = 0; b < blocks; ++b) {
+        const int k0 = 128 * b, len = std::min(128, s_.k - k0);
+        sx[size_t(r * blocks + b)] = encode_fp8_group(x_.data() + size_t(r) * s_.k + k0, len,
+                                                      codes.data(), ScaleRounding::kExact);
+        for (int i = 0; i < len; ++i) {
+          qx[size_t(r) * s_.k + k0 + i] = std::fabs(fp8_to_float(codes[size_t(i)]));
+        }
+      }
+    }
+    const double alpha = s_.output == GemmOutput::kAccumulate ? 0.5 : 1.0;
+    std::vector<double> a(size_t(m) * s_.n);
+    std::vector<double> qw(size_t(s_.k));
+    for (int n = 0; n < s_.n; ++n) {
+      for (int k = 0; k < s_.k; ++k) {
+        qw[size_t(k)] = std::fabs(fp8_to_float(Fp8E4M3{q_host_[size_t(n * ld_w_ + k)]}));
+      }
+      for (int r = 0; r < m; ++r) {
+        double total = 0;
+        for (int b = 0; b < blocks; ++b) {
+          double part = 0;
+          for (int k = 128 * b; k < std::min(s_.k, 128 * b + 128); ++k) {
+            part += qx[size_t(r) * s_.k + k] * qw[size_t(k)];
+          }
+          total += part * sx[size_t(r * blocks + b)] *
+                   std::fabs(scale_host_[size_t(n / 128 * ld_scale_ + b)]);
+        }
+        a[size_t(r) * s_.n + n] = alpha * total;
+      }
+    }
+    return a;
+  }
+  const std::vector<float>& y0() const { return y0_; }
 
  private:
   Shape s_;
@@ -177,6 +226,40 @@ class ParityGemmFp8w : public GemmParityTest {
   // again with the wgmma kernel asked for (mma's bits); and the wgmma fp8 tiles against the bf16
   // wgmma kernel where they run (expect_wgmma: the shape must be one of those).
   void check_wgmma_fp8(const Shape& s, const std::vector<int>& ms, bool every_tile);
+  // The probe row (row 0 of the clean x) alone, among 7 and among 255 rows of garbage (every
+  // other one 1e4 times larger), at several positions, under the tuning set: the same bits every
+  // time. x_fp8: fp8 activations too.
+  void check_probe_row(const std::vector<Shape>& shapes, bool x_fp8, const std::string& label) {
+    struct Placement {
+      int m, position;
+    };
+    const Placement placements[] = {{1, 0},   {8, 0},     {8, 3},    {8, 7},
+                                    {256, 0}, {256, 100}, {256, 255}};
+    for (const Shape& s : shapes) {
+      Problem pr(*cuda_, s, 256, 4242);
+      const std::vector<float> clean = pr.x();
+      std::vector<float> probe;
+      for (const Placement& at : placements) {
+        std::vector<float>& x = pr.x();
+        for (int r = 0; r < at.m; ++r) {
+          for (int k = 0; k < s.k; ++k) {
+            const size_t i = size_t(r) * s.k + k;
+            x[i] = r == at.position ? clean[k] : hashed(9 + r, i, r % 2 ? 1e4f : 3.0f);
+          }
+        }
+        const std::vector<float> y = pr.run(*cuda_, GemmMode::kBatchInvariant, at.m, true, x_fp8);
+        const std::vector<float> row(y.begin() + size_t(at.position) * s.n,
+                                     y.begin() + size_t(at.position + 1) * s.n);
+        if (probe.empty()) {
+          probe = row;
+          continue;
+        }
+        ASSERT_TRUE(same_bits(row, probe, 0, size_t(s.n),
+                              s.name + label + " probe at " + std::to_string(at.position) + " of " +
+                                  std::to_string(at.m)));
+      }
+    }
+  }
   void check_shape(const Shape& s, const std::vector<int>& ms, bool expect_wgmma) {
     Problem pr(*cuda_, s, ms.back(), 77 + uint64_t(s.n) * 3 + uint64_t(s.k));
     for (int m : ms) {
@@ -290,39 +373,10 @@ TEST_F(ParityGemmFp8w, WgmmaFp8EdgeShapesGiveTheWgmmaBits) {
 // The probe row (row 0 of the clean x) alone, among 7 and among 255 rows of garbage, at several
 // positions: the same bits every time, on mma.sync and on the wgmma fp8 tiles.
 TEST_F(ParityGemmFp8w, ProbeRowIsBitwiseInvariantToItsBatch) {
-  const std::vector<Shape> shapes = {
-      {"q_a", 1536, 7168}, {"o", 7168, 128 * 128}, {"n130k300", 130, 300, {}, 3}};
-  struct Placement {
-    int m, position;
-  };
-  const Placement placements[] = {{1, 0}, {8, 0}, {8, 3}, {8, 7}, {256, 0}, {256, 100}, {256, 255}};
   for (int fp8 : {0, 1}) {
-    for (const Shape& s : shapes) {
-      tune(-1, -1, cuda::GemmKernel::kWgmma, fp8);
-      Problem pr(*cuda_, s, 256, 4242);
-      const std::vector<float> clean = pr.x();
-      std::vector<float> probe;
-      for (const Placement& at : placements) {
-        std::vector<float>& x = pr.x();
-        for (int r = 0; r < at.m; ++r) {
-          for (int k = 0; k < s.k; ++k) {
-            const size_t i = size_t(r) * s.k + k;
-            x[i] = r == at.position ? clean[k] : hashed(9 + r, i, r % 2 ? 1e4f : 3.0f);
-          }
-        }
-        const std::vector<float> y = pr.run(*cuda_, GemmMode::kBatchInvariant, at.m, true);
-        const std::vector<float> row(y.begin() + size_t(at.position) * s.n,
-                                     y.begin() + size_t(at.position + 1) * s.n);
-        if (probe.empty()) {
-          probe = row;
-          continue;
-        }
-        ASSERT_TRUE(same_bits(row, probe, 0, size_t(s.n),
-                              s.name + " fp8 kernel " + std::to_string(fp8) + " probe at " +
-                                  std::to_string(at.position) + " of " + std::to_string(at.m)));
-      }
-      pr.x() = clean;
-    }
+    tune(-1, -1, cuda::GemmKernel::kWgmma, fp8);
+    check_probe_row({{"q_a", 1536, 7168}, {"o", 7168, 128 * 128}, {"n130k300", 130, 300, {}, 3}},
+                    false, " fp8 kernel " + std::to_string(fp8));
   }
 }
 
@@ -374,6 +428,132 @@ TEST_F(ParityGemmFp8w, EnvironmentPicksTheFp8Kernel) {
   setenv("DSA_CUDA_GEMM_FP8", "fp8", 1);
   testing::expect_error([&] { make_cuda_backend(0); }, ErrorCode::kInvalidArgument,
                         {"DSA_CUDA_GEMM_FP8", "'fp8'"});
+}
+
+// ---- fp8 activations (GemmParams::x_fp8, gemm_w8a8.cu) -----------------------------------------
+//
+// Against the CPU (cpu/gemm.cpp, ops.h's definition). The products of e4m3 codes are exact, but
+// the e4m3 tensor core adds an instruction's 32 products aligned to the largest and truncated to
+// 13 bits, and its accumulator the same way, so a block product is off by less than about
+// 4 x 33 x 2^-12 of the block's sum of |products|: |cuda - cpu| <= 2^-5 A + 2^-20 (|y| + |y0|)
+// per element (A: Problem::w8a8_magnitude), a worst case that holds for any data. The test that
+// tells a right kernel from a wrong one is the nmse over the output, at most kW8a8Nmse (a wrong
+// scale, row or layout gives 1 or more; the truncations, far less).
+constexpr double kW8a8Nmse = 1e-4;
+
+// cuda against the CPU over the m x n output: per element within the bound, and the nmse. Returns
+// the nmse (printed by the callers, for the results file).
+double expect_w8a8_near(const std::vector<float>& got, const std::vector<float>& want,
+                        const std::vector<double>& a, const std::vector<float>& y0, int m, int n,
+                        const std::string& what) {
+  double err = 0, ref = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < size_t(m) * n; ++i) {
+    const double d = double(got[i]) - want[i];
+    const double bound = 0x1p-5 * a[i] + 0x1p-20 * (std::fabs(want[i]) + std::fabs(y0[i]));
+    if (!(std::fabs(d) <= bound)) {
+      if (bad++ < 3) {
+        ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", the CPU's " << want[i]
+                      << ", bound " << bound;
+      }
+    }
+    err += d * d;
+    ref += double(want[i]) * want[i];
+  }
+  EXPECT_EQ(bad, 0u) << what << ": elements outside the bound";
+  const double nmse = ref > 0 ? err / ref : err;
+  EXPECT_LE(nmse, kW8a8Nmse) << what;
+  return nmse;
+}
+
+class ParityGemmW8a8 : public ParityGemmFp8w {
+ protected:
+  cuda::GemmInvariantTuning tune_w8a8(int tile, int reduce) {
+    cuda::GemmInvariantTuning t;
+    t.w8a8_tile = tile, t.reduce = reduce;
+    set_gemm_invariant_tuning(*cuda_, t);
+    return t;
+  }
+  void check_cpu(const Shape& s, const std::vector<int>& ms) {
+    Problem pr(*cuda_, s, ms.back(), 300 + uint64_t(s.n) + uint64_t(s.k));
+    for (int m : ms) {
+      tune_w8a8(-1, -1);
+      ASSERT_TRUE(cuda::gemm_invariant_w8a8_runs(pr.params(m, true, true))) << s.name;
+      const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true, true);
+      const std::vector<float> want = pr.run_cpu(*cpu_, m, true);
+      const std::string what = s.name + " m=" + std::to_string(m);
+      const double nmse = expect_w8a8_near(got, want, pr.w8a8_magnitude(m), pr.y0(), m, s.n, what);
+      std::printf("w8a8 %s: nmse %.3g against the CPU\n", what.c_str(), nmse);
+    }
+  }
+  // Every tile and both reductions at each m: the bits of the default (a tile never changes a
+  // bit).
+  void check_tiles(const Shape& s, const std::vector<int>& ms) {
+    Problem pr(*cuda_, s, ms.back(), 500 + uint64_t(s.n));
+    for (int m : ms) {
+      tune_w8a8(-1, -1);
+      const std::vector<float> want = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true, true);
+      for (int tile = 0; tile < cuda::gemm_invariant_w8a8_tile_count(); ++tile) {
+        for (int reduce : {0, 1}) {
+          tune_w8a8(tile, reduce);
+          const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true, true);
+          ASSERT_TRUE(same_bits(got, want, 0, size_t(m) * s.n,
+                                s.name + " m=" + std::to_string(m) + " tile " +
+                                    cuda::gemm_invariant_w8a8_tile_name(tile) + " reduce " +
+                                    std::to_string(reduce)));
+        }
+      }
+    }
+  }
+};
+
+TEST_F(ParityGemmW8a8, V32ProjectionsMatchTheCpuWithinTheBound) {
+  check_cpu({"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168}, {1, 5});
+  check_cpu({"q_up (q_b | wq_b)", 128 * 192 + 64 * 128, 1536}, {1, 5});
+  check_cpu({"o", 7168, 128 * 128, GemmOutput::kAccumulate}, {1, 5});
+  check_cpu({"gate | up", 2 * 18432, 7168}, {1, 3});
+  check_cpu({"down", 7168, 18432, GemmOutput::kAccumulate}, {1, 3});
+}
+
+// n off the 128 grid (a last scale block of 72 rows; whole warpgroups past n), K a multiple of 16
+// but not of 128 (a short last block), padded weight rows, accumulate, m past a tile's rows.
+TEST_F(ParityGemmW8a8, EdgeShapesMatchTheCpuWithinTheBound) {
+  check_cpu({"n200k1008", 200, 1008, GemmOutput::kOverwrite, 16}, {1, 9, 70});
+  check_cpu({"n72k2064", 72, 2064, GemmOutput::kAccumulate}, {1, 9, 70});
+  check_cpu({"n1k16", 1, 16}, {1, 9});
+  check_cpu({"q_a", 1536, 7168}, {64, 200});
+}
+
+TEST_F(ParityGemmW8a8, EveryTileAndReductionGiveTheSameBits) {
+  check_tiles({"kv_a", 576, 7168}, {1, 64});                              // 8 slices
+  check_tiles({"o", 7168, 128 * 128, GemmOutput::kAccumulate}, {1, 40});  // 2 slices
+  check_tiles({"n200k1008", 200, 1008, GemmOutput::kOverwrite, 16}, {1, 9, 70});
+}
+
+// Small enough for compute-sanitizer (scripts/gpu-w8a8.sh): every tile, both reductions, one
+// slice and four (n136k2048: split_plan's formula, the fused reduction), rows past a tile.
+TEST_F(ParityGemmW8a8, SanitizerCompact) {
+  check_tiles({"n200k1008", 200, 1008, GemmOutput::kOverwrite, 16}, {1, 9, 70});
+  check_tiles({"n136k2048", 136, 2048, GemmOutput::kAccumulate}, {1, 20});
+  check_cpu({"n136k2048", 136, 2048, GemmOutput::kAccumulate}, {20});
+}
+
+// The probe row among garbage rows (some 1e4 times larger: its own scales must not see them).
+TEST_F(ParityGemmW8a8, ProbeRowIsBitwiseInvariantToItsBatch) {
+  tune_w8a8(-1, -1);
+  check_probe_row({{"q_a", 1536, 7168}, {"o", 7168, 128 * 128}, {"n200k1008", 200, 1008, {}, 16}},
+                  true, " w8a8");
+}
+
+TEST_F(ParityGemmW8a8, RefusesWhatItCannotRun) {
+  Problem odd(*cuda_, {"n64k1000", 64, 1000}, 4, 6);
+  testing::expect_error([&] { odd.run(*cuda_, GemmMode::kBatchInvariant, 4, true, true); },
+                        ErrorCode::kInvalidArgument, {"w8a8", "multiples of 16"});
+  Problem pr(*cuda_, {"n64k1024", 64, 1024}, 4, 7);
+  testing::expect_error([&] { pr.run(*cuda_, GemmMode::kExact, 4, true, true); },
+                        ErrorCode::kInvalidArgument, {"w8a8", "--gemm invariant"});
+  testing::expect_error([&] { pr.run(*cuda_, GemmMode::kFast, 4, true, true); },
+                        ErrorCode::kInvalidArgument, {"fp8 weights"});
 }
 
 TEST_F(ParityGemmFp8w, FastModeRefusesFp8Weights) {

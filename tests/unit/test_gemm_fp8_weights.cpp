@@ -2,7 +2,10 @@
 // the bf16 GEMM on the dequantized matrix (dequant_fp8_weight of every element), for n and k on
 // and off the 128 grid, m in {1, 7, 64}, both output modes and strided operands; the operand
 // checks name what is wrong; and a model holding its projections in fp8 (Weights::quantize_fp8)
-// gives the logits of a bf16 model built from the dequantized weights, dense and MoE.
+// gives the logits of a bf16 model built from the dequantized weights, dense and MoE. fp8
+// activations (GemmParams::x_fp8, --weights w8a8): the CPU GEMM is the definition of ops.h written
+// out, bit for bit, a row's bits do not depend on its batch, and it stays within the e4m3
+// rounding of x of the GEMM on the dequantized weights; a w8a8 model stays near the fp8 one.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +23,7 @@
 #include "dsa/checkpoint.h"
 #include "dsa/error.h"
 #include "dsa/runner.h"
+#include "dsa/token_codec.h"
 #include "unit/ops_test_helpers.h"
 
 namespace dsa {
@@ -207,6 +211,150 @@ TEST(Fp8Weights, OperandChecksNameTheProblem) {
   EXPECT_EQ(y[0], 8.0f);  // 0x38 is 1.0 in e4m3: eight ones
 }
 
+// ---- fp8 activations (x_fp8) -------------------------------------------------------------------
+
+// ops.h's definition, written out without the CPU GEMM's loops: per row and 128-wide k block the
+// encoder's scale (the largest |x|, fp8_scale_for_amax) and codes, the block's code products summed
+// in ascending k, the blocks added in ascending order.
+std::vector<float> w8a8_by_definition(const Fp8Matrix& w, const std::vector<float>& x, int64_t ld_x,
+                                      int m, const std::vector<float>& y0, int64_t ld_y,
+                                      GemmOutput output, float alpha) {
+  std::vector<float> y = y0;
+  for (int r = 0; r < m; ++r) {
+    for (int n = 0; n < w.n; ++n) {
+      float acc = 0.0f;
+      for (int k0 = 0; k0 < w.k; k0 += kGemmFp8Block) {
+        const int k1 = std::min(w.k, k0 + kGemmFp8Block);
+        float amax = 0.0f;
+        for (int c = k0; c < k1; ++c) amax = std::max(amax, std::fabs(x[size_t(r * ld_x + c)]));
+        const float sx = fp8_scale_for_amax(amax, ScaleRounding::kExact);
+        float part = 0.0f;
+        for (int c = k0; c < k1; ++c) {
+          const float qx = fp8_to_float(float_to_fp8(x[size_t(r * ld_x + c)] / sx));
+          part += qx * fp8_to_float(Fp8E4M3{w.bytes[size_t(n * w.ld + c)]});
+        }
+        acc = acc + part * (sx * w.scales[size_t(n / 128 * w.ld_scale + k0 / 128)]);
+      }
+      float& out = y[size_t(r * ld_y + n)];
+      out = output == GemmOutput::kOverwrite ? alpha * acc : out + alpha * acc;
+    }
+  }
+  return y;
+}
+
+GemmParams w8a8_params(const Fp8Matrix& w, const float* x, int64_t ld_x, int m, float* y,
+                       int64_t ld_y) {
+  GemmParams p;
+  p.x = x, p.y = y;
+  p.m = m, p.n = w.n, p.k = w.k;
+  p.ld_x = ld_x, p.ld_y = ld_y;
+  p.w_fp8 = w.bytes.data(), p.w_scale = w.scales.data();
+  p.ld_w = w.ld, p.ld_w_scale = w.ld_scale;
+  p.x_fp8 = true;
+  return p;
+}
+
+class W8a8Gemm : public ::testing::TestWithParam<Fp8GemmCase> {};
+
+TEST_P(W8a8Gemm, IsTheDefinitionBitwise) {
+  const Fp8GemmCase c = GetParam();
+  Rng rng(uint64_t(c.n * 104729 + c.k * 17 + c.kind));
+  const Fp8Matrix w = make_fp8(rng, c.n, c.k, c.kind);
+  for (int m : {1, 7, 33}) {
+    for (GemmOutput output : {GemmOutput::kOverwrite, GemmOutput::kAccumulate}) {
+      const int64_t ld_x = c.k + 3, ld_y = c.n + 2;
+      std::vector<float> x = ops_testing::strided_normals(rng, m, c.k, ld_x);
+      // Rows of very different sizes (and one all-zero row): the per-row scale matters.
+      for (int r = 0; r < m; ++r) {
+        const float gain = r == 1 ? 0.0f : std::ldexp(1.0f, (r * 7) % 30 - 15);
+        for (int k = 0; k < c.k; ++k) x[size_t(r * ld_x + k)] *= gain;
+      }
+      std::vector<float> y0(size_t(m * ld_y), kPoison);
+      for (int r = 0; r < m; ++r) {
+        for (int j = 0; j < c.n; ++j) y0[size_t(r * ld_y + j)] = rng.normal();
+      }
+      const float alpha = output == GemmOutput::kAccumulate ? 0.75f : 1.0f;
+      std::vector<float> y = y0;
+      GemmParams p = w8a8_params(w, x.data(), ld_x, m, y.data(), ld_y);
+      p.output = output, p.alpha = alpha;
+      cpu::gemm(p);
+      const std::vector<float> want = w8a8_by_definition(w, x, ld_x, m, y0, ld_y, output, alpha);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_TRUE(same_bits(y[i], want[i]))
+            << "m " << m << " element " << i << ": " << y[i] << " vs " << want[i];
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, W8a8Gemm,
+                         ::testing::Values(Fp8GemmCase{1, 1, 0}, Fp8GemmCase{5, 17, 0},
+                                           Fp8GemmCase{130, 300, 0}, Fp8GemmCase{257, 129, 0},
+                                           Fp8GemmCase{64, 1000, 1}, Fp8GemmCase{200, 384, 1}),
+                         [](const auto& test) {
+                           return "n" + std::to_string(test.param.n) + "_k" +
+                                  std::to_string(test.param.k) +
+                                  (test.param.kind ? "_quantized" : "_codes");
+                         });
+
+TEST(W8a8, RowBitsDoNotDependOnTheBatch) {
+  Rng rng(21);
+  const Fp8Matrix w = make_fp8(rng, 150, 520, 1);
+  const std::vector<float> probe = rng.normals(520);
+  std::vector<float> alone;
+  for (const auto [m, at] : {std::pair{1, 0}, {7, 0}, {7, 6}, {64, 31}}) {
+    std::vector<float> x(size_t(m) * 520), y(size_t(m) * 150, kPoison);
+    for (int r = 0; r < m; ++r) {
+      for (int k = 0; k < 520; ++k) {
+        x[size_t(r * 520 + k)] = r == at ? probe[size_t(k)] : 1e3f * rng.normal();
+      }
+    }
+    cpu::gemm(w8a8_params(w, x.data(), 520, m, y.data(), 150));
+    const std::vector<float> row(y.begin() + at * 150, y.begin() + (at + 1) * 150);
+    if (alone.empty()) {
+      alone = row;
+      continue;
+    }
+    for (int j = 0; j < 150; ++j) {
+      ASSERT_TRUE(same_bits(row[size_t(j)], alone[size_t(j)])) << "m " << m << " at " << at;
+    }
+  }
+}
+
+// x's e4m3 rounding (3 mantissa bits: a relative error of at most 2^-4 per value) is the only
+// difference from the GEMM on the dequantized weights, so the outputs agree to about its size and
+// are not the same numbers.
+TEST(W8a8, StaysWithinTheRoundingOfXOfTheDequantizedGemm) {
+  Rng rng(5);
+  const Fp8Matrix w = make_fp8(rng, 256, 1024, 1);
+  const int m = 16;
+  const std::vector<float> x = rng.normals(size_t(m) * 1024);
+  std::vector<float> y8(size_t(m) * 256), yd(size_t(m) * 256);
+  cpu::gemm(w8a8_params(w, x.data(), 1024, m, y8.data(), 256));
+  GemmParams d = w8a8_params(w, x.data(), 1024, m, yd.data(), 256);
+  d.x_fp8 = false;
+  cpu::gemm(d);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < y8.size(); ++i) {
+    err += (double(y8[i]) - yd[i]) * (double(y8[i]) - yd[i]);
+    ref += double(yd[i]) * yd[i];
+  }
+  const double nmse = err / ref;
+  EXPECT_LT(nmse, 3e-3) << "the e4m3 rounding of x is at most 2^-4 relative";
+  EXPECT_GT(nmse, 1e-6) << "x was not quantized";
+}
+
+TEST(W8a8, NeedsFp8Weights) {
+  std::vector<float> x(8, 1.0f), y(8, 0.0f);
+  std::vector<Bf16> w(64, Bf16{0x3F80});
+  GemmParams p;
+  p.x = x.data(), p.y = y.data(), p.w = w.data();
+  p.m = 1, p.n = 8, p.k = 8, p.ld_x = 8, p.ld_w = 8, p.ld_y = 8;
+  p.x_fp8 = true;
+  testing::expect_error([&] { cpu::gemm(p); }, ErrorCode::kInvalidArgument,
+                        {"x_fp8", "fp8 weights"});
+}
+
 // ---- the model -------------------------------------------------------------------------------
 
 // The logits of one eager prefill step of a short prompt.
@@ -273,6 +421,36 @@ TEST_P(Fp8WeightModel, CheckpointKeptFp8MatchesItsBf16Load) {
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_TRUE(same_bits(got[i], want[i])) << "logit " << i << ": " << got[i] << " vs " << want[i];
   }
+}
+
+// WeightDtype::kW8A8: the fp8 model's bytes with every fp8 projection's x quantized too. Its
+// logits differ from the fp8 model's (the activations were rounded) by about the size of that
+// rounding, and the bf16 tensors (lm_head, kv_b) come out without x_fp8.
+TEST_P(Fp8WeightModel, W8a8StaysNearTheFp8Model) {
+  auto be = make_cpu_backend();
+  const ModelConfig config = preset_config(GetParam());
+  Weights fp8 = Weights::synthetic(*be, config, 13);
+  fp8.quantize_fp8(*be);
+  Weights w8a8 = Weights::synthetic(*be, config, 13);
+  w8a8.quantize_fp8(*be);
+  w8a8.set_fp8_activations(true);
+  const auto& o = w8a8.tensors().at("model.layers.0.self_attn.o_proj.weight");
+  EXPECT_TRUE(w8a8.matrix("model.layers.0.self_attn.o_proj.weight", o.shape).x_fp8);
+  EXPECT_FALSE(fp8.matrix("model.layers.0.self_attn.o_proj.weight", o.shape).x_fp8);
+  const auto& head = w8a8.tensors().at("lm_head.weight");
+  EXPECT_FALSE(w8a8.matrix("lm_head.weight", head.shape).x_fp8);
+  const std::vector<float> want = step_logits(*be, config, std::move(fp8));
+  const std::vector<float> got = step_logits(*be, config, std::move(w8a8));
+  ASSERT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "logit " << i;
+    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    ref += double(want[i]) * want[i];
+  }
+  // Measured: 5.1e-3 (tiny), 1.6e-2 (tiny-moe), through every layer's projections.
+  EXPECT_LT(err / ref, 0.05);
+  EXPECT_GT(err / ref, 1e-8) << "the activations were not quantized";
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Fp8WeightModel, ::testing::Values("tiny", "tiny-moe"),

@@ -92,6 +92,17 @@ enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 // matrix; only the bytes read differ (half). fp8 weights: layout kNK, batch 1, and every scale
 // finite (a zero byte past k must stay +0: the kernels zero-fill partial tiles with it). kExact
 // and kFast on CUDA refuse them (backend.h, GemmMode).
+//
+// x_fp8 (fp8 weights only: DeepSeek's w8a8 inference numerics, `--weights w8a8`): x is quantized
+// too, per row and 128-wide k block kb (the weights' scale blocks), by the group encoder
+// (encode_fp8_group, dsa/token_codec.h: s_x = fp8_scale_for_amax(max |x|, exact), codes
+// e4m3(x / s_x)), and the products are of codes:
+//   P[m, n, kb] = sum over k in kb of fp8(xq[m, k]) * fp8(w_fp8[n, k])   (exact products, f32 sum)
+//   y[m, n] (+)= alpha * sum over kb, ascending, of P[m, n, kb] * (s_x[m, kb] * w_scale[n/128][kb])
+// The CPU sums P in ascending k and adds the blocks as written; CUDA (kBatchInvariant only: kExact
+// and kFast refuse it) takes P from the e4m3 tensor core (its own accumulation, within a stated
+// bound of the CPU's) and the block sums with one fma each, in the same ascending order per K
+// slice. Nothing is dequantized: the weights' bytes go to the tensor cores as they are stored.
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w
@@ -107,6 +118,7 @@ struct GemmParams {
   const uint8_t* w_fp8 = nullptr;  // instead of w: [n, k] e4m3 bytes, row stride ld_w
   const float* w_scale = nullptr;  // with w_fp8: [ceil(n / 128), ceil(k / 128)], row stride
   int64_t ld_w_scale = 0;          // ld_w_scale (>= ceil(k / 128))
+  bool x_fp8 = false;              // with w_fp8: quantize x to e4m3 per 128-k block (above)
 };
 inline constexpr int kGemmFp8Block = 128;  // the w_scale block: 128 x 128 weights
 

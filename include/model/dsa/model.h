@@ -37,13 +37,18 @@ struct WeightMatrix {
   const Bf16* bf16 = nullptr;
   const uint8_t* fp8 = nullptr;
   const float* scale = nullptr;
+  bool x_fp8 = false;  // with fp8: the GEMM quantizes x to e4m3 too (GemmParams::x_fp8)
 };
 
 // How the model holds its dense projections (--weights): bf16, or fp8 e4m3 with 128 x 128 block
-// scales where weight_kept_fp8 says so (half the bytes a small-batch GEMM reads).
-enum class WeightDtype : uint8_t { kBf16, kFp8 };
-std::string_view weight_dtype_name(WeightDtype dtype);  // "bf16" | "fp8"
+// scales where weight_kept_fp8 says so (half the bytes a small-batch GEMM reads). kFp8 multiplies
+// them as bf16(e4m3 * scale), the bf16 GEMM's numerics on the dequantized matrix; kW8A8 holds the
+// same bytes and multiplies them as they are, with each GEMM's x quantized to e4m3 per 128-wide k
+// block (GemmParams::x_fp8: DeepSeek's own fp8 inference numerics, no dequantization).
+enum class WeightDtype : uint8_t { kBf16, kFp8, kW8A8 };
+std::string_view weight_dtype_name(WeightDtype dtype);  // "bf16" | "fp8" | "w8a8"
 WeightDtype parse_weight_dtype(std::string_view name);  // throws kInvalidArgument otherwise
+inline bool holds_fp8(WeightDtype dtype) { return dtype != WeightDtype::kBf16; }
 // Whether WeightDtype::kFp8 keeps this manifest tensor in fp8: the matrices a checkpoint stores as
 // fp8 (checkpoint_stores_fp8: not the embeddings, lm_head, the router or the indexer's
 // weights_proj) that the model multiplies as [n, k] with batch 1; kv_b_proj, which the absorbed
@@ -75,6 +80,9 @@ class Weights {
   // (quantize_fp8_blocks: scale = amax / 448 per block), freeing its bf16 copy; one tensor at a
   // time, so the peak is the bf16 weights plus one tensor's fp8. Tensors already fp8 stay.
   void quantize_fp8(Backend& backend);
+  // Whether matrix() hands fp8 tensors out with WeightMatrix::x_fp8 (WeightDtype::kW8A8).
+  void set_fp8_activations(bool on) { fp8_activations_ = on; }
+  bool fp8_activations() const { return fp8_activations_; }
   // Adds an fp8 tensor from host e4m3 bytes and block scales ([ceil(rows/128), ceil(cols/128)]).
   void add_fp8(Backend& backend, const std::string& name, std::vector<int64_t> shape,
                const std::vector<uint8_t>& bytes, const std::vector<float>& scales);
@@ -95,6 +103,7 @@ class Weights {
 
  private:
   std::map<std::string, WeightTensor> tensors_;
+  bool fp8_activations_ = false;
 };
 
 // The device-side inputs of one step: `rows` rows, fixed at launch (the bucket size when the step

@@ -11,6 +11,12 @@
 // 128]) (ops.h, dsa/dtype.h), widened from that bf16 exactly as a bf16 weight is; nothing else
 // changes, so the result is this GEMM's on the dequantized bf16 matrix, bit for bit.
 //
+// fp8 activations (x_fp8, with w_fp8; ops.h): each x row is encoded per 128-wide k block by
+// encode_fp8_group (codes q_x, scale s_x), and per output
+//   acc = 0; for kb ascending: P = ((q_x[kb0] * q_w[kb0] + q_x[kb0+1] * q_w[kb0+1]) + ...);
+//                              acc = acc + P * (s_x[kb] * s_w[kb])
+// with the codes widened to f32 exactly (every product of two e4m3 values is exact in f32).
+//
 // Every output element follows that sequence exactly, whatever the tiling below, so a row's bits
 // do not depend on m, on the other rows, or on where the row sits in the batch. The tiling only
 // keeps the loops cache-friendly and gives the compiler independent accumulators to vectorize:
@@ -24,6 +30,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "dsa/backend.h"
 #include "dsa/error.h"
+#include "dsa/token_codec.h"
 
 namespace dsa::cpu {
 namespace {
@@ -125,6 +132,38 @@ void gemm_kn(const GemmParams& p, const float* x, const Bf16* w, float* y) {
   }
 }
 
+// fp8 activations: one batch entry (batch 1), w[n, k] as fp8 codes with block scales.
+void gemm_nk_w8a8(const GemmParams& p, const float* x, float* y) {
+  const int blocks = (p.k + kGemmFp8Block - 1) / kGemmFp8Block;
+  std::vector<float> xq(size_t(p.m) * p.k), sx(size_t(p.m) * blocks);
+  std::vector<Fp8E4M3> codes(kGemmFp8Block);
+  for (int row = 0; row < p.m; ++row) {
+    for (int kb = 0; kb < blocks; ++kb) {
+      const int k0 = kb * kGemmFp8Block, len = std::min(kGemmFp8Block, p.k - k0);
+      sx[size_t(row) * blocks + kb] =
+          encode_fp8_group(x + row * p.ld_x + k0, len, codes.data(), ScaleRounding::kExact);
+      for (int i = 0; i < len; ++i) xq[size_t(row) * p.k + k0 + i] = fp8_to_float(codes[i]);
+    }
+  }
+  std::vector<float> wq(size_t(p.k));
+  for (int n = 0; n < p.n; ++n) {
+    const uint8_t* q = p.w_fp8 + int64_t(n) * p.ld_w;
+    const float* scales = p.w_scale + int64_t(n / kGemmFp8Block) * p.ld_w_scale;
+    for (int kk = 0; kk < p.k; ++kk) wq[size_t(kk)] = fp8_to_float(Fp8E4M3{q[kk]});
+    for (int row = 0; row < p.m; ++row) {
+      const float* xr = xq.data() + size_t(row) * p.k;
+      float acc = 0.0f;
+      for (int kb = 0; kb < blocks; ++kb) {
+        const int k0 = kb * kGemmFp8Block, k1 = std::min(p.k, k0 + kGemmFp8Block);
+        float part = 0.0f;
+        for (int kk = k0; kk < k1; ++kk) part += xr[kk] * wq[size_t(kk)];
+        acc = acc + part * (sx[size_t(row) * blocks + kb] * scales[kb]);
+      }
+      store(&acc, 1, p.alpha, p.output, y + row * p.ld_y + n);
+    }
+  }
+}
+
 }  // namespace
 
 void gemm(const GemmParams& p) {
@@ -134,7 +173,9 @@ void gemm(const GemmParams& p) {
     const float* x = p.x + b * p.batch_stride_x;
     const Bf16* w = p.w ? p.w + b * p.batch_stride_w : nullptr;  // null: p.w_fp8 (batch 1)
     float* y = p.y + b * p.batch_stride_y;
-    if (p.layout == WeightLayout::kNK) {
+    if (p.x_fp8) {
+      gemm_nk_w8a8(p, x, y);
+    } else if (p.layout == WeightLayout::kNK) {
       gemm_nk(p, x, w, y);
     } else {
       gemm_kn(p, x, w, y);

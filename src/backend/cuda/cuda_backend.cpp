@@ -326,6 +326,9 @@ class CudaBackend final : public Backend {
     if (p.m > 0 && p.batch > 0) require_gemm_weight_operand(p);
     switch (gemm_mode()) {
       case GemmMode::kExact:
+        require(!p.x_fp8, ErrorCode::kInvalidArgument,
+                "gemm: fp8 activations (--weights w8a8) run with --gemm invariant only; exact "
+                "computes the CPU's bits of bf16 and fp8 weights");
         launched(cuda::gemm_exact(p, stream_), "gemm_exact");
         return;
       case GemmMode::kBatchInvariant:
@@ -487,10 +490,26 @@ class CudaBackend final : public Backend {
             "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
     if (p.m == 0 || p.batch == 0) return;
     const cuda::GemmInvariantTuning tuning = resolved(gemm_tuning_);
+    if (p.x_fp8) {
+      gemm_w8a8(p, tuning);
+      return;
+    }
     const XBf16 xb = x_as_bf16(p, cuda::gemm_invariant_fp8_runs_wgmma(p, tuning));
     float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
     launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, tuning, stream_),
              "gemm_invariant");
+  }
+  // fp8 activations: x quantized into the x scratch (codes, then scales), then the e4m3 GEMM.
+  void gemm_w8a8(const GemmParams& p, const cuda::GemmInvariantTuning& tuning) {
+    require(cuda::gemm_invariant_w8a8_runs(p), ErrorCode::kInvalidArgument,
+            "gemm: fp8 activations (--weights w8a8) need [n, k] fp8 weights of one batch entry, "
+            "16-byte aligned, with k ({}) and the row stride ({}) multiples of 16",
+            p.k, p.ld_w);
+    const size_t bytes = cuda::w8a8_x_bytes(p.m, p.k);
+    void* x8 = gemm_scratch((bytes + sizeof(Bf16) - 1) / sizeof(Bf16));
+    launched(cuda::quantize_x_fp8(p.x, p.ld_x, p.m, p.k, x8, stream_), "quantize_x_fp8");
+    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
+    launched(cuda::gemm_w8a8(p, x8, scratch, tuning, stream_), "gemm_w8a8");
   }
   // The tuning with its kernels named: the tuning's own, else this backend's (DSA_CUDA_GEMM,
   // DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_FP8_TILE, DSA_CUDA_GEMM_KN).

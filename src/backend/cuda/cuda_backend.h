@@ -52,6 +52,8 @@ struct GemmInvariantTuning {
   // kn_tile names one of those tiles.
   int kn = -1;
   int kn_tile = -1;
+  // fp8 activations (GemmParams::x_fp8): one of gemm_w8a8.cu's tiles for every call (-1: by m).
+  int w8a8_tile = -1;
 };
 // Tile configurations of a kernel (kDefault: kDefaultGemmKernel's).
 int gemm_invariant_tile_count(GemmKernel kernel = GemmKernel::kMma);
@@ -83,6 +85,13 @@ bool gemm_invariant_kn_runs_wgmma(const GemmParams& p, const GemmInvariantTuning
 int gemm_invariant_kn_tile(int m, const GemmInvariantTuning& tuning);
 int gemm_invariant_kn_tile_count();
 const char* gemm_invariant_kn_tile_name(int tile);
+// fp8 activations (GemmParams::x_fp8, w8a8): whether the e4m3 kernel can run the call (kNK fp8
+// weights, one batch entry, 16-byte aligned with a row stride and K multiples of 16: what the copy
+// engine reads; a function of the weights and K, never of m), its tiles and the one m rows take.
+bool gemm_invariant_w8a8_runs(const GemmParams& p);
+int gemm_invariant_w8a8_tile_count();
+const char* gemm_invariant_w8a8_tile_name(int tile);
+int gemm_invariant_w8a8_tile(int m, const GemmInvariantTuning& tuning);
 
 }  // namespace cuda
 

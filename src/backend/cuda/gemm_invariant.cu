@@ -296,6 +296,16 @@ int gemm_invariant_kn_tile_count() { return wgmma_tma_tile_count(); }
 const char* gemm_invariant_kn_tile_name(int tile) {
   return tile >= 0 && tile < wgmma_tma_tile_count() ? wgmma_tma_tile_info(tile).name : "default";
 }
+bool gemm_invariant_w8a8_runs(const GemmParams& p) {
+  return p.w_fp8 != nullptr && p.x_fp8 && p.layout == WeightLayout::kNK && p.batch == 1 &&
+         aligned16(p.w_fp8) && p.ld_w % 16 == 0 && p.k % 16 == 0;
+}
+int gemm_invariant_w8a8_tile_count() { return w8a8_tile_count(); }
+const char* gemm_invariant_w8a8_tile_name(int tile) { return w8a8_tile_info(tile).name; }
+int gemm_invariant_w8a8_tile(int m, const GemmInvariantTuning& tuning) {
+  if (tuning.w8a8_tile >= 0 && tuning.w8a8_tile < w8a8_tile_count()) return tuning.w8a8_tile;
+  return w8a8_pick_tile(m);
+}
 int gemm_invariant_fp8_tile_count() { return wgmma_fp8_tile_count(); }
 const char* gemm_invariant_fp8_tile_name(int tile) { return wgmma_fp8_tile_info(tile).name; }
 int gemm_invariant_fp8_tile(int m, int n, int k, const GemmInvariantTuning& tuning) {
@@ -316,6 +326,7 @@ cudaError_t gemm_invariant_prepare() {
   }
   if (const cudaError_t err = mma_prepare(); err != cudaSuccess) return err;
   if (const cudaError_t err = wgmma_prepare(); err != cudaSuccess) return err;
+  if (const cudaError_t err = w8a8_prepare(); err != cudaSuccess) return err;
   return wgmma_fp8_prepare();
 }
 
@@ -327,6 +338,53 @@ size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTun
 
 size_t gemm_invariant_scratch_floats_bound(int max_rows) {
   return kSplitCounters + size_t(std::max(max_rows, 0)) * size_t(kMaxPartialCols);
+}
+
+cudaError_t gemm_w8a8(const GemmParams& p, const void* x8, float* scratch,
+                      const GemmInvariantTuning& tuning, cudaStream_t stream) {
+  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.ld_y < p.n || p.ld_w < p.k || !p.y || !x8 ||
+      !gemm_invariant_w8a8_runs(p) || !p.w_scale || p.ld_w_scale < ceil_div(p.k, kGemmFp8Block)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.m == 0) return cudaSuccess;
+  const SplitPlan plan = split_plan(p.n, p.k, 1, tuning);
+  const int tile = gemm_invariant_w8a8_tile(p.m, tuning);
+  const GemmTileInfo shape = w8a8_tile_info(tile);
+  const int64_t tiles_n = ceil_div(p.n, shape.cols), tiles_m = ceil_div(p.m, shape.rows);
+  if (plan.splits > 65535 || tiles_n > 65535) return cudaErrorInvalidValue;
+  if (plan.splits > 1 && !scratch) return cudaErrorInvalidValue;
+  TcParams t;
+  t.x = nullptr;
+  t.w = nullptr;
+  t.w8 = p.w_fp8;
+  t.w8_scale = p.w_scale;
+  t.ld_w8_scale = p.ld_w_scale;
+  t.x8 = static_cast<const uint8_t*>(x8);
+  t.ld_x8 = p.k;
+  t.x8_scale = reinterpret_cast<const float*>(t.x8 + (size_t(p.m) * size_t(p.k) + 255) / 256 * 256);
+  t.ld_x8_scale = w8a8_scale_ld(p.m);
+  t.y = p.y;
+  t.counters = reinterpret_cast<unsigned*>(scratch);
+  t.partial = scratch ? scratch + kSplitCounters : nullptr;
+  t.m = p.m, t.n = p.n, t.k = p.k, t.batch = 1;
+  t.splits = plan.splits, t.slice_k = plan.slice_k;
+  t.ld_x = p.k, t.ld_w = p.ld_w, t.ld_y = p.ld_y;
+  t.bs_x = 0, t.bs_w = 0, t.bs_y = p.batch_stride_y;
+  t.alpha = p.alpha;
+  t.nk = true;
+  t.accumulate = p.output == GemmOutput::kAccumulate;
+  t.vec_x = true;
+  t.vec_w = true;
+  t.fused = plan.splits > 1 && tuning.reduce != 0 &&
+            (tuning.reduce == 1 || int64_t(shape.rows) * shape.cols <= kFusedReduceMaxTile) &&
+            tiles_m * tiles_n <= kSplitCounters;
+  const cudaError_t err = w8a8_launch(t, tile, stream);
+  if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
+  const int64_t total = int64_t(p.m) * p.n;
+  constexpr int kThreads = 256;
+  launch_kernel(reduce_splits_kernel, ceil_div(total, int64_t(kThreads)), kThreads, 0, stream, t,
+                total);
+  return cudaGetLastError();
 }
 
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,

@@ -31,6 +31,11 @@ struct TcParams {
   const uint8_t* w8;      // e4m3 bytes [n, k], row stride ld_w
   const float* w8_scale;  // [ceil(n / 128)][ceil(k / 128)], row stride ld_w8_scale
   int64_t ld_w8_scale;
+  // fp8 activations (gemm_w8a8.cu, with w8): x's e4m3 codes [m, k] (row stride ld_x8 bytes) and
+  // scales [ceil(k / 128)][ld_x8_scale] (transposed; rows [m, ld_x8_scale) hold 0).
+  const uint8_t* x8 = nullptr;
+  const float* x8_scale = nullptr;
+  int64_t ld_x8 = 0, ld_x8_scale = 0;
 };
 
 // 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
@@ -213,5 +218,15 @@ int wgmma_fp8_pick_tile(int m, int n, int splits);
 // engine (gemm_invariant_fp8_runs_wgmma's conditions rule that out).
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream);
 cudaError_t wgmma_fp8_prepare();
+
+// ---- gemm_w8a8.cu (fp8 weights x fp8 activations on the e4m3 tensor cores) ----
+int w8a8_tile_count();
+GemmTileInfo w8a8_tile_info(int tile);
+int w8a8_pick_tile(int m);  // any tile gives the same bits
+// cudaErrorNotSupported, launching nothing, when an operand cannot be described to the copy
+// engine.
+cudaError_t w8a8_launch(const TcParams& p, int tile, cudaStream_t stream);
+cudaError_t w8a8_prepare();
+int64_t w8a8_scale_ld(int m);  // the scale table's row stride: m rounded up to 8
 
 }  // namespace dsa::cuda

@@ -37,25 +37,6 @@
 namespace dsa::cuda::indexer_detail {
 namespace {
 
-// d = A * B (+ d when accumulate): one wgmma.mma_async.m64n64k32.f32.e4m3.e4m3, A [64 x 32] and
-// B [32 x 64], both K-major from shared memory through their descriptors (e4m3 operands have no
-// transpose). The caller fences (wgmma_fence) before and waits for the group before reading d.
-__device__ __forceinline__ void wgmma_e4m3_64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                              int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
 // The shared-memory layout: the query (B: 64 heads x 128 e4m3 bytes, 128-byte swizzled), the
 // ring (a stage: 64 token rows of 128 bytes, chunk c of row r at 16-byte position c ^ (r % 8),
 // then the page's 64 scales, then padding to keep the next stage 1024-aligned), the weights, the
@@ -130,7 +111,8 @@ __global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
     const uint32_t a = b.base + b.stage_offset(i), q_tile = b.base + T::kQueryOff;
 #pragma unroll
     for (int kk = 0; kk < kIndexHeadDim / 32; ++kk) {
-      wgmma_e4m3_64(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(q_tile + 32 * kk), kk > 0);
+      wgmma_e4m3<64>(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(q_tile + 32 * kk),
+                     kk > 0);
     }
     wgmma_commit();
     if (i > 0) st_epilogue(p, logits, b.pages, b.t0, b.end, i - 1, relu, prev_scale, w);

@@ -76,6 +76,16 @@ cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
                            float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream);
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning);
+// fp8 activations (p.x_fp8, gemm_w8a8.cu): y from x8, what quantize_x_fp8 wrote for p's x (p.x
+// itself is not read); the split plan, scratch and reduction are gemm_invariant's.
+cudaError_t gemm_w8a8(const GemmParams& p, const void* x8, float* scratch,
+                      const GemmInvariantTuning& tuning, cudaStream_t stream);
+// x [m, k] (row stride ld_x, k a multiple of 16) quantized for gemm_w8a8 into `out` (16-byte
+// aligned, w8a8_x_bytes(m, k) long): the e4m3 codes [m, k], then the scales per row and 128-wide
+// k block (encode_fp8_group's bytes and scales, dsa/token_codec.h).
+size_t w8a8_x_bytes(int m, int k);
+cudaError_t quantize_x_fp8(const float* x, int64_t ld_x, int m, int k, void* out,
+                           cudaStream_t stream);
 // Lets every tile configuration use its shared memory on the current device; gemm_invariant
 // does it itself on first use, this does it ahead of a graph capture.
 cudaError_t gemm_invariant_prepare();

@@ -31,11 +31,12 @@ bool encode_tile_map(CUtensorMap* map, TileMap kind, const void* base, int64_t c
                      int box_rows) {
   const EncodeTiled encode = encoder();
   const bool bf16 = kind == TileMap::kBf16Swizzle128;
+  const bool swizzled = kind != TileMap::kBytesPlain;
   const int elem = bf16 ? 2 : 1;
   // The 128-byte swizzle takes rows of exactly 128 bytes here (wgmma.cuh's layout); plain boxes
   // any multiple of 16 bytes.
   if (!encode || cols <= 0 || rows <= 0 || batch <= 0 ||
-      (bf16 ? box_cols * elem != 128 : (box_cols * elem) % 16 != 0)) {
+      (swizzled ? box_cols * elem != 128 : (box_cols * elem) % 16 != 0)) {
     return false;
   }
   // One batch entry: the batch stride is never stepped; any valid one (the whole matrix) serves.
@@ -47,7 +48,7 @@ bool encode_tile_map(CUtensorMap* map, TileMap kind, const void* base, int64_t c
   return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
                 const_cast<void*>(base), dims, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE,
-                bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

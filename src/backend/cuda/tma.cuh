@@ -94,10 +94,12 @@ __device__ __forceinline__ void warpgroup_reg_alloc() {
 // strides in elements) read in boxes of box_cols x box_rows x 1:
 //   kBf16Swizzle128: bf16, box_cols = 64 (128-byte rows), the 128-byte swizzle of wgmma.cuh;
 //   kBytesPlain: one-byte elements (fp8 codes), box_cols * 1 a multiple of 16, no swizzle (the
-//     box lands as rows of box_cols bytes, back to back).
+//     box lands as rows of box_cols bytes, back to back);
+//   kBytesSwizzle128: one-byte elements, box_cols = 128 (128-byte rows), the 128-byte swizzle
+//     (e4m3 operands of wgmma in wgmma.cuh's K-major layout).
 // False when the driver cannot encode it (an address or stride not 16-byte aligned, a box too
 // large, no driver entry point): the caller then takes another path.
-enum class TileMap { kBf16Swizzle128, kBytesPlain };
+enum class TileMap { kBf16Swizzle128, kBytesPlain, kBytesSwizzle128 };
 bool encode_tile_map(CUtensorMap* map, TileMap kind, const void* base, int64_t cols, int64_t rows,
                      int64_t batch, int64_t row_stride, int64_t batch_stride, int box_cols,
                      int box_rows);
