@@ -265,8 +265,10 @@ int w8a8_tile_count() { return int(std::size(kTiles)); }
 GemmTileInfo w8a8_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 
 int w8a8_pick_tile(int m) {
-  // The first tile whose rows hold m (kTiles lists 128-feature tiles by rows), else the largest.
-  if (m <= 8) return 0;
+  // Up to 8 rows: 64-feature tiles, three CTAs per SM (on the H100 the fastest or within 7% of it
+  // for every V3.2 projection at B = 1: bench/results/2026-12-07-h100-w8a8.md). Then the first
+  // 128-feature tile whose rows hold m, else the largest.
+  if (m <= 8) return 1;
   if (m <= 16) return 2;
   if (m <= 32) return 3;
   return 4;
