@@ -8,6 +8,9 @@
 # sanitize NAME TOOL TIMEOUT_S COMMAND...: COMMAND under compute-sanitizer's TOOL as one step
 # (exit 17 on an error, 30 reports at most; racecheck reports every hazard, not only errors).
 # sanitize_parity TIMEOUT_S FILTER: memcheck and racecheck over those parity tests.
+# budgeted NAME TIMEOUT_S COMMAND...: `step` with its timeout cut to what is left before $DEADLINE
+# (a SECONDS value the script sets), skipped (status 1) with under 15 s left: a script kept
+# within one device call.
 # expect_incident COMMAND...: runs a `check-replay --inject incident` COMMAND (exit 1 by design)
 # and passes when it says CORRUPTION FOUND with its detectors agreeing (no "DISAGREE" line);
 # exported, for `step NAME T bash -c 'expect_incident "$@"' _ COMMAND...`.
@@ -61,6 +64,16 @@ sanitize_parity() {
     sanitize "sanitizer-$tool" "$tool" "$limit" "$B/tests/dsa_parity_tests" \
       --gtest_filter="$filter" --gtest_brief=1
   done
+}
+
+budgeted() {
+  local name="$1" limit="$2" left=$((DEADLINE - SECONDS))
+  shift 2
+  if ((left < 15)); then
+    echo "=== $name: skipped (the script's budget is spent)" | tee -a "$LOG"
+    return 1
+  fi
+  step "$name" $((left < limit ? left : limit)) "$@"
 }
 
 expect_incident() {

@@ -26,17 +26,8 @@ P="$B/tests/dsa_parity_tests"
 QUICK=${W8A8_QUICK:-0}
 
 # The whole script stays within W8A8_BUDGET seconds (default 540, under one device call's 600):
-# each step's timeout is cut to what is left, and a step with under 15 s left is skipped.
+# budgeted steps (gpu-steps.sh) have their timeout cut to what is left.
 DEADLINE=$((SECONDS + ${W8A8_BUDGET:-540}))
-budgeted() {
-  local name="$1" limit="$2" left=$((DEADLINE - SECONDS))
-  shift 2
-  if ((left < 15)); then
-    echo "=== $name: skipped (the script's budget is spent)" | tee -a "$LOG"
-    return 1
-  fi
-  step "$name" $((left < limit ? left : limit)) "$@"
-}
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 budgeted parity 240 "$P" \
