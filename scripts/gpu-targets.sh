@@ -13,8 +13,9 @@
 #      in the same call, joined by report.py;
 #   5. dsa_gpu_bench's GEMM rows (the invariant GEMM, fp8 weights and w8a8 against cuBLASLt).
 # The steps run in that order, each with its timeout cut to the budget left (a run cut short
-# keeps the first). Files in $OUT: summary.md, targets.log, parity.json, decode-*.json,
-# profile-*.json, bench.json, torch_attention.json, report.md, gemm_bench.json.
+# keeps the first). Files in $OUT: summary.md, targets.log, report.md, and targets-json.tar.gz
+# (parity.json, decode-*.json, profile-*.json, tiny.json, bench.json, torch_attention.json,
+# gemm_bench.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,3 +86,5 @@ section() {  # the log's part between "=== NAME: " lines
     sed 's/^/    /'
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
+# At most 8 files come back from a device call: the JSONs travel as one archive.
+(cd "$OUT" && tar -czf targets-json.tar.gz ./*.json && rm -f ./*.json steps.tsv)
