@@ -45,6 +45,12 @@ void require_gemm_weight_operand(const GemmParams& p) {
           p.w ? "both" : "neither");
   require(!p.x_fp8 || p.w_fp8, ErrorCode::kInvalidArgument,
           "gemm: fp8 activations (x_fp8) multiply fp8 weights (w_fp8) only");
+  require(!p.x8.codes || p.x_fp8, ErrorCode::kInvalidArgument,
+          "gemm: a quantized x (x8) is read only with fp8 activations (x_fp8)");
+  require(!p.x8.codes || (p.x8.scales && p.x8.ld >= p.k && p.x8.ld_scales >= p.m),
+          ErrorCode::kInvalidArgument,
+          "gemm: x8 needs codes and scales, ld {} >= k {} and ld_scales {} >= m {}", p.x8.ld, p.k,
+          p.x8.ld_scales, p.m);
   if (!p.w_fp8) return;
   require(p.w_scale != nullptr, ErrorCode::kInvalidArgument,
           "gemm: fp8 weights (w_fp8) need their 128 x 128 block scales (w_scale)");

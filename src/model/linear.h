@@ -8,10 +8,11 @@
 namespace dsa {
 
 // x_bf16, when set, is bf16(x) with row stride k (written by the norm that produced x), which the
-// fast GEMM mode reads instead of converting x again.
+// fast GEMM mode reads instead of converting x again; x8, when set, is x's fp8 rows (its producer
+// wrote them), read instead of quantizing x again when w takes fp8 activations.
 inline void linear(Backend& be, const float* x, int64_t ld_x, const WeightMatrix& w, int n, int k,
                    float* y, int64_t ld_y, int rows, GemmOutput output = GemmOutput::kOverwrite,
-                   float alpha = 1, const Bf16* x_bf16 = nullptr) {
+                   float alpha = 1, const Bf16* x_bf16 = nullptr, const Fp8Rows& x8 = {}) {
   GemmParams g;
   g.x = x;
   g.w = w.bf16;
@@ -30,6 +31,7 @@ inline void linear(Backend& be, const float* x, int64_t ld_x, const WeightMatrix
   g.alpha = alpha;
   g.x_bf16 = x_bf16;
   g.ld_x_bf16 = k;
+  if (g.x_fp8) g.x8 = x8;
   be.gemm(g);
 }
 

@@ -27,11 +27,13 @@ struct Model::LayerPtrs {
 namespace {
 
 // y = rmsnorm(x), and y_bf16 = bf16(y) (row stride dim) for the projections that read y.
+// y_fp8, when set, its fp8 rows for a GEMM with fp8 activations (GemmParams::x8).
 void rmsnorm(Backend& be, const float* x, int64_t ld_x, float* y, int64_t ld_y, const Bf16* w,
-             int rows, int dim, double eps, Bf16* y_bf16) {
+             int rows, int dim, double eps, Bf16* y_bf16, const Fp8Rows& y_fp8 = {}) {
   RmsNormParams p{x, y, w, rows, dim, ld_x, ld_y, float(eps)};
   p.y_bf16 = y_bf16;
   p.ld_y_bf16 = dim;
+  p.y_fp8 = y_fp8;
   be.rmsnorm(p);
 }
 
@@ -111,6 +113,25 @@ Model::Model(Backend& backend, ModelConfig config, Weights weights, int max_rows
   index_q_scale_ = f32(config_.index_n_heads);
   topk_slots_ = DeviceArray<int64_t>(backend, size_t(R * config_.index_topk));
   topk_positions_ = DeviceArray<int32_t>(backend, size_t(R * config_.index_topk));
+  if (weights_.fp8_activations()) {
+    // The fp8 rows the norms and SwiGLU write for the w8a8 projections that read them next
+    // (x_proj, q_up, gate_up, down): one buffer, each use consumed before the next is written.
+    // Zeroed once: a GEMM reads the scales of its tile's rows past the batch (never using them).
+    const int64_t widest_k =
+        std::max<int64_t>({config_.hidden_size, config_.q_lora_rank, config_.intermediate_size});
+    act_fp8_ld_scales_ = (R + 7) / 8 * 8;
+    act_fp8_ = DeviceArray<uint8_t>(backend, size_t(R * widest_k));
+    act_fp8_scale_ = DeviceArray<float>(
+        backend, size_t((widest_k + kFp8BlockCols - 1) / kFp8BlockCols * act_fp8_ld_scales_));
+    backend.fill(act_fp8_.data(), 0, act_fp8_.size());
+    backend.fill(act_fp8_scale_.data(), 0, act_fp8_scale_.bytes());
+  }
+}
+
+// The fp8 rows of a k-wide activation for w, when w takes fp8 activations; else none.
+Fp8Rows Model::act_fp8(const WeightMatrix& w, int k) {
+  if (!w.fp8 || !w.x_fp8 || act_fp8_.size() == 0) return {};
+  return {act_fp8_.data(), act_fp8_scale_.data(), k, act_fp8_ld_scales_};
 }
 
 Model::~Model() = default;
@@ -188,13 +209,16 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   // 1. MLA projections: q = W_qb(norm(W_qa x)), kv = W_kva x (latent normed), RoPE on rope parts.
   // W_qa x, the indexer's W_ik x and W_kva x are one GEMM (x_proj) into xp_; W_qb and the
   // indexer's W_iq over norm(W_qa x) another (q_up) into qq_.
-  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data());
+  const Fp8Rows x8 = act_fp8(L.x_proj, hidden);
+  rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.input_norm, R, hidden, eps, x_bf16_.data(),
+          x8);
   const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
   linear(be, x_.data(), hidden, L.x_proj, int(xp_ld), hidden, xp_.data(), xp_ld, R, kOverwrite, 1,
-         x_bf16_.data());
-  rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data());
+         x_bf16_.data(), x8);
+  const Fp8Rows qa8 = act_fp8(L.q_up, qlr);
+  rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data(), qa8);
   linear(be, qa_.data(), qlr, L.q_up, int(qq_ld), qlr, qq_.data(), qq_ld, R, kOverwrite, 1,
-         qa_bf16_.data());
+         qa_bf16_.data(), qa8);
   // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
   // q_rope per head); the absorb below fills the q_lat parts.
   RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, qq_ld, qk, nope,
@@ -387,17 +411,21 @@ void Model::mlp(int l, int rows) {
   const ModelConfig& c = config_;
   const LayerPtrs& L = layers_[l];
   const int hidden = c.hidden_size, inter = c.intermediate_size;
+  const bool moe = c.layer_is_moe(l);
+  const Fp8Rows x8 = moe ? Fp8Rows{} : act_fp8(L.gate_up, hidden);
   rmsnorm(be, h_.data(), hidden, x_.data(), hidden, L.post_norm, rows, hidden, c.rms_norm_eps,
-          x_bf16_.data());
-  if (c.layer_is_moe(l)) {
+          x_bf16_.data(), x8);
+  if (moe) {
     moe_->forward(l, x_.data(), h_.data(), rows);
     return;
   }
   linear(be, x_.data(), hidden, L.gate_up, 2 * inter, hidden, gate_up_.data(), 2 * inter, rows,
-         kOverwrite, 1, x_bf16_.data());
-  be.swiglu({gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter});
+         kOverwrite, 1, x_bf16_.data(), x8);
+  SwigluParams act{gate_up_.data(), act_.data(), rows, inter, 2 * inter, inter};
+  act.out_fp8 = act_fp8(L.down, inter);
+  be.swiglu(act);
   linear(be, act_.data(), inter, L.down, hidden, inter, h_.data(), hidden, rows,
-         GemmOutput::kAccumulate);
+         GemmOutput::kAccumulate, 1, nullptr, act.out_fp8);
 }
 
 }  // namespace dsa

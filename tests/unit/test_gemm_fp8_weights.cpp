@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -353,6 +354,84 @@ TEST(W8a8, NeedsFp8Weights) {
   p.x_fp8 = true;
   testing::expect_error([&] { cpu::gemm(p); }, ErrorCode::kInvalidArgument,
                         {"x_fp8", "fp8 weights"});
+}
+
+// The producers' fp8 rows (Fp8Rows, ops.h): RMSNorm's and SwiGLU's are the encoder's rows of
+// the values they wrote, and a w8a8 GEMM given them gives the bits of the one quantizing x itself.
+TEST(W8a8, ProducersWriteTheRowsTheGemmWouldQuantize) {
+  Rng rng(31);
+  const int rows = 3, dim = 300, ld8 = 304, ld_scales = 8;  // a short last block of 44 columns
+  const std::vector<float> x = rng.normals(size_t(rows) * dim, 2.0f);
+  const std::vector<Bf16> nw = rng.bf16s(dim);
+  std::vector<float> y(x.size());
+  std::vector<uint8_t> codes(size_t(rows) * ld8, 0xA5);
+  std::vector<float> scales(3 * ld_scales, -1.0f);
+  RmsNormParams norm{x.data(), y.data(), nw.data(), rows, dim, dim, dim, 1e-6f};
+  norm.y_fp8 = {codes.data(), scales.data(), ld8, ld_scales};
+  cpu::rmsnorm(norm);
+  std::vector<uint8_t> want_codes(codes.size(), 0xA5);
+  std::vector<float> want_scales(scales.size(), -1.0f);
+  for (int r = 0; r < rows; ++r) {
+    for (int b = 0; b < 3; ++b) {
+      const int c0 = 128 * b, len = std::min(128, dim - c0);
+      want_scales[size_t(b * ld_scales + r)] = encode_fp8_group(
+          y.data() + r * dim + c0, len,
+          reinterpret_cast<Fp8E4M3*>(want_codes.data() + r * ld8 + c0), ScaleRounding::kExact);
+    }
+  }
+  EXPECT_EQ(codes, want_codes);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    EXPECT_TRUE(same_bits(scales[i], want_scales[i])) << "scale " << i;
+  }
+  EXPECT_GT(want_scales[0], 0.0f);
+
+  // SwiGLU's rows of its output.
+  const std::vector<float> gate_up = rng.normals(size_t(rows) * 2 * dim, 3.0f);
+  std::vector<float> act(size_t(rows) * dim);
+  std::vector<uint8_t> act_codes(codes.size(), 0xA5);
+  std::vector<float> act_scales(scales.size(), -1.0f);
+  SwigluParams sw{gate_up.data(), act.data(), rows, dim, 2 * dim, dim};
+  sw.out_fp8 = {act_codes.data(), act_scales.data(), ld8, ld_scales};
+  cpu::swiglu(sw);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<uint8_t> c(dim);
+    for (int b = 0; b < 3; ++b) {
+      const int c0 = 128 * b, len = std::min(128, dim - c0);
+      const float s =
+          encode_fp8_group(act.data() + r * dim + c0, len,
+                           reinterpret_cast<Fp8E4M3*>(c.data() + c0), ScaleRounding::kExact);
+      EXPECT_TRUE(same_bits(act_scales[size_t(b * ld_scales + r)], s)) << r << " " << b;
+    }
+    EXPECT_TRUE(std::equal(c.begin(), c.end(), act_codes.begin() + r * ld8)) << "row " << r;
+  }
+
+  // The GEMM given the norm's rows, and quantizing y itself: the same bits.
+  const Fp8Matrix w = make_fp8(rng, 70, dim, 1);
+  std::vector<float> y_own(size_t(rows) * 70), y_given(y_own.size());
+  cpu::gemm(w8a8_params(w, y.data(), dim, rows, y_own.data(), 70));
+  GemmParams g = w8a8_params(w, y.data(), dim, rows, y_given.data(), 70);
+  g.x8 = norm.y_fp8;
+  cpu::gemm(g);
+  for (size_t i = 0; i < y_own.size(); ++i) ASSERT_TRUE(same_bits(y_own[i], y_given[i])) << i;
+  // Given rows are what the GEMM reads: others (here, y's codes zeroed) change the result.
+  std::vector<uint8_t> zero(codes.size(), 0);
+  g.x8.codes = zero.data();
+  cpu::gemm(g);
+  EXPECT_TRUE(std::all_of(y_given.begin(), y_given.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST(W8a8, RefusesGivenRowsItCannotRead) {
+  Rng rng(33);
+  const Fp8Matrix w = make_fp8(rng, 16, 256, 1);
+  std::vector<float> x(2 * 256, 1.0f), y(2 * 16);
+  std::vector<uint8_t> codes(2 * 256);
+  std::vector<float> scales(2 * 2);
+  GemmParams g = w8a8_params(w, x.data(), 256, 2, y.data(), 16);
+  g.x8 = {codes.data(), scales.data(), 200, 2};  // ld shorter than k
+  testing::expect_error([&] { cpu::gemm(g); }, ErrorCode::kInvalidArgument, {"x8", "ld 200"});
+  g.x8 = {codes.data(), scales.data(), 256, 2};
+  g.x_fp8 = false;
+  testing::expect_error([&] { cpu::gemm(g); }, ErrorCode::kInvalidArgument, {"x8", "x_fp8"});
 }
 
 // ---- the model -------------------------------------------------------------------------------

@@ -17,8 +17,23 @@
 
 namespace dsa {
 
+// Rows of f32 values quantized per 128-column block by the group encoder (encode_fp8_group,
+// dsa/token_codec.h, exact scale rounding: DeepSeek's act_quant): e4m3 codes [rows, cols] with
+// row stride ld bytes, and block b's scale of row r at scales[b * ld_scales + r] (block-major, so
+// a block's rows are contiguous). Past cols a block's values count as 0. The operand of a GEMM
+// with fp8 activations (GemmParams::x_fp8): a producer given one (RmsNormParams::y_fp8,
+// SwigluParams::out_fp8) writes these codes and scales of exactly the values it writes, and
+// GemmParams::x8 hands them to the GEMM, which then skips its own quantization of x.
+struct Fp8Rows {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t ld = 0, ld_scales = 0;  // ld >= cols; ld_scales >= rows
+};
+inline constexpr int kFp8BlockCols = 128;
+
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight; y_bf16 = bf16(y) when set, the
-// operand the bf16 GEMM modes read (GemmParams::x_bf16), so no separate conversion runs.
+// operand the bf16 GEMM modes read (GemmParams::x_bf16), so no separate conversion runs; y_fp8
+// (codes set) = y per 128-column block, the operand of the w8a8 GEMM (GemmParams::x8).
 struct RmsNormParams {
   const float* x = nullptr;      // [rows, dim], row stride ld_x
   float* y = nullptr;            // [rows, dim], row stride ld_y (may alias x)
@@ -28,6 +43,7 @@ struct RmsNormParams {
   float eps = 1e-6f;
   Bf16* y_bf16 = nullptr;  // [rows, dim], row stride ld_y_bf16; optional
   int64_t ld_y_bf16 = 0;
+  Fp8Rows y_fp8 = {};  // optional: y's codes and block scales
 };
 
 // y[r, :] = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
@@ -103,6 +119,10 @@ enum class GemmOutput : uint8_t { kOverwrite, kAccumulate };
 // and kFast refuse it) takes P from the e4m3 tensor core (its own accumulation, within a stated
 // bound of the CPU's) and the block sums with one fma each, in the same ascending order per K
 // slice. Nothing is dequantized: the weights' bytes go to the tensor cores as they are stored.
+// x8 (codes set, with x_fp8): x as its producer quantized it (Fp8Rows), which the GEMM reads
+// instead of quantizing x itself; it must hold exactly that quantization of x, so the result is
+// the same bits either way. CUDA needs its codes 16-byte aligned with ld a multiple of 16, and
+// its scales 8-byte aligned with ld_scales even.
 struct GemmParams {
   const float* x = nullptr;  // [batch][m, k], row stride ld_x, batch stride batch_stride_x
   const Bf16* w = nullptr;   // [batch][n, k] or [batch][k, n] per layout, row stride ld_w
@@ -119,15 +139,18 @@ struct GemmParams {
   const float* w_scale = nullptr;  // with w_fp8: [ceil(n / 128), ceil(k / 128)], row stride
   int64_t ld_w_scale = 0;          // ld_w_scale (>= ceil(k / 128))
   bool x_fp8 = false;              // with w_fp8: quantize x to e4m3 per 128-k block (above)
+  Fp8Rows x8 = {};                 // with x_fp8: x already quantized (above); optional
 };
 inline constexpr int kGemmFp8Block = 128;  // the w_scale block: 128 x 128 weights
 
-// out[r, i] = silu(gate[r, i]) * up[r, i], where gate_up[r] = gate ‖ up.
+// out[r, i] = silu(gate[r, i]) * up[r, i], where gate_up[r] = gate ‖ up; out_fp8 (codes set) =
+// out per 128-column block (Fp8Rows), the down projection's operand with fp8 activations.
 struct SwigluParams {
   const float* gate_up = nullptr;  // [rows, 2 * inter], row stride ld_in
   float* out = nullptr;            // [rows, inter], row stride ld_out
   int rows = 0, inter = 0;
   int64_t ld_in = 0, ld_out = 0;
+  Fp8Rows out_fp8 = {};  // optional: out's codes and block scales
 };
 
 // x[r, :] = softmax(x[r, :]) in place, over the first cols entries.

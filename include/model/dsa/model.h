@@ -161,6 +161,7 @@ class Model {
   LayerPtrs layer_ptrs(int layer) const;
   // q_lora_rank + index head dim + latent dim (+ index heads when index_weights_in_x_proj_)
   int64_t xp_cols() const;
+  Fp8Rows act_fp8(const WeightMatrix& w, int k);  // the fp8 rows for w's x, if w reads them
   int64_t qq_cols() const;  // heads * qk head dim + index heads * index head dim
 
   Backend* backend_;
@@ -181,6 +182,9 @@ class Model {
   DeviceArray<uint8_t> index_q_fp8_;
   DeviceArray<float> index_q_scale_;
   DeviceArray<Bf16> x_bf16_, qa_bf16_;  // bf16(x_), bf16(qa_): the fast GEMM's operands
+  DeviceArray<uint8_t> act_fp8_;        // w8a8: the fp8 rows of the next projection's x (act_fp8)
+  DeviceArray<float> act_fp8_scale_;
+  int64_t act_fp8_ld_scales_ = 0;
   DeviceArray<int64_t> topk_slots_;
   DeviceArray<int32_t> topk_positions_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE layers' weights and scratch; null without MoE layers

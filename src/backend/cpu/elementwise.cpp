@@ -16,12 +16,14 @@ void swiglu(const SwigluParams& p) {
           2 * int64_t(p.inter), p.ld_out);
   require(p.rows == 0 || (p.gate_up && p.out), ErrorCode::kInvalidArgument,
           "swiglu: gate_up and out must be set");
+  if (p.out_fp8.codes) check_fp8_rows("swiglu", p.out_fp8, p.rows, p.inter);
   for (int r = 0; r < p.rows; ++r) {
     const float* gate = p.gate_up + r * p.ld_in;
     const float* up = gate + p.inter;
     float* out = p.out + r * p.ld_out;
     // silu(g) = g / (1 + exp(-g)); a very negative g gives exp = inf and a signed zero, not NaN.
     for (int i = 0; i < p.inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    if (p.out_fp8.codes) encode_fp8_rows(out, p.inter, r, p.out_fp8);
   }
 }
 

@@ -132,17 +132,26 @@ void gemm_kn(const GemmParams& p, const float* x, const Bf16* w, float* y) {
   }
 }
 
-// fp8 activations: one batch entry (batch 1), w[n, k] as fp8 codes with block scales.
+// fp8 activations: one batch entry (batch 1), w[n, k] as fp8 codes with block scales; x's codes
+// and scales from p.x8 when given, else encoded here (the same encoder: the same values).
 void gemm_nk_w8a8(const GemmParams& p, const float* x, float* y) {
   const int blocks = (p.k + kGemmFp8Block - 1) / kGemmFp8Block;
+  std::vector<uint8_t> own_codes;
+  std::vector<float> own_scales;
+  Fp8Rows x8 = p.x8;
+  if (!x8.codes) {
+    own_codes.resize(size_t(p.m) * p.k);
+    own_scales.resize(size_t(blocks) * p.m);
+    x8 = {own_codes.data(), own_scales.data(), p.k, p.m};
+    for (int row = 0; row < p.m; ++row) encode_fp8_rows(x + row * p.ld_x, p.k, row, x8);
+  }
   std::vector<float> xq(size_t(p.m) * p.k), sx(size_t(p.m) * blocks);
-  std::vector<Fp8E4M3> codes(kGemmFp8Block);
   for (int row = 0; row < p.m; ++row) {
+    for (int kk = 0; kk < p.k; ++kk) {
+      xq[size_t(row) * p.k + kk] = fp8_to_float(Fp8E4M3{x8.codes[row * x8.ld + kk]});
+    }
     for (int kb = 0; kb < blocks; ++kb) {
-      const int k0 = kb * kGemmFp8Block, len = std::min(kGemmFp8Block, p.k - k0);
-      sx[size_t(row) * blocks + kb] =
-          encode_fp8_group(x + row * p.ld_x + k0, len, codes.data(), ScaleRounding::kExact);
-      for (int i = 0; i < len; ++i) xq[size_t(row) * p.k + k0 + i] = fp8_to_float(codes[i]);
+      sx[size_t(row) * blocks + kb] = x8.scales[kb * x8.ld_scales + row];
     }
   }
   std::vector<float> wq(size_t(p.k));
@@ -165,6 +174,22 @@ void gemm_nk_w8a8(const GemmParams& p, const float* x, float* y) {
 }
 
 }  // namespace
+
+void check_fp8_rows(const char* op, const Fp8Rows& out, int rows, int cols) {
+  require(out.codes && out.scales && out.ld >= cols && out.ld_scales >= rows,
+          ErrorCode::kInvalidArgument,
+          "{}: fp8 rows need codes and scales, ld {} >= {} columns and ld_scales {} >= {} rows", op,
+          out.ld, cols, out.ld_scales, rows);
+}
+
+void encode_fp8_rows(const float* row, int cols, int64_t r, const Fp8Rows& out) {
+  for (int b = 0; b * kFp8BlockCols < cols; ++b) {
+    const int c0 = b * kFp8BlockCols, len = std::min(kFp8BlockCols, cols - c0);
+    out.scales[b * out.ld_scales + r] =
+        encode_fp8_group(row + c0, len, reinterpret_cast<Fp8E4M3*>(out.codes + r * out.ld + c0),
+                         ScaleRounding::kExact);
+  }
+}
 
 void gemm(const GemmParams& p) {
   check_params(p);

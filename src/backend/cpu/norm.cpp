@@ -47,11 +47,13 @@ void rmsnorm(const RmsNormParams& p) {
   check_rows("rmsnorm", p.x, p.y, p.weight, p.rows, p.dim, p.ld_x, p.ld_y);
   require(!p.y_bf16 || p.ld_y_bf16 >= p.dim, ErrorCode::kInvalidArgument,
           "rmsnorm: ld_y_bf16 {} must be >= dim {}", p.ld_y_bf16, p.dim);
+  if (p.y_fp8.codes) check_fp8_rows("rmsnorm", p.y_fp8, p.rows, p.dim);
   for (int r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.ld_x;
     float* y = p.y + r * p.ld_y;
     const float inv_rms = 1.0f / std::sqrt(mean_square(x, p.dim) + p.eps);
     for (int i = 0; i < p.dim; ++i) y[i] = (x[i] * inv_rms) * bf16_to_float(p.weight[i]);
+    if (p.y_fp8.codes) encode_fp8_rows(y, p.dim, r, p.y_fp8);
     if (!p.y_bf16) continue;
     Bf16* yb = p.y_bf16 + r * p.ld_y_bf16;
     for (int i = 0; i < p.dim; ++i) yb[i] = float_to_bf16(y[i]);

@@ -314,7 +314,10 @@ class CudaBackend final : public Backend {
   }
 
   // ---- ops ----
-  void rmsnorm(const RmsNormParams& p) override { launched(cuda::rmsnorm(p, stream_), "rmsnorm"); }
+  void rmsnorm(const RmsNormParams& p) override {
+    if (p.y_fp8.codes) require_fp8_out("rmsnorm", p.y_fp8, p.rows, p.dim);
+    launched(cuda::rmsnorm(p, stream_), "rmsnorm");
+  }
   void layernorm(const LayerNormParams& p) override {
     launched(cuda::layernorm(p, stream_), "layernorm");
   }
@@ -339,7 +342,10 @@ class CudaBackend final : public Backend {
         return;
     }
   }
-  void swiglu(const SwigluParams& p) override { launched(cuda::swiglu(p, stream_), "swiglu"); }
+  void swiglu(const SwigluParams& p) override {
+    if (p.out_fp8.codes) require_fp8_out("swiglu", p.out_fp8, p.rows, p.inter);
+    launched(cuda::swiglu(p, stream_), "swiglu");
+  }
   void softmax(const SoftmaxParams& p) override { launched(cuda::softmax(p, stream_), "softmax"); }
   void embed(const EmbedParams& p) override { launched(cuda::embed(p, stream_), "embed"); }
   void add(const AddParams& p) override { launched(cuda::add(p, stream_), "add"); }
@@ -460,6 +466,15 @@ class CudaBackend final : public Backend {
     return static_cast<float*>(buffer);
   }
 
+  // A producer's fp8 rows (ops.h, Fp8Rows), as the quantizer writes them.
+  static void require_fp8_out(const char* op, const Fp8Rows& out, int rows, int cols) {
+    require(out.scales && out.ld >= cols && out.ld_scales >= rows && cols % 16 == 0 &&
+                out.ld % 4 == 0 && (reinterpret_cast<uintptr_t>(out.codes) & 3u) == 0,
+            ErrorCode::kInvalidArgument,
+            "{}: fp8 rows need {} columns a multiple of 16, scales, 4-byte aligned codes with "
+            "ld ({}) >= the columns and a multiple of 4, and ld_scales ({}) >= {} rows",
+            op, cols, out.ld, out.ld_scales, rows);
+  }
   // bf16(x) for the tensor-core paths: the producer's copy when it wrote one (batch 1), else a
   // conversion into the scratch ([batch][m, k], packed).
   struct XBf16 {
@@ -499,15 +514,24 @@ class CudaBackend final : public Backend {
     launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, tuning, stream_),
              "gemm_invariant");
   }
-  // fp8 activations: x quantized into the x scratch (codes, then scales), then the e4m3 GEMM.
+  // fp8 activations: x as its producer quantized it (p.x8), else quantized into the x scratch
+  // (codes, then scales); then the e4m3 GEMM.
   void gemm_w8a8(const GemmParams& p, const cuda::GemmInvariantTuning& tuning) {
     require(cuda::gemm_invariant_w8a8_runs(p), ErrorCode::kInvalidArgument,
             "gemm: fp8 activations (--weights w8a8) need [n, k] fp8 weights of one batch entry, "
             "16-byte aligned, with k ({}) and the row stride ({}) multiples of 16",
             p.k, p.ld_w);
-    const size_t bytes = cuda::w8a8_x_bytes(p.m, p.k);
-    void* x8 = gemm_scratch((bytes + sizeof(Bf16) - 1) / sizeof(Bf16));
-    launched(cuda::quantize_x_fp8(p.x, p.ld_x, p.m, p.k, x8, stream_), "quantize_x_fp8");
+    Fp8Rows x8 = p.x8;
+    if (x8.codes) {
+      require(cuda::gemm_w8a8_reads(x8, p.m, p.k), ErrorCode::kInvalidArgument,
+              "gemm: a given x8 needs 16-byte aligned codes with ld ({}) a multiple of 16 and "
+              "8-byte aligned scales with ld_scales ({}) even",
+              x8.ld, x8.ld_scales);
+    } else {
+      const size_t bytes = cuda::w8a8_x_bytes(p.m, p.k);
+      x8 = cuda::w8a8_x_rows(gemm_scratch((bytes + sizeof(Bf16) - 1) / sizeof(Bf16)), p.m, p.k);
+      launched(cuda::quantize_fp8_rows(p.x, p.ld_x, p.m, p.k, x8, stream_), "quantize_fp8_rows");
+    }
     float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
     launched(cuda::gemm_w8a8(p, x8, scratch, tuning, stream_), "gemm_w8a8");
   }

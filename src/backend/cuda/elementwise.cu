@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/query_fp8.cuh"
 
 namespace dsa::cuda {
 namespace {
@@ -33,8 +34,19 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluParams p, int64_
   if constexpr (kVec) {
     const float4 g = *reinterpret_cast<const float4*>(gate + i);
     const float4 u = *reinterpret_cast<const float4*>(gate + p.inter + i);
-    *reinterpret_cast<float4*>(p.out + r * p.ld_out + i) = make_float4(
-        silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
+    const float e[4] = {silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                        silu_times(g.w, u.w)};
+    *reinterpret_cast<float4*>(p.out + r * p.ld_out + i) = make_float4(e[0], e[1], e[2], e[3]);
+    if (p.out_fp8.codes) {
+      // A warp's 32 threads hold one row's 128-column block (inter % 128 == 0, the launcher's
+      // condition): the group encoder gives quantize_fp8_rows' bytes and scale exactly.
+      uint32_t bytes = 0;
+      const float scale = encode_fp8_head<true>(e, bytes);
+      *reinterpret_cast<uint32_t*>(p.out_fp8.codes + r * p.out_fp8.ld + i) = bytes;
+      if ((threadIdx.x & 31) == 0) {
+        p.out_fp8.scales[(i / kFp8BlockCols) * p.out_fp8.ld_scales + r] = scale;
+      }
+    }
   } else {
     p.out[r * p.ld_out + i] = silu_times(gate[i], gate[p.inter + i]);
   }
@@ -120,13 +132,22 @@ cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream) {
   if (!p.gate_up || !p.out) return cudaErrorInvalidValue;
   const bool vec = p.inter % 4 == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                    p.ld_in % 4 == 0 && p.ld_out % 4 == 0;
+  // out's fp8 rows in the same kernel when its warps hold whole blocks, else quantized from out
+  // afterwards (the same encoder on the same values).
+  const bool fused8 = p.out_fp8.codes && vec && p.inter % kFp8BlockCols == 0;
+  SwigluParams k = p;
+  if (!fused8) k.out_fp8 = {};
   if (vec) {
-    launch_kernel(swiglu_kernel<true>, ceil_div(total / 4, kThreads), kThreads, 0, stream, p,
+    launch_kernel(swiglu_kernel<true>, ceil_div(total / 4, kThreads), kThreads, 0, stream, k,
                   total / 4);
   } else {
-    launch_kernel(swiglu_kernel<false>, ceil_div(total, kThreads), kThreads, 0, stream, p, total);
+    launch_kernel(swiglu_kernel<false>, ceil_div(total, kThreads), kThreads, 0, stream, k, total);
   }
-  return cudaGetLastError();
+  if (const cudaError_t err = cudaGetLastError();
+      err != cudaSuccess || !p.out_fp8.codes || fused8) {
+    return err;
+  }
+  return quantize_fp8_rows(p.out, p.ld_out, p.rows, p.inter, p.out_fp8, stream);
 }
 
 cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream) {

@@ -300,6 +300,11 @@ bool gemm_invariant_w8a8_runs(const GemmParams& p) {
   return p.w_fp8 != nullptr && p.x_fp8 && p.layout == WeightLayout::kNK && p.batch == 1 &&
          aligned16(p.w_fp8) && p.ld_w % 16 == 0 && p.k % 16 == 0;
 }
+bool gemm_w8a8_reads(const Fp8Rows& x8, int m, int k) {
+  return x8.codes && x8.scales && aligned16(x8.codes) && x8.ld >= k && x8.ld % 16 == 0 &&
+         (reinterpret_cast<uintptr_t>(x8.scales) & 7u) == 0 && x8.ld_scales % 2 == 0 &&
+         x8.ld_scales >= m;
+}
 int gemm_invariant_w8a8_tile_count() { return w8a8_tile_count(); }
 const char* gemm_invariant_w8a8_tile_name(int tile) { return w8a8_tile_info(tile).name; }
 int gemm_invariant_w8a8_tile(int m, const GemmInvariantTuning& tuning) {
@@ -340,10 +345,11 @@ size_t gemm_invariant_scratch_floats_bound(int max_rows) {
   return kSplitCounters + size_t(std::max(max_rows, 0)) * size_t(kMaxPartialCols);
 }
 
-cudaError_t gemm_w8a8(const GemmParams& p, const void* x8, float* scratch,
+cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
                       const GemmInvariantTuning& tuning, cudaStream_t stream) {
-  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.ld_y < p.n || p.ld_w < p.k || !p.y || !x8 ||
-      !gemm_invariant_w8a8_runs(p) || !p.w_scale || p.ld_w_scale < ceil_div(p.k, kGemmFp8Block)) {
+  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.ld_y < p.n || p.ld_w < p.k || !p.y ||
+      !gemm_invariant_w8a8_runs(p) || !p.w_scale || p.ld_w_scale < ceil_div(p.k, kGemmFp8Block) ||
+      !gemm_w8a8_reads(x8, p.m, p.k)) {
     return cudaErrorInvalidValue;
   }
   if (p.m == 0) return cudaSuccess;
@@ -359,10 +365,10 @@ cudaError_t gemm_w8a8(const GemmParams& p, const void* x8, float* scratch,
   t.w8 = p.w_fp8;
   t.w8_scale = p.w_scale;
   t.ld_w8_scale = p.ld_w_scale;
-  t.x8 = static_cast<const uint8_t*>(x8);
-  t.ld_x8 = p.k;
-  t.x8_scale = reinterpret_cast<const float*>(t.x8 + (size_t(p.m) * size_t(p.k) + 255) / 256 * 256);
-  t.ld_x8_scale = w8a8_scale_ld(p.m);
+  t.x8 = x8.codes;
+  t.ld_x8 = x8.ld;
+  t.x8_scale = x8.scales;
+  t.ld_x8_scale = x8.ld_scales;
   t.y = p.y;
   t.counters = reinterpret_cast<unsigned*>(scratch);
   t.partial = scratch ? scratch + kSplitCounters : nullptr;

@@ -32,7 +32,7 @@ struct TcParams {
   const float* w8_scale;  // [ceil(n / 128)][ceil(k / 128)], row stride ld_w8_scale
   int64_t ld_w8_scale;
   // fp8 activations (gemm_w8a8.cu, with w8): x's e4m3 codes [m, k] (row stride ld_x8 bytes) and
-  // scales [ceil(k / 128)][ld_x8_scale] (transposed; rows [m, ld_x8_scale) hold 0).
+  // scales [ceil(k / 128)][ld_x8_scale] (transposed; rows [m, ld_x8_scale) reach no output).
   const uint8_t* x8 = nullptr;
   const float* x8_scale = nullptr;
   int64_t ld_x8 = 0, ld_x8_scale = 0;

@@ -1,9 +1,9 @@
 // fp8 weights times fp8 activations (GemmParams::x_fp8, `--weights w8a8`): DeepSeek's inference
 // numerics on the e4m3 tensor cores, with nothing dequantized. Two kernels:
 //
-// quantize_x_fp8_kernel: x (f32 [m, k]) to e4m3 codes [m, k] (row stride ld_x8 bytes) and one
-// scale per row and 128-wide k block, stored transposed, [k blocks][ld_x8_scale] (ld_x8_scale:
-// m rounded up to 8, the rows past m 0): one warp per (row, block), the group encoder of the
+// quantize_x_fp8_kernel: x (f32 [m, k]) to e4m3 codes [m, k] (row stride out.ld bytes) and one
+// scale per row and 128-wide k block, stored transposed, [k blocks][out.ld_scales] (the rows past
+// m, up to m rounded to 8, get 0): one warp per (row, block), the group encoder of the
 // indexer's query (query_fp8.cuh: encode_fp8_group's bytes and scale exactly, the 128 values of
 // a block; past k the values are 0, which leaves the amax and the codes below k unchanged).
 //
@@ -237,14 +237,14 @@ constexpr GemmTileEntry kTiles[] = {
 // The x quantizer: warp w of the grid takes row w / blocks, block w % blocks (rows up to
 // ld_x8_scale: those past m write their 0 scales only).
 __global__ void quantize_x_fp8_kernel(const float* x, int64_t ld_x, int m, int k, int blocks,
-                                      uint8_t* x8, int64_t ld_x8, float* sx, int64_t ld_sx) {
+                                      int scale_rows, Fp8Rows out) {
   pdl_enter();
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
-  if (w >= ld_sx * blocks) return;
+  if (w >= int64_t(scale_rows) * blocks) return;
   const int row = int(w / blocks), kb = int(w % blocks);
   if (row >= m) {
-    if (lane == 0) sx[int64_t(kb) * ld_sx + row] = 0.0f;
+    if (lane == 0) out.scales[int64_t(kb) * out.ld_scales + row] = 0.0f;
     return;
   }
   const int k0 = kb * kBlockK + 4 * lane;
@@ -254,8 +254,8 @@ __global__ void quantize_x_fp8_kernel(const float* x, int64_t ld_x, int m, int k
   for (int j = 0; j < 4; ++j) v[j] = k0 + j < k ? xr[k0 + j] : 0.0f;
   uint32_t bytes = 0;
   const float s = encode_fp8_head<true>(v, bytes);
-  if (k0 < k) *reinterpret_cast<uint32_t*>(x8 + int64_t(row) * ld_x8 + k0) = bytes;  // k % 4 == 0
-  if (lane == 0) sx[int64_t(kb) * ld_sx + row] = s;
+  if (k0 < k) *reinterpret_cast<uint32_t*>(out.codes + int64_t(row) * out.ld + k0) = bytes;
+  if (lane == 0) out.scales[int64_t(kb) * out.ld_scales + row] = s;
 }
 
 }  // namespace
@@ -291,19 +291,25 @@ size_t w8a8_x_bytes(int m, int k) {
 
 int64_t w8a8_scale_ld(int m) { return (int64_t(m) + 7) / 8 * 8; }
 
-cudaError_t quantize_x_fp8(const float* x, int64_t ld_x, int m, int k, void* out,
-                           cudaStream_t stream) {
-  if (m <= 0 || k <= 0 || k % 16 != 0 || ld_x < k || !x || !out || !aligned16(out)) {
+Fp8Rows w8a8_x_rows(void* scratch, int m, int k) {
+  uint8_t* codes = static_cast<uint8_t*>(scratch);
+  float* scales = reinterpret_cast<float*>(codes + (size_t(m) * size_t(k) + 255) / 256 * 256);
+  return {codes, scales, int64_t(k), w8a8_scale_ld(m)};
+}
+
+cudaError_t quantize_fp8_rows(const float* x, int64_t ld_x, int m, int k, const Fp8Rows& out,
+                              cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (k <= 0 || k % 16 != 0 || ld_x < k || !x || !out.codes || !out.scales || out.ld < k ||
+      out.ld % 4 != 0 || (reinterpret_cast<uintptr_t>(out.codes) & 3u) != 0 || out.ld_scales < m) {
     return cudaErrorInvalidValue;
   }
-  uint8_t* x8 = static_cast<uint8_t*>(out);
-  float* sx = reinterpret_cast<float*>(x8 + (size_t(m) * size_t(k) + 255) / 256 * 256);
   const int blocks = int(ceil_div(k, kBlockK));
-  const int64_t ld_sx = w8a8_scale_ld(m);
+  const int scale_rows = int(std::min<int64_t>(w8a8_scale_ld(m), out.ld_scales));
   constexpr int kThreads = 128;
-  const int64_t warps = ld_sx * blocks;
+  const int64_t warps = int64_t(scale_rows) * blocks;
   launch_kernel(quantize_x_fp8_kernel, ceil_div(warps * 32, kThreads), kThreads, 0, stream, x, ld_x,
-                m, k, blocks, x8, int64_t(k), sx, ld_sx);
+                m, k, blocks, scale_rows, out);
   return cudaGetLastError();
 }
 

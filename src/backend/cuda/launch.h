@@ -76,16 +76,23 @@ cudaError_t gemm_exact(const GemmParams& p, cudaStream_t stream);  // gemm.cu
 cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_xb, int64_t bs_xb,
                            float* scratch, const GemmInvariantTuning& tuning, cudaStream_t stream);
 size_t gemm_invariant_scratch_floats(const GemmParams& p, const GemmInvariantTuning& tuning);
-// fp8 activations (p.x_fp8, gemm_w8a8.cu): y from x8, what quantize_x_fp8 wrote for p's x (p.x
-// itself is not read); the split plan, scratch and reduction are gemm_invariant's.
-cudaError_t gemm_w8a8(const GemmParams& p, const void* x8, float* scratch,
+// fp8 activations (p.x_fp8, gemm_w8a8.cu): y from x8, x's codes and block scales (p.x8 as its
+// producer wrote them, or what quantize_fp8_rows wrote for p's x; p.x itself is not read):
+// codes 16-byte aligned with ld a multiple of 16, scales 8-byte aligned with ld_scales even and
+// >= m (the scales of rows past m, up to ld_scales, are read but reach no output: initialize them
+// once). The split plan, scratch and reduction are gemm_invariant's.
+cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
                       const GemmInvariantTuning& tuning, cudaStream_t stream);
-// x [m, k] (row stride ld_x, k a multiple of 16) quantized for gemm_w8a8 into `out` (16-byte
-// aligned, w8a8_x_bytes(m, k) long): the e4m3 codes [m, k], then the scales per row and 128-wide
-// k block (encode_fp8_group's bytes and scales, dsa/token_codec.h).
+bool gemm_w8a8_reads(const Fp8Rows& x8, int m, int k);  // x8 meets those demands
+// x [m, k] (row stride ld_x, k a multiple of 16) quantized into `out` (Fp8Rows, ops.h: codes
+// 4-byte aligned with ld a multiple of 4): encode_fp8_group's bytes and scales (dsa/token_codec.h),
+// and scale 0 for the rows from m up to the next multiple of 8 that lie below ld_scales.
+cudaError_t quantize_fp8_rows(const float* x, int64_t ld_x, int m, int k, const Fp8Rows& out,
+                              cudaStream_t stream);
+// The GEMM's own quantization of x: w8a8_x_bytes(m, k) bytes of scratch (16-byte aligned) carved
+// into codes [m, k] and scales with ld_scales = m rounded up to 8.
 size_t w8a8_x_bytes(int m, int k);
-cudaError_t quantize_x_fp8(const float* x, int64_t ld_x, int m, int k, void* out,
-                           cudaStream_t stream);
+Fp8Rows w8a8_x_rows(void* scratch, int m, int k);
 // Lets every tile configuration use its shared memory on the current device; gemm_invariant
 // does it itself on first use, this does it ahead of a graph capture.
 cudaError_t gemm_invariant_prepare();

@@ -14,6 +14,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/query_fp8.cuh"
 
 namespace dsa::cuda {
 namespace {
@@ -110,7 +111,8 @@ __device__ __forceinline__ bool row_spot(int rows, int dim, RowSpot& s) {
     s.end = groups;
     return s.row < rows;
   } else {
-    const int per = (groups + gridDim.y - 1) / gridDim.y;
+    // Parts of whole 128-column blocks (32 groups), so a warp's groups are one block's.
+    const int per = ((groups + gridDim.y - 1) / gridDim.y + 31) / 32 * 32;
     s.row = blockIdx.x;
     s.t = threadIdx.x;
     s.threads = kBlockThreads;
@@ -127,6 +129,18 @@ __device__ __forceinline__ float group_total(float v, float* scratch) {
   } else {
     return block_reduce<false>(v, scratch);
   }
+}
+
+// y's fp8 rows (RmsNormParams::y_fp8) from the values this warp just computed: its 32 lanes hold
+// the 4-column groups of one 128-column block (fused_fp8's condition), and the group encoder
+// (query_fp8.cuh) gives quantize_fp8_rows' bytes and scale exactly.
+__device__ __forceinline__ void store_fp8_block(const Fp8Rows& out, int64_t row, int c0, float4 v) {
+  const float e[4] = {v.x, v.y, v.z, v.w};
+  uint32_t bytes = 0;
+  const float scale = encode_fp8_head<true>(e, bytes);
+  *reinterpret_cast<uint32_t*>(out.codes + row * out.ld + c0) = bytes;
+  if ((threadIdx.x & 31) == 0)
+    out.scales[int64_t(c0 / kFp8BlockCols) * out.ld_scales + row] = scale;
 }
 
 template <bool kWarp>
@@ -149,6 +163,7 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(RmsNormParams p,
                                        rms_value(v.z, inv_rms, w.z), rms_value(v.w, inv_rms, w.w));
         store4(y, c0, p.dim, vec, out);
         if (yb) store4_bf16(yb, c0, p.dim, vec, out);
+        if (p.y_fp8.codes) store_fp8_block(p.y_fp8, s.row, c0, out);
       });
 }
 
@@ -230,7 +245,17 @@ cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   const bool vec = p.dim % 4 == 0 && rows_aligned(p.x, p.ld_x) && rows_aligned(p.y, p.ld_y) &&
                    aligned8(p.weight) &&
                    (!p.y_bf16 || (aligned8(p.y_bf16) && p.ld_y_bf16 % 4 == 0));
-  return launch_norm(p, vec, rmsnorm_kernel<true>, rmsnorm_kernel<false>, stream);
+  // y's fp8 rows in the norm's own write pass when every warp's lanes cover one whole block:
+  // 4-column groups (vec) and whole blocks; else quantized from y once the norm is done (the
+  // same encoder on the same values: the same bytes).
+  if (!p.y_fp8.codes || (vec && p.dim % kFp8BlockCols == 0)) {
+    return launch_norm(p, vec, rmsnorm_kernel<true>, rmsnorm_kernel<false>, stream);
+  }
+  RmsNormParams plain = p;
+  plain.y_fp8 = {};
+  const cudaError_t err =
+      launch_norm(plain, vec, rmsnorm_kernel<true>, rmsnorm_kernel<false>, stream);
+  return err != cudaSuccess ? err : quantize_fp8_rows(p.y, p.ld_y, p.rows, p.dim, p.y_fp8, stream);
 }
 
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream) {
