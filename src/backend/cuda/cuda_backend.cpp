@@ -530,7 +530,8 @@ class CudaBackend final : public Backend {
     } else {
       const size_t bytes = cuda::w8a8_x_bytes(p.m, p.k);
       x8 = cuda::w8a8_x_rows(gemm_scratch((bytes + sizeof(Bf16) - 1) / sizeof(Bf16)), p.m, p.k);
-      launched(cuda::quantize_fp8_rows(p.x, p.ld_x, p.m, p.k, x8, stream_), "quantize_fp8_rows");
+      launched(cuda::quantize_fp8_rows(p.x, p.ld_x, p.m, p.k, x8, true, stream_),
+               "quantize_fp8_rows");
     }
     float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
     launched(cuda::gemm_w8a8(p, x8, scratch, tuning, stream_), "gemm_w8a8");

@@ -147,7 +147,7 @@ cudaError_t swiglu(const SwigluParams& p, cudaStream_t stream) {
       err != cudaSuccess || !p.out_fp8.codes || fused8) {
     return err;
   }
-  return quantize_fp8_rows(p.out, p.ld_out, p.rows, p.inter, p.out_fp8, stream);
+  return quantize_fp8_rows(p.out, p.ld_out, p.rows, p.inter, p.out_fp8, false, stream);
 }
 
 cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream) {

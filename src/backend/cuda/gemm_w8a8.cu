@@ -2,8 +2,8 @@
 // numerics on the e4m3 tensor cores, with nothing dequantized. Two kernels:
 //
 // quantize_x_fp8_kernel: x (f32 [m, k]) to e4m3 codes [m, k] (row stride out.ld bytes) and one
-// scale per row and 128-wide k block, stored transposed, [k blocks][out.ld_scales] (the rows past
-// m, up to m rounded to 8, get 0): one warp per (row, block), the group encoder of the
+// scale per row and 128-wide k block, stored transposed, [k blocks][out.ld_scales] (zero_pad: rows
+// past m, up to m rounded to 8, get 0): one warp per (row, block), the group encoder of the
 // indexer's query (query_fp8.cuh: encode_fp8_group's bytes and scale exactly, the 128 values of
 // a block; past k the values are 0, which leaves the amax and the codes below k unchanged).
 //
@@ -298,14 +298,14 @@ Fp8Rows w8a8_x_rows(void* scratch, int m, int k) {
 }
 
 cudaError_t quantize_fp8_rows(const float* x, int64_t ld_x, int m, int k, const Fp8Rows& out,
-                              cudaStream_t stream) {
+                              bool zero_pad, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (k <= 0 || k % 16 != 0 || ld_x < k || !x || !out.codes || !out.scales || out.ld < k ||
       out.ld % 4 != 0 || (reinterpret_cast<uintptr_t>(out.codes) & 3u) != 0 || out.ld_scales < m) {
     return cudaErrorInvalidValue;
   }
   const int blocks = int(ceil_div(k, kBlockK));
-  const int scale_rows = int(std::min<int64_t>(w8a8_scale_ld(m), out.ld_scales));
+  const int scale_rows = zero_pad ? int(std::min<int64_t>(w8a8_scale_ld(m), out.ld_scales)) : m;
   constexpr int kThreads = 128;
   const int64_t warps = int64_t(scale_rows) * blocks;
   launch_kernel(quantize_x_fp8_kernel, ceil_div(warps * 32, kThreads), kThreads, 0, stream, x, ld_x,

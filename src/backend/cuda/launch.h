@@ -85,10 +85,11 @@ cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
                       const GemmInvariantTuning& tuning, cudaStream_t stream);
 bool gemm_w8a8_reads(const Fp8Rows& x8, int m, int k);  // x8 meets those demands
 // x [m, k] (row stride ld_x, k a multiple of 16) quantized into `out` (Fp8Rows, ops.h: codes
-// 4-byte aligned with ld a multiple of 4): encode_fp8_group's bytes and scales (dsa/token_codec.h),
-// and scale 0 for the rows from m up to the next multiple of 8 that lie below ld_scales.
+// 4-byte aligned with ld a multiple of 4): encode_fp8_group's bytes and scales (dsa/token_codec.h)
+// of rows < m; with zero_pad (the GEMM's own scratch), scale 0 for the rows from m up to the next
+// multiple of 8 that lie below ld_scales. A producer's rows past m are left as they are.
 cudaError_t quantize_fp8_rows(const float* x, int64_t ld_x, int m, int k, const Fp8Rows& out,
-                              cudaStream_t stream);
+                              bool zero_pad, cudaStream_t stream);
 // The GEMM's own quantization of x: w8a8_x_bytes(m, k) bytes of scratch (16-byte aligned) carved
 // into codes [m, k] and scales with ld_scales = m rounded up to 8.
 size_t w8a8_x_bytes(int m, int k);

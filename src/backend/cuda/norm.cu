@@ -255,7 +255,8 @@ cudaError_t rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   plain.y_fp8 = {};
   const cudaError_t err =
       launch_norm(plain, vec, rmsnorm_kernel<true>, rmsnorm_kernel<false>, stream);
-  return err != cudaSuccess ? err : quantize_fp8_rows(p.y, p.ld_y, p.rows, p.dim, p.y_fp8, stream);
+  return err != cudaSuccess ? err
+                            : quantize_fp8_rows(p.y, p.ld_y, p.rows, p.dim, p.y_fp8, false, stream);
 }
 
 cudaError_t layernorm(const LayerNormParams& p, cudaStream_t stream) {
