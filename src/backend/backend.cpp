@@ -39,6 +39,13 @@ GemmMode parse_gemm_mode(std::string_view name) {
        name);
 }
 
+void require_fp8_rows(const char* op, const Fp8Rows& rows_of, int rows, int cols) {
+  require(rows_of.codes && rows_of.scales && rows_of.ld >= cols && rows_of.ld_scales >= rows,
+          ErrorCode::kInvalidArgument,
+          "{}: fp8 rows need codes and scales, ld {} >= {} columns and ld_scales {} >= {} rows", op,
+          rows_of.ld, cols, rows_of.ld_scales, rows);
+}
+
 void require_gemm_weight_operand(const GemmParams& p) {
   require((p.w != nullptr) != (p.w_fp8 != nullptr), ErrorCode::kInvalidArgument,
           "gemm: exactly one of w (bf16) and w_fp8 (fp8 e4m3) must be set; got {}",
@@ -47,10 +54,7 @@ void require_gemm_weight_operand(const GemmParams& p) {
           "gemm: fp8 activations (x_fp8) multiply fp8 weights (w_fp8) only");
   require(!p.x8.codes || p.x_fp8, ErrorCode::kInvalidArgument,
           "gemm: a quantized x (x8) is read only with fp8 activations (x_fp8)");
-  require(!p.x8.codes || (p.x8.scales && p.x8.ld >= p.k && p.x8.ld_scales >= p.m),
-          ErrorCode::kInvalidArgument,
-          "gemm: x8 needs codes and scales, ld {} >= k {} and ld_scales {} >= m {}", p.x8.ld, p.k,
-          p.x8.ld_scales, p.m);
+  if (p.x8.codes) require_fp8_rows("gemm: x8", p.x8, p.m, p.k);
   if (!p.w_fp8) return;
   require(p.w_scale != nullptr, ErrorCode::kInvalidArgument,
           "gemm: fp8 weights (w_fp8) need their 128 x 128 block scales (w_scale)");

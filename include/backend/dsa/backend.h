@@ -49,6 +49,9 @@ GemmMode parse_gemm_mode(std::string_view name);  // throws kInvalidArgument on 
 // naming the problem): exactly one of w and w_fp8; with w_fp8 a w_scale, layout kNK, batch 1 and
 // ld_w_scale >= ceil(k / 128). Shapes and strides are the backends' own checks.
 void require_gemm_weight_operand(const GemmParams& p);
+// Fp8Rows (ops.h) that `op` reads or writes for `rows` rows of `cols` values: codes and scales set,
+// ld >= cols, ld_scales >= rows; throws kInvalidArgument naming op otherwise.
+void require_fp8_rows(const char* op, const Fp8Rows& rows_of, int rows, int cols);
 
 // A point in a backend's queued work that the host can ask about without waiting.
 class Fence {

@@ -34,9 +34,8 @@ void audit_sample(const AuditSampleParams& p);  // audit.cpp
 
 void sample(const SampleParams& p);  // sample.cpp
 
-// Fp8Rows (ops.h): `out` given for `rows` rows of `cols` values is checked (name: the op, for the
-// message); row r's values written into it. gemm.cpp.
-void check_fp8_rows(const char* op, const Fp8Rows& out, int rows, int cols);
+// Row r's `cols` values written into `out` (Fp8Rows, ops.h; checked by require_fp8_rows,
+// dsa/backend.h). gemm.cpp.
 void encode_fp8_rows(const float* row, int cols, int64_t r, const Fp8Rows& out);
 
 }  // namespace dsa::cpu

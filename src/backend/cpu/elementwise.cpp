@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
 #include "dsa/error.h"
 
 namespace dsa::cpu {
@@ -16,7 +17,7 @@ void swiglu(const SwigluParams& p) {
           2 * int64_t(p.inter), p.ld_out);
   require(p.rows == 0 || (p.gate_up && p.out), ErrorCode::kInvalidArgument,
           "swiglu: gate_up and out must be set");
-  if (p.out_fp8.codes) check_fp8_rows("swiglu", p.out_fp8, p.rows, p.inter);
+  if (p.out_fp8.codes) require_fp8_rows("swiglu", p.out_fp8, p.rows, p.inter);
   for (int r = 0; r < p.rows; ++r) {
     const float* gate = p.gate_up + r * p.ld_in;
     const float* up = gate + p.inter;

@@ -175,13 +175,6 @@ void gemm_nk_w8a8(const GemmParams& p, const float* x, float* y) {
 
 }  // namespace
 
-void check_fp8_rows(const char* op, const Fp8Rows& out, int rows, int cols) {
-  require(out.codes && out.scales && out.ld >= cols && out.ld_scales >= rows,
-          ErrorCode::kInvalidArgument,
-          "{}: fp8 rows need codes and scales, ld {} >= {} columns and ld_scales {} >= {} rows", op,
-          out.ld, cols, out.ld_scales, rows);
-}
-
 void encode_fp8_rows(const float* row, int cols, int64_t r, const Fp8Rows& out) {
   for (int b = 0; b * kFp8BlockCols < cols; ++b) {
     const int c0 = b * kFp8BlockCols, len = std::min(kFp8BlockCols, cols - c0);

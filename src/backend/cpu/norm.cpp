@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
+#include "dsa/backend.h"
 #include "dsa/error.h"
 
 namespace dsa::cpu {
@@ -47,7 +48,7 @@ void rmsnorm(const RmsNormParams& p) {
   check_rows("rmsnorm", p.x, p.y, p.weight, p.rows, p.dim, p.ld_x, p.ld_y);
   require(!p.y_bf16 || p.ld_y_bf16 >= p.dim, ErrorCode::kInvalidArgument,
           "rmsnorm: ld_y_bf16 {} must be >= dim {}", p.ld_y_bf16, p.dim);
-  if (p.y_fp8.codes) check_fp8_rows("rmsnorm", p.y_fp8, p.rows, p.dim);
+  if (p.y_fp8.codes) require_fp8_rows("rmsnorm", p.y_fp8, p.rows, p.dim);
   for (int r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.ld_x;
     float* y = p.y + r * p.ld_y;

@@ -467,13 +467,15 @@ class CudaBackend final : public Backend {
   }
 
   // A producer's fp8 rows (ops.h, Fp8Rows), as the quantizer writes them.
+  // The shared demands (require_fp8_rows), then the quantizer's: whole 16-column groups and
+  // 4-byte aligned rows of codes.
   static void require_fp8_out(const char* op, const Fp8Rows& out, int rows, int cols) {
-    require(out.scales && out.ld >= cols && out.ld_scales >= rows && cols % 16 == 0 &&
-                out.ld % 4 == 0 && (reinterpret_cast<uintptr_t>(out.codes) & 3u) == 0,
+    require_fp8_rows(op, out, rows, cols);
+    require(cols % 16 == 0 && out.ld % 4 == 0 && (reinterpret_cast<uintptr_t>(out.codes) & 3u) == 0,
             ErrorCode::kInvalidArgument,
-            "{}: fp8 rows need {} columns a multiple of 16, scales, 4-byte aligned codes with "
-            "ld ({}) >= the columns and a multiple of 4, and ld_scales ({}) >= {} rows",
-            op, cols, out.ld, out.ld_scales, rows);
+            "{}: fp8 rows need {} columns a multiple of 16 and 4-byte aligned codes with ld ({}) a "
+            "multiple of 4",
+            op, cols, out.ld);
   }
   // bf16(x) for the tensor-core paths: the producer's copy when it wrote one (batch 1), else a
   // conversion into the scratch ([batch][m, k], packed).
