@@ -74,6 +74,18 @@ class ProfilingBackend final : public Backend {
   uint64_t memory_capacity_bytes() const override { return inner_.memory_capacity_bytes(); }
   std::unique_ptr<Stopwatch> stopwatch() override { return inner_.stopwatch(); }
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override;
+  size_t l2_prefetch_bytes() const override { return inner_.l2_prefetch_bytes(); }
+  void prefetch_l2(const void* p, size_t bytes) override;
+  // Forwarded only while not recording: a recorded step runs every op on the main lane, in
+  // program order, so each op's stopwatch points bracket that op alone.
+  void set_lane(Lane lane) override {
+    Backend::set_lane(lane);
+    if (!recording_) inner_.set_lane(lane);
+  }
+  void lane_wait(Lane waiter, Lane waited) override {
+    Backend::lane_wait(waiter, waited);
+    if (!recording_) inner_.lane_wait(waiter, waited);
+  }
   void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
     inner_.reserve_gemm_scratch(x_elements, max_rows);
   }

@@ -115,6 +115,20 @@ void Backend::copy_to_host_async(void* host_dst, const void* src, size_t bytes) 
   copy_to_host(host_dst, src, bytes);
 }
 
+namespace {
+void require_lane(Backend::Lane lane, const char* what) {
+  require(lane == Backend::Lane::kMain || lane == Backend::Lane::kSide, ErrorCode::kInvalidArgument,
+          "{}: lane {} is neither main (0) nor side (1)", what, int(lane));
+}
+}  // namespace
+
+void Backend::set_lane(Lane lane) { require_lane(lane, "set_lane"); }
+
+void Backend::lane_wait(Lane waiter, Lane waited) {
+  require_lane(waiter, "lane_wait");
+  require_lane(waited, "lane_wait");
+}
+
 void Backend::copy_rows(const CopyRowsParams& p) {
   for (int r = 0; r < p.rows; ++r) {
     copy_on_device(p.y + r * p.ld_y, p.x + r * p.ld_x, size_t(p.dim) * sizeof(float));

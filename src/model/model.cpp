@@ -1,8 +1,11 @@
 // One forward step of the DSA decoder (DESIGN §1), built only from backend ops.
 #include "dsa/model.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "dsa/error.h"
 #include "model/linear.h"
@@ -184,6 +187,18 @@ void Model::forward(const StepView& step, KvCache& cache, const StepOptions& opt
           "cache has {} layers, the model {}", cache.config().num_layers,
           config_.num_hidden_layers);
   Backend& be = *backend_;
+  // However the step ends, later work goes to the main lane, after all the side lane's.
+  struct MainLaneAtExit {
+    Backend& be;
+    ~MainLaneAtExit() {
+      try {
+        be.set_lane(Backend::Lane::kMain);
+        be.lane_wait(Backend::Lane::kMain, Backend::Lane::kSide);
+      } catch (const std::exception& e) {  // a device error: the next synchronize() reports it
+        spdlog::error("model: joining the side lane after the step failed: {}", e.what());
+      }
+    }
+  } main_lane_at_exit{be};
   const int R = step.rows, hidden = config_.hidden_size;
   const int64_t vocab = config_.vocab_size;
   be.embed({step.tokens, weights_.get("model.embed_tokens.weight", {vocab, hidden}), h_.data(), R,
@@ -215,19 +230,17 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
   linear(be, x_.data(), hidden, L.x_proj, int(xp_ld), hidden, xp_.data(), xp_ld, R, kOverwrite, 1,
          x_bf16_.data(), x8);
-  const Fp8Rows qa8 = act_fp8(L.q_up, qlr);
-  rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data(), qa8);
-  linear(be, qa_.data(), qlr, L.q_up, int(qq_ld), qlr, qq_.data(), qq_ld, R, kOverwrite, 1,
-         qa_bf16_.data(), qa8);
-  // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
-  // q_rope per head); the absorb below fills the q_lat parts.
-  RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, qq_ld, qk, nope,
-                    kRopeDim,   max_context_,   RopeStyle::kInterleaved};
-  q_rope.out = q_attn_.data() + kKvLoraRank;
-  q_rope.ld_out_row = int64_t(H) * kLatentDim;
-  q_rope.ld_out_head = kLatentDim;
-  be.rope(q_rope);
 
+  // The lanes (Backend::set_lane). The side lane takes the stores and the indexer: it starts once
+  // x_proj is done (the latent store, the index key's store and the head weights, beside the main
+  // lane's q_a norm and q_up), goes on once q_up is done (the index query, logits and top-k,
+  // beside the main lane's RoPE and absorb) and is joined before sparse MLA. The lanes touch
+  // disjoint memory while unordered: x_proj's columns are split between them (q_a: main; the
+  // index key and the latent, normed in place: side), and so are q_up's (the heads' q: main; the
+  // index query, rotated in place: side); each lane has its own GEMM scratch.
+  using Lane = Backend::Lane;
+  be.lane_wait(Lane::kSide, Lane::kMain);
+  be.set_lane(Lane::kSide);
   // 2. The latent normed and the key roped in place, then the guarded latent store: one op.
   float* kv = xp_.data() + qlr + kIndexHeadDim;
   LatentKvParams latent;
@@ -242,9 +255,40 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   latent.pool = cache.latent(l);
   be.latent_kv(latent);
   record_store_inputs(l, PoolKind::kLatent, step, latent.pool, kv, xp_ld);
+  // 3. The indexer's key, its guarded store, and its head weights.
+  indexer_key_and_weights(l, step, cache, options);
+  be.set_lane(Lane::kMain);
 
-  // 3-6. Indexer, its guarded store, logits and top-k: the selected slots land in topk_slots_.
-  indexer(l, step, cache, options);
+  const Fp8Rows qa8 = act_fp8(L.q_up, qlr);
+  rmsnorm(be, xp_.data(), xp_ld, qa_.data(), qlr, L.q_a_norm, R, qlr, eps, qa_bf16_.data(), qa8);
+  linear(be, qa_.data(), qlr, L.q_up, int(qq_ld), qlr, qq_.data(), qq_ld, R, kOverwrite, 1,
+         qa_bf16_.data(), qa8);
+
+  // 4-6. The indexer's query, logits and top-k: the selected slots land in topk_slots_.
+  be.lane_wait(Lane::kSide, Lane::kMain);
+  be.set_lane(Lane::kSide);
+  // From here to the o projection the step reads little memory at small batches (the indexer's
+  // keys, the selected latents, kv_b): the o projection's first weights come into L2 meanwhile
+  // (a hint; the backend's l2_prefetch_bytes bounds it; nothing on the CPU).
+  {
+    const size_t o_bytes = size_t(hidden) * size_t(H) * size_t(c.v_head_dim);
+    if (L.o.fp8) {
+      be.prefetch_l2(L.o.fp8, o_bytes);
+    } else {
+      be.prefetch_l2(L.o.bf16, o_bytes * sizeof(Bf16));
+    }
+  }
+  indexer_select(l, step, cache);
+  be.set_lane(Lane::kMain);
+
+  // RoPE on q's rope parts, which are also copied into the attention query's (q_attn = q_lat ‖
+  // q_rope per head); the absorb below fills the q_lat parts.
+  RopeParams q_rope{qq_.data(), step.positions, cos_sin_.data(),        R, H, qq_ld, qk, nope,
+                    kRopeDim,   max_context_,   RopeStyle::kInterleaved};
+  q_rope.out = q_attn_.data() + kKvLoraRank;
+  q_rope.ld_out_row = int64_t(H) * kLatentDim;
+  q_rope.ld_out_head = kLatentDim;
+  be.rope(q_rope);
 
   // 7. Absorbed sparse MLA: q_lat[h] = q_nope[h] W_UK[h]; attend; o[h] = W_UV[h] o_lat[h].
   const int64_t kv_b_head = int64_t(nope + c.v_head_dim) * kKvLoraRank;  // rows of one head
@@ -264,6 +308,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   absorb.batch_stride_y = kLatentDim;
   absorb.layout = WeightLayout::kKN;
   be.gemm(absorb);
+  be.lane_wait(Lane::kMain, Lane::kSide);  // the selected slots and both stores are done
 
   SparseMlaParams attn;
   attn.q = q_attn_.data();
@@ -298,31 +343,22 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
          R, GemmOutput::kAccumulate);
 }
 
-void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptions& options) {
+namespace {
+RopeStyle indexer_rope_style(const ModelConfig& c) {
+  return c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+}
+float indexer_hadamard_scale() { return float(1.0 / std::sqrt(double(kIndexHeadDim))); }
+}  // namespace
+
+void Model::indexer_key_and_weights(int l, const StepView& step, KvCache& cache,
+                                    const StepOptions& options) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const LayerPtrs& L = layers_[l];
   const int R = step.rows, hidden = c.hidden_size, IH = c.index_n_heads;
-  const RopeStyle style =
-      c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
-  const float hadamard_scale = float(1.0 / std::sqrt(double(kIndexHeadDim)));
-
-  // q_i = W_iq(norm(W_qa x)) (qq_, after q); RoPE on the first 64 dims, then Hadamard. k_i =
-  // LayerNorm(W_ik x) (xp_, after q_a), the same.
-  const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
-  float* qi = qq_.data() + int64_t(c.num_attention_heads) * c.qk_head_dim();
+  // k_i = Hadamard(RoPE(LayerNorm(W_ik x))) (xp_, after q_a), and its guarded store, in one op.
+  const int64_t xp_ld = xp_cols();
   float* ki = xp_.data() + c.q_lora_rank;
-  // With an fp8 cache, the query's encoding too, once per row, where indexer_logits reads it.
-  const bool encode = cache.index_k(l).dtype == KvDtype::kFp8 && be.reads_fp8_index_query();
-  IndexerQueryParams query{
-      qi, qq_ld, R, IH, step.positions, cos_sin_.data(), max_context_, style, hadamard_scale};
-  if (encode) {
-    query.q_fp8 = index_q_fp8_.data();
-    query.q_fp8_scale = index_q_scale_.data();
-    query.ld_q_fp8 = int64_t(IH) * kIndexHeadDim;
-  }
-  be.indexer_query(query);
-  // k_i = Hadamard(RoPE(LayerNorm(W_ik x))), and its guarded store, in one op.
   IndexerKeyParams key;
   key.x = key.k = ki;
   key.ld_x = key.ld_k = xp_ld;
@@ -332,8 +368,8 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   key.positions = step.positions;
   key.cos_sin = cos_sin_.data();
   key.max_position = max_context_;
-  key.style = style;
-  key.hadamard_scale = hadamard_scale;
+  key.style = indexer_rope_style(c);
+  key.hadamard_scale = indexer_hadamard_scale();
   key.batch = {step.slots, step.n_real, R, step.error_count};
   key.pool = cache.index_k(l);
   key.guard = options.index_k_guard;
@@ -341,15 +377,43 @@ void Model::indexer(int l, const StepView& step, KvCache& cache, const StepOptio
   record_store_inputs(l, PoolKind::kIndexK, step, key.pool, ki, xp_ld);
   // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2: W_iw x is x_proj's last part (bf16
   // weights; the scale is applied by indexer_logits), or its own GEMM with the scale as alpha.
-  const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
+  if (!index_weights_in_x_proj_) {
+    const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
+    linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite,
+           w_scale, x_bf16_.data());
+  }
+}
+
+void Model::indexer_select(int l, const StepView& step, KvCache& cache) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int R = step.rows, IH = c.index_n_heads;
+  // q_i = Hadamard(RoPE(W_iq(norm(W_qa x)))) (qq_, after q), rotated in place.
+  const int64_t xp_ld = xp_cols(), qq_ld = qq_cols();
+  float* qi = qq_.data() + int64_t(c.num_attention_heads) * c.qk_head_dim();
+  // With an fp8 cache, the query's encoding too, once per row, where indexer_logits reads it.
+  const bool encode = cache.index_k(l).dtype == KvDtype::kFp8 && be.reads_fp8_index_query();
+  IndexerQueryParams query{qi,
+                           qq_ld,
+                           R,
+                           IH,
+                           step.positions,
+                           cos_sin_.data(),
+                           max_context_,
+                           indexer_rope_style(c),
+                           indexer_hadamard_scale()};
+  if (encode) {
+    query.q_fp8 = index_q_fp8_.data();
+    query.q_fp8_scale = index_q_scale_.data();
+    query.ld_q_fp8 = int64_t(IH) * kIndexHeadDim;
+  }
+  be.indexer_query(query);
   IndexerLogitsParams lp;
   if (index_weights_in_x_proj_) {
     lp.w = xp_.data() + c.q_lora_rank + kIndexHeadDim + kLatentDim;
     lp.ld_w = xp_ld;
-    lp.w_scale = w_scale;
-  } else {
-    linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite,
-           w_scale, x_bf16_.data());
+    lp.w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
+  } else {  // indexer_key_and_weights' GEMM, scaled there
     lp.w = wi_.data();
     lp.ld_w = IH;
   }

@@ -127,6 +127,19 @@ TEST_P(ParityGraph, GivenIndexQueryGivesTheBitsOfTheBlocksEncoding) {
                     two_graph_steps(GetParam(), "DSA_CUDA_INDEXER_Q", "given"));
 }
 
+// The side lane on its own stream (the default) against every op on one stream
+// (DSA_CUDA_LANES=off): the indexer and the stores run beside the query projections, as a parallel
+// branch of the captured graph, and the steps keep their bits; with PDL on as well.
+TEST_P(ParityGraph, LanesGiveTheBitsOfOneStream) {
+  REQUIRE_GPU();
+  expect_same_steps(two_graph_steps(GetParam(), "DSA_CUDA_LANES", "off"),
+                    two_graph_steps(GetParam(), "DSA_CUDA_LANES", "on"));
+  testing::RestoreEnv restore({"DSA_CUDA_PDL"});
+  setenv("DSA_CUDA_PDL", "on", 1);
+  expect_same_steps(two_graph_steps(GetParam(), "DSA_CUDA_LANES", "off"),
+                    two_graph_steps(GetParam(), "DSA_CUDA_LANES", "on"));
+}
+
 INSTANTIATE_TEST_SUITE_P(IndexK, ParityGraph, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
                          [](const auto& p) { return std::string(kv_dtype_name(p.param)); });
 

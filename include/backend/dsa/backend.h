@@ -115,6 +115,30 @@ class Backend {
   // uses must stay valid and unmoved for the graph's lifetime.
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& step) = 0;
 
+  // ---- lanes: independent work inside one step ----
+  // Ops queue on the current lane (kMain unless set_lane says otherwise), each after the ops
+  // queued before it on the same lane. Work on different lanes is ordered only by lane_wait, so a
+  // backend may run it concurrently: CUDA runs kSide on a second stream (joined into a captured
+  // graph as a parallel branch); the CPU, whose ops are done when they return, runs everything in
+  // program order, which is always a valid order. The values never depend on the interleaving as
+  // long as no op on one lane touches memory that an op on the other writes while both are
+  // unordered: the caller's promise (tests/unit/test_lanes.cpp checks the model's under the
+  // extreme orders). Memory operations, synchronize(), fence(), stopwatch() and capture() belong
+  // to kMain: call them with kMain current and with the side joined (lane_wait(kMain, kSide)).
+  // Defaults: set_lane and lane_wait check their arguments and do nothing else.
+  enum class Lane : uint8_t { kMain, kSide };
+  virtual void set_lane(Lane lane);
+  // Ops queued on `waiter` from now on run after every op queued on `waited` so far.
+  virtual void lane_wait(Lane waiter, Lane waited);
+
+  // ---- L2 prefetch: a hint, for the idle memory bus of small batches ----
+  // The most bytes prefetch_l2 brings into the device's cache per call (0: it does nothing).
+  virtual size_t l2_prefetch_bytes() const { return 0; }
+  // Queues, on the current lane, a request to bring the first min(bytes, l2_prefetch_bytes())
+  // bytes at p into the cache the device reads through, for a kernel queued later that reads
+  // them. Writes nothing; no value of any op depends on it. Default: nothing.
+  virtual void prefetch_l2(const void* p, size_t bytes) {}
+
   // ---- ops (ops.h) ----
   virtual void rmsnorm(const RmsNormParams& p) = 0;
   virtual void layernorm(const LayerNormParams& p) = 0;

@@ -153,7 +153,12 @@ class Model {
  private:
   struct LayerPtrs;
   void attention(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
-  void indexer(int layer, const StepView& step, KvCache& cache, const StepOptions& options);
+  // The indexer in two parts, each on the side lane: its key (and guarded store) and head
+  // weights, which need x and x_proj's output only; then its query, logits and top-k, which need
+  // q_up's output too. The selected slots land in topk_slots_.
+  void indexer_key_and_weights(int layer, const StepView& step, KvCache& cache,
+                               const StepOptions& options);
+  void indexer_select(int layer, const StepView& step, KvCache& cache);
   void mlp(int layer, int rows);
   // The optional write_digests / store_values records of one store's inputs (see StepView).
   void record_store_inputs(int layer, PoolKind kind, const StepView& step, const PoolView& pool,

@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <source_location>
@@ -159,34 +160,47 @@ class CudaBackend final : public Backend {
         gemm_kernel_(gemm_kernel_from_env()),
         gemm_fp8_(gemm_fp8_from_env()),
         gemm_fp8_tile_(gemm_fp8_tile_from_env()),
-        gemm_kn_(gemm_kn_from_env()) {
+        gemm_kn_(gemm_kn_from_env()),
+        lanes_(cuda::lanes_enabled()) {
     cuda::check_env_knobs();  // before any CUDA state: a bad knob leaves nothing to clean up
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)");
+    check(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking)");
+    stream_ = main_;
     owns_stream_ = true;
-    cublas_.create();
+    cublas_[0].create();
+    prefetch_bytes_ = cuda::l2_prefetch_bytes();  // of this device's L2
   }
   // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
   // the thread's current device is given back as it was found.
   CudaBackend(int device, cudaStream_t caller_stream)
       : device_(device),
+        main_(caller_stream),
         stream_(caller_stream),
         gemm_kernel_(gemm_kernel_from_env()),
         gemm_fp8_(gemm_fp8_from_env()),
         gemm_fp8_tile_(gemm_fp8_tile_from_env()),
-        gemm_kn_(gemm_kn_from_env()) {
+        gemm_kn_(gemm_kn_from_env()),
+        lanes_(cuda::lanes_enabled()) {
     cuda::check_env_knobs();
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
+    prefetch_bytes_ = cuda::l2_prefetch_bytes();
   }
   ~CudaBackend() override {
-    if (owns_stream_) cudaStreamSynchronize(stream_);
-    if (gemm_scratch_) cudaFree(gemm_scratch_);
-    if (gemm_partials_) cudaFree(gemm_partials_);
-    cublas_.release();
-    if (owns_stream_) cudaStreamDestroy(stream_);
+    if (owns_stream_) cudaStreamSynchronize(main_);
+    if (side_) cudaStreamSynchronize(side_);
+    for (LaneScratch& s : scratch_) {
+      if (s.x) cudaFree(s.x);
+      if (s.partials) cudaFree(s.partials);
+    }
+    for (cuda::CublasLtGemm& c : cublas_) c.release();
+    for (cudaEvent_t e : lane_points_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (side_) cudaStreamDestroy(side_);
+    if (owns_stream_) cudaStreamDestroy(main_);
     if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
   }
 
@@ -197,7 +211,7 @@ class CudaBackend final : public Backend {
     const std::string knobs = cuda::env_knobs_set();
     return knobs.empty() ? label() : label() + " [" + knobs + "]";
   }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return main_; }
   // The invariant GEMM's knobs (set_gemm_invariant_tuning in cuda_backend.h).
   void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) {
     const cuda::GemmKernel kernel = resolved(tuning).kernel;
@@ -269,7 +283,9 @@ class CudaBackend final : public Backend {
     if (n) check(cudaMemsetAsync(dst, byte, n, stream_), "cudaMemsetAsync(dst, byte, n, stream_)");
   }
   void synchronize() override {
-    const cudaError_t err = cudaStreamSynchronize(stream_);
+    on_main("synchronize");
+    cudaError_t err = side_ ? cudaStreamSynchronize(side_) : cudaSuccess;
+    if (err == cudaSuccess) err = cudaStreamSynchronize(main_);
     if (err != cudaSuccess) {
       fail(ErrorCode::kBackend, "an asynchronous error on {}: {} ({}); a kernel faulted", label(),
            cudaGetErrorString(err), cudaGetErrorName(err));
@@ -277,31 +293,42 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Stopwatch> stopwatch() override {
-    return std::make_unique<CudaStopwatch>(stream_, device_);
+    on_main("stopwatch");
+    return std::make_unique<CudaStopwatch>(main_, device_);
   }
-  std::unique_ptr<Fence> fence() override { return std::make_unique<CudaFence>(stream_, device_); }
+  std::unique_ptr<Fence> fence() override {
+    on_main("fence");
+    return std::make_unique<CudaFence>(main_, device_);
+  }
 
   // ---- graphs ----
+  // The side lane's work joins the capture through its first wait on the main lane and must be
+  // joined back (lane_wait(kMain, kSide)) before the step returns, else the capture is refused.
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override {
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-          "cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)");
+    on_main("capture");
+    if (lanes_) side_stream();  // made before capture: nothing is created inside it
+    check(cudaStreamBeginCapture(main_, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture(main_, cudaStreamCaptureModeThreadLocal)");
     cudaGraph_t graph = nullptr;
     try {
       step();
+      on_main("the end of a captured step");
     } catch (const std::exception& e) {
-      cudaStreamEndCapture(stream_, &graph);  // ends the capture; the partial graph is dropped
+      set_lane(Lane::kMain);
+      cudaStreamEndCapture(main_, &graph);  // ends the capture; the partial graph is dropped
       if (graph) cudaGraphDestroy(graph);
       cudaGetLastError();
       fail(ErrorCode::kBackend, "graph capture on {} failed inside the step: {}", label(),
            e.what());
     }
-    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    const cudaError_t end = cudaStreamEndCapture(main_, &graph);
     if (end != cudaSuccess) {
       if (graph) cudaGraphDestroy(graph);
       cudaGetLastError();
       fail(ErrorCode::kBackend,
            "graph capture on {} was invalidated: {} ({}); a step must only enqueue work on the "
-           "backend's stream and must not synchronize or allocate",
+           "backend's lanes, join its side lane back into the main one, and must not "
+           "synchronize or allocate",
            label(), cudaGetErrorString(end), cudaGetErrorName(end));
     }
     cudaGraphExec_t exec = nullptr;
@@ -310,7 +337,36 @@ class CudaBackend final : public Backend {
       cudaGraphDestroy(graph);
       check(inst, "cudaGraphInstantiate(&exec, graph, 0)");
     }
-    return std::make_unique<CudaGraph>(graph, exec, stream_, device_);
+    return std::make_unique<CudaGraph>(graph, exec, main_, device_);
+  }
+
+  // ---- lanes ----
+  // kSide runs on a second stream of the device, made on first use; lane_wait records the waited
+  // lane's point (one event per lane, re-recorded at every wait) and makes the waiter's stream
+  // wait for it. With DSA_CUDA_LANES=off both lanes are the main stream: program order.
+  void set_lane(Lane lane) override {
+    Backend::set_lane(lane);
+    lane_ = lane;
+    stream_ = lane == Lane::kSide && lanes_ ? side_stream() : main_;
+  }
+  void lane_wait(Lane waiter, Lane waited) override {
+    Backend::lane_wait(waiter, waited);
+    if (!lanes_ || waiter == waited) return;
+    cudaStream_t from = lane_stream(waited), to = lane_stream(waiter);
+    cudaEvent_t& point = lane_points_[int(waited)];
+    if (!point) {
+      check(cudaEventCreateWithFlags(&point, cudaEventDisableTiming),
+            "cudaEventCreateWithFlags(&point, cudaEventDisableTiming)");
+    }
+    check(cudaEventRecord(point, from), "cudaEventRecord(point, from)");
+    check(cudaStreamWaitEvent(to, point, 0), "cudaStreamWaitEvent(to, point, 0)");
+  }
+
+  // ---- L2 prefetch ----
+  size_t l2_prefetch_bytes() const override { return prefetch_bytes_; }
+  void prefetch_l2(const void* p, size_t bytes) override {
+    if (prefetch_bytes_ == 0) return;
+    launched(cuda::prefetch_l2(p, std::min(bytes, prefetch_bytes_), stream_), "prefetch_l2");
   }
 
   // ---- ops ----
@@ -379,9 +435,18 @@ class CudaBackend final : public Backend {
   void sparse_mla(const SparseMlaParams& p) override {
     launched(cuda::sparse_mla(p, stream_), "sparse_mla");
   }
+  // Both lanes' scratch when lanes are on (a GEMM on the side lane may run beside one on the
+  // main lane, so they never share it), and the side's cuBLASLt handle where the main one exists.
   void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
-    gemm_scratch(x_elements);
-    gemm_partials(cuda::gemm_invariant_scratch_floats_bound(max_rows));
+    const Lane was = lane_;
+    for (Lane lane : {Lane::kMain, Lane::kSide}) {
+      if (lane == Lane::kSide && !lanes_) break;
+      set_lane(lane);
+      gemm_scratch(x_elements);
+      gemm_partials(cuda::gemm_invariant_scratch_floats_bound(max_rows));
+    }
+    set_lane(was);
+    if (lanes_ && owns_stream_) cublas_[1].create();
     check(cuda::gemm_invariant_prepare(), "gemm_invariant_prepare()");
   }
   void audit_slots(const AuditSlotsParams& p) override {
@@ -450,18 +515,18 @@ class CudaBackend final : public Backend {
   }
   // The bf16 copy of x for the bf16 modes.
   Bf16* gemm_scratch(size_t elems) {
-    return static_cast<Bf16*>(
-        grown(gemm_scratch_, gemm_scratch_bytes_, elems * sizeof(Bf16), "bf16 x scratch"));
+    LaneScratch& s = scratch_[lane_index()];
+    return static_cast<Bf16*>(grown(s.x, s.x_bytes, elems * sizeof(Bf16), "bf16 x scratch"));
   }
   // The split-K scratch of the invariant GEMM: its counters must start at zero, so a new buffer
   // is cleared (outside capture, as every growth is).
   float* gemm_partials(size_t floats) {
-    const size_t before = gemm_partial_bytes_;
-    void* buffer =
-        grown(gemm_partials_, gemm_partial_bytes_, floats * sizeof(float), "split-K partials");
-    if (gemm_partial_bytes_ != before) {
-      check(cudaMemsetAsync(buffer, 0, gemm_partial_bytes_, stream_),
-            "cudaMemsetAsync(gemm_partials_, 0, gemm_partial_bytes_, stream_)");
+    LaneScratch& s = scratch_[lane_index()];
+    const size_t before = s.partial_bytes;
+    void* buffer = grown(s.partials, s.partial_bytes, floats * sizeof(float), "split-K partials");
+    if (s.partial_bytes != before) {
+      check(cudaMemsetAsync(buffer, 0, s.partial_bytes, stream_),
+            "cudaMemsetAsync(s.partials, 0, s.partial_bytes, stream_)");
     }
     return static_cast<float*>(buffer);
   }
@@ -558,7 +623,7 @@ class CudaBackend final : public Backend {
             "gemm: --gemm fast (cuBLASLt) takes bf16 weights only; fp8 weights (--weights fp8) "
             "run with --gemm invariant or exact");
     const XBf16 x = x_as_bf16(p);
-    cublas_.run(p, x.data, x.ld, x.batch_stride, stream_, label());
+    cublas_[lane_index()].run(p, x.data, x.ld, x.batch_stride, stream_, label());
   }
   // The device's name, asked for only when a message or a report needs it.
   const std::string& label() const {
@@ -566,21 +631,49 @@ class CudaBackend final : public Backend {
     return label_;
   }
 
+  // Refuses a call that belongs to the main lane while the side one is current.
+  void on_main(const char* what) const {
+    require(lane_ == Lane::kMain, ErrorCode::kInternal,
+            "{} on {} with the side lane current: set_lane(kMain) first", what, label());
+  }
+  cudaStream_t side_stream() {
+    if (!side_) {
+      check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking)");
+    }
+    return side_;
+  }
+  cudaStream_t lane_stream(Lane lane) { return lane == Lane::kSide ? side_stream() : main_; }
+  // The index of the current lane's scratch and cuBLASLt handle: the main lane's when the lanes
+  // share the main stream (DSA_CUDA_LANES=off).
+  int lane_index() const { return lanes_ ? int(lane_) : 0; }
+
   int device_;
   mutable std::string label_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t main_ = nullptr;    // the backend's stream: the main lane, graphs, copies
+  cudaStream_t stream_ = nullptr;  // the current lane's stream, where the ops queue
+  cudaStream_t side_ = nullptr;    // the side lane's stream (made on first use)
+  Lane lane_ = Lane::kMain;
+  cudaEvent_t lane_points_[2] = {};  // each lane's point for lane_wait
   bool owns_stream_ = false;
   int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
-  cuda::CublasLtGemm cublas_{device_};  // the fast GEMM mode's handle and workspace
-  void* gemm_scratch_ = nullptr;
-  size_t gemm_scratch_bytes_ = 0;
-  void* gemm_partials_ = nullptr;
-  size_t gemm_partial_bytes_ = 0;
+  // Per lane (index int(Lane)): the fast GEMM mode's handle and workspace, the bf16 (or fp8) x
+  // scratch and the split-K partials, so GEMMs on the two lanes never share memory.
+  cuda::CublasLtGemm cublas_[2] = {cuda::CublasLtGemm{device_}, cuda::CublasLtGemm{device_}};
+  struct LaneScratch {
+    void* x = nullptr;
+    size_t x_bytes = 0;
+    void* partials = nullptr;
+    size_t partial_bytes = 0;
+  };
+  LaneScratch scratch_[2];
   cuda::GemmInvariantTuning gemm_tuning_;
   cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
   int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
   int gemm_fp8_tile_;             // its wgmma fp8 tile when the tuning names none (-1: per shape)
   int gemm_kn_;                   // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
+  bool lanes_;                    // DSA_CUDA_LANES (env_knobs.h): the side lane on its own stream
+  size_t prefetch_bytes_ = 0;     // DSA_CUDA_PREFETCH_MB (env_knobs.h), in bytes; 0: none
 };
 
 }  // namespace

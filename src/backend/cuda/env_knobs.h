@@ -5,6 +5,7 @@
 // an unknown value, naming the variable and the values it takes.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,7 @@ struct EnvKnob {
   const char* what;                 // one line: what it chooses and its default
 };
 
-// Every knob the attention kernels read (sparse MLA, the indexer, top-k).
+// Every knob the attention kernels read (sparse MLA, the indexer, top-k), and the lanes'.
 const std::vector<EnvKnob>& env_knobs();
 
 // The GEMM's variables, which the backend parses itself (and refuses when unknown) when it is made.
@@ -25,6 +26,15 @@ const std::vector<std::string>& gemm_env_knob_names();
 // Throws dsa::Error (kInvalidArgument) for the first knob set to a value outside its list:
 // "DSA_CUDA_SPARSE_MLA_MAX_SPLITS '3' must be one of 2, 4, 8, 16 (unset: the default, ...)".
 void check_env_knobs();
+
+// DSA_CUDA_PREFETCH_MB (unset: kDefaultPrefetchMb) in bytes, at most 3/4 of the current device's
+// L2; 0 when it is 0 or the device cannot say. Read once, when the backend is made.
+inline constexpr long kDefaultPrefetchMb = 32;
+size_t l2_prefetch_bytes();
+
+// DSA_CUDA_LANES (unset or on: true; off: false): whether a CUDA backend runs its side lane on a
+// stream of its own. Read once, when the backend is made.
+bool lanes_enabled();
 
 // DSA_CUDA_INDEXER_Q=given: the fp8 indexer kernel reads the query's encoding indexer_query wrote.
 bool indexer_reads_given_query();
