@@ -142,15 +142,6 @@ void ProfilingBackend::timed(OpCost cost, Launch&& launch) {
   ops_.push_back({std::move(cost), begin, watch_->mark()});
 }
 
-// The bytes it asks for, once, from memory into L2 (a hint: the op returns at once; the lines
-// arrive while later ops run).
-void ProfilingBackend::prefetch_l2(const void* p, size_t bytes) {
-  const size_t n = std::min(bytes, inner_.l2_prefetch_bytes());
-  if (n == 0) return;
-  timed({"prefetch_l2", fmt::format("{:.1f} MB", double(n) / 1e6), double(n), 0},
-        [&] { inner_.prefetch_l2(p, bytes); });
-}
-
 void ProfilingBackend::rmsnorm(const RmsNormParams& p) {
   const double n = double(p.rows) * p.dim;
   timed({"rmsnorm", fmt::format("rows={} dim={}", p.rows, p.dim), f32_bytes(2 * n) + 2.0 * p.dim,

@@ -74,8 +74,6 @@ class ProfilingBackend final : public Backend {
   uint64_t memory_capacity_bytes() const override { return inner_.memory_capacity_bytes(); }
   std::unique_ptr<Stopwatch> stopwatch() override { return inner_.stopwatch(); }
   std::unique_ptr<Graph> capture(const std::function<void()>& step) override;
-  size_t l2_prefetch_bytes() const override { return inner_.l2_prefetch_bytes(); }
-  void prefetch_l2(const void* p, size_t bytes) override;
   // Forwarded only while not recording: a recorded step runs every op on the main lane, in
   // program order, so each op's stopwatch points bracket that op alone.
   void set_lane(Lane lane) override {

@@ -267,17 +267,6 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   // 4-6. The indexer's query, logits and top-k: the selected slots land in topk_slots_.
   be.lane_wait(Lane::kSide, Lane::kMain);
   be.set_lane(Lane::kSide);
-  // From here to the o projection the step reads little memory at small batches (the indexer's
-  // keys, the selected latents, kv_b): the o projection's first weights come into L2 meanwhile
-  // (a hint; the backend's l2_prefetch_bytes bounds it; nothing on the CPU).
-  {
-    const size_t o_bytes = size_t(hidden) * size_t(H) * size_t(c.v_head_dim);
-    if (L.o.fp8) {
-      be.prefetch_l2(L.o.fp8, o_bytes);
-    } else {
-      be.prefetch_l2(L.o.bf16, o_bytes * sizeof(Bf16));
-    }
-  }
   indexer_select(l, step, cache);
   be.set_lane(Lane::kMain);
 

@@ -131,14 +131,6 @@ class Backend {
   // Ops queued on `waiter` from now on run after every op queued on `waited` so far.
   virtual void lane_wait(Lane waiter, Lane waited);
 
-  // ---- L2 prefetch: a hint, for the idle memory bus of small batches ----
-  // The most bytes prefetch_l2 brings into the device's cache per call (0: it does nothing).
-  virtual size_t l2_prefetch_bytes() const { return 0; }
-  // Queues, on the current lane, a request to bring the first min(bytes, l2_prefetch_bytes())
-  // bytes at p into the cache the device reads through, for a kernel queued later that reads
-  // them. Writes nothing; no value of any op depends on it. Default: nothing.
-  virtual void prefetch_l2(const void* p, size_t bytes) {}
-
   // ---- ops (ops.h) ----
   virtual void rmsnorm(const RmsNormParams& p) = 0;
   virtual void layernorm(const LayerNormParams& p) = 0;

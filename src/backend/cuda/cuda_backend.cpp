@@ -169,7 +169,6 @@ class CudaBackend final : public Backend {
     stream_ = main_;
     owns_stream_ = true;
     cublas_[0].create();
-    prefetch_bytes_ = cuda::l2_prefetch_bytes();  // of this device's L2
   }
   // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
@@ -186,7 +185,6 @@ class CudaBackend final : public Backend {
     cuda::check_env_knobs();
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
     if (caller_device_ != device_) check(cudaSetDevice(device_), "cudaSetDevice(device)");
-    prefetch_bytes_ = cuda::l2_prefetch_bytes();
   }
   ~CudaBackend() override {
     if (owns_stream_) cudaStreamSynchronize(main_);
@@ -360,13 +358,6 @@ class CudaBackend final : public Backend {
     }
     check(cudaEventRecord(point, from), "cudaEventRecord(point, from)");
     check(cudaStreamWaitEvent(to, point, 0), "cudaStreamWaitEvent(to, point, 0)");
-  }
-
-  // ---- L2 prefetch ----
-  size_t l2_prefetch_bytes() const override { return prefetch_bytes_; }
-  void prefetch_l2(const void* p, size_t bytes) override {
-    if (prefetch_bytes_ == 0) return;
-    launched(cuda::prefetch_l2(p, std::min(bytes, prefetch_bytes_), stream_), "prefetch_l2");
   }
 
   // ---- ops ----
@@ -673,7 +664,6 @@ class CudaBackend final : public Backend {
   int gemm_fp8_tile_;             // its wgmma fp8 tile when the tuning names none (-1: per shape)
   int gemm_kn_;                   // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
   bool lanes_;                    // DSA_CUDA_LANES (env_knobs.h): the side lane on its own stream
-  size_t prefetch_bytes_ = 0;     // DSA_CUDA_PREFETCH_MB (env_knobs.h), in bytes; 0: none
 };
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "backend/cuda/env_knobs.h"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -58,11 +56,6 @@ const std::vector<EnvKnob>& env_knobs() {
       {"DSA_CUDA_TOPK",
        {"legacy"},
        "the former three-pass top-k (default: unset, the two-pass one)"},
-      {"DSA_CUDA_PREFETCH_MB",
-       {"0", "8", "16", "24", "32", "48"},
-       "the most MB a step's L2 prefetch brings in ahead of a GEMM (the o projection's weights "
-       "while the indexer and sparse MLA run; default: 32, at most 3/4 of L2; 0: none; the same "
-       "bits; read when the backend is made)"},
       {"DSA_CUDA_LANES",
        {"off", "on"},
        "the side lane (Backend::set_lane) on a second stream, a parallel branch of a captured "
@@ -76,18 +69,6 @@ const std::vector<std::string>& gemm_env_knob_names() {
   static const std::vector<std::string> names = {"DSA_CUDA_GEMM", "DSA_CUDA_GEMM_FP8",
                                                  "DSA_CUDA_GEMM_FP8_TILE", "DSA_CUDA_GEMM_KN"};
   return names;
-}
-
-size_t l2_prefetch_bytes() {
-  const char* v = std::getenv("DSA_CUDA_PREFETCH_MB");
-  const long mb = v != nullptr && *v != '\0' ? std::atol(v) : kDefaultPrefetchMb;
-  int device = 0, l2 = 0;
-  if (mb <= 0 || cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return std::min(size_t(mb) << 20, size_t(l2) / 4 * 3);
 }
 
 bool lanes_enabled() {

@@ -27,11 +27,6 @@ const std::vector<std::string>& gemm_env_knob_names();
 // "DSA_CUDA_SPARSE_MLA_MAX_SPLITS '3' must be one of 2, 4, 8, 16 (unset: the default, ...)".
 void check_env_knobs();
 
-// DSA_CUDA_PREFETCH_MB (unset: kDefaultPrefetchMb) in bytes, at most 3/4 of the current device's
-// L2; 0 when it is 0 or the device cannot say. Read once, when the backend is made.
-inline constexpr long kDefaultPrefetchMb = 32;
-size_t l2_prefetch_bytes();
-
 // DSA_CUDA_LANES (unset or on: true; off: false): whether a CUDA backend runs its side lane on a
 // stream of its own. Read once, when the backend is made.
 bool lanes_enabled();

@@ -133,7 +133,4 @@ cudaError_t audit_sample(const AuditSampleParams& p, cudaStream_t stream);  // a
 cudaError_t sample(const SampleParams& p, cudaStream_t stream);  // sample.cu
 size_t sample_workspace_bytes(int rows, int vocab);              // sample.cu
 
-// Brings [p, p + bytes) into L2 (its whole 16-byte units), no wait: prefetch.cu.
-cudaError_t prefetch_l2(const void* p, size_t bytes, cudaStream_t stream);
-
 }  // namespace dsa::cuda
