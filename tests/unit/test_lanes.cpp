@@ -219,11 +219,11 @@ struct Outcome {
   int max_parked = 0;
 };
 
-// Greedy generation on the micro model (prefill in chunks of 8 rows, then decode) through a
-// runner in `mode`, with `index_k` keys.
-Outcome generate_in(Order order, RunMode mode, KvDtype index_k) {
+// Greedy generation (prefill in chunks of 8 rows, then decode) through a runner in `mode`, with
+// `index_k` keys, on `config` (default: the micro model).
+Outcome generate_in(Order order, RunMode mode, KvDtype index_k,
+                    const ModelConfig& config = micro_config()) {
   LaneOrderBackend be(order);
-  const ModelConfig config = micro_config();
   Model model(be, config, Weights::synthetic(be, config, 7), 8, 128);
   CacheConfig cc;
   cc.num_layers = config.num_hidden_layers;
@@ -267,6 +267,18 @@ TEST(Lanes, ExtremeOrdersGiveTheBitsOfProgramOrder) {
         }
       }
     }
+  }
+}
+
+// The same with a MoE layer (tiny-moe: layer 1 routes to experts on the main lane, after the join).
+TEST(Lanes, ExtremeOrdersGiveTheBitsOfProgramOrderWithExperts) {
+  const ModelConfig config = preset_config("tiny-moe");
+  const Outcome program = generate_in(Order::kProgram, RunMode::kGraph, KvDtype::kBf16, config);
+  for (const Order order : {Order::kMainFirst, Order::kSideFirst}) {
+    const Outcome reordered = generate_in(order, RunMode::kGraph, KvDtype::kBf16, config);
+    EXPECT_GT(reordered.max_parked, 10);
+    EXPECT_EQ(reordered.tokens, program.tokens);
+    EXPECT_TRUE(reordered.pools == program.pools);
   }
 }
 
