@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/expect_error.h"
@@ -220,11 +221,15 @@ struct Outcome {
 };
 
 // Greedy generation (prefill in chunks of 8 rows, then decode) through a runner in `mode`, with
-// `index_k` keys, on `config` (default: the micro model).
+// `index_k` keys, on `config` (default: the micro model) with `dtype` weights.
 Outcome generate_in(Order order, RunMode mode, KvDtype index_k,
-                    const ModelConfig& config = micro_config()) {
+                    const ModelConfig& config = micro_config(),
+                    WeightDtype dtype = WeightDtype::kBf16) {
   LaneOrderBackend be(order);
-  Model model(be, config, Weights::synthetic(be, config, 7), 8, 128);
+  Weights weights = Weights::synthetic(be, config, 7);
+  if (holds_fp8(dtype)) weights.quantize_fp8(be);
+  weights.set_fp8_activations(dtype == WeightDtype::kW8A8);
+  Model model(be, config, std::move(weights), 8, 128);
   CacheConfig cc;
   cc.num_layers = config.num_hidden_layers;
   cc.num_pages = 6;
@@ -277,6 +282,24 @@ TEST(Lanes, ExtremeOrdersGiveTheBitsOfProgramOrderWithExperts) {
   for (const Order order : {Order::kMainFirst, Order::kSideFirst}) {
     const Outcome reordered = generate_in(order, RunMode::kGraph, KvDtype::kBf16, config);
     EXPECT_GT(reordered.max_parked, 10);
+    EXPECT_EQ(reordered.tokens, program.tokens);
+    EXPECT_TRUE(reordered.pools == program.pools);
+  }
+}
+
+// With w8a8 weights the indexer's head weights stay bf16 and get a GEMM of their own, on the side
+// lane beside q_up's: the lanes' GEMMs must not share scratch or order.
+TEST(Lanes, ExtremeOrdersGiveTheBitsOfProgramOrderWithW8a8Weights) {
+  const Outcome program = generate_in(Order::kProgram, RunMode::kGraph, KvDtype::kFp8,
+                                      micro_config(), WeightDtype::kW8A8);
+  int side_gemms = 0;
+  for (const LaneOrderBackend::Queued& q : program.log) {
+    side_gemms += q.lane == Lane::kSide && q.op == "gemm";
+  }
+  EXPECT_GT(side_gemms, 0);
+  for (const Order order : {Order::kMainFirst, Order::kSideFirst}) {
+    const Outcome reordered =
+        generate_in(order, RunMode::kGraph, KvDtype::kFp8, micro_config(), WeightDtype::kW8A8);
     EXPECT_EQ(reordered.tokens, program.tokens);
     EXPECT_TRUE(reordered.pools == program.pools);
   }
