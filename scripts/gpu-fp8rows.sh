@@ -55,19 +55,12 @@ budgeted check-replay-incident 120 bash -c 'expect_incident "$@"' _ "$B/dsa" --l
 
 {
   steps_summary "fp8 rows from the producers, on the device"
-  echo "## V3.2 step, --weights w8a8 (graph ms at B = 1 / 8 / 64 / 256)"
+  echo "## V3.2 step, --weights w8a8"
   echo
-  python3 - "$OUT" <<'EOF'
-import glob, json, os, sys
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "decode-*.json"))):
-    rows = {r["batch"]: r["graph_ms"] for r in json.load(open(path)).get("results", [])}
-    print(f"    {os.path.basename(path)[7:-5]:<16}" +
-          " ".join(f"{rows[b]:.3f}" if b in rows else "     " for b in (1, 8, 64, 256)))
-EOF
+  python3 bench/gpu/decode_table.py "$OUT"
   echo
-  awk -v n="=== profile: " 'index($0, n) == 1 {on = !on} on' "$LOG" | grep -vE "^===" |
-    sed 's/^/    /'
+  log_section profile | grep -vE "^===" | sed 's/^/    /'
   grep -E "verdict" "$LOG" | sed 's/^/    /'
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
-(cd "$OUT" && tar -czf fp8rows-json.tar.gz ./*.json && rm -f ./*.json steps.tsv)
+pack_json fp8rows-json.tar.gz

@@ -60,10 +60,8 @@ budgeted profile 40 "$DSA" "${V32[@]}" --batches 1 --profile --json "$OUT/profil
   echo
   python3 bench/gpu/decode_table.py --eager --prefix tiny- "$OUT"
   echo
-  awk -v n="=== profile: " 'index($0, n) == 1 {on = !on} on' "$LOG" | grep -vE "^===" |
-    sed 's/^/    /'
+  log_section profile | grep -vE "^===" | sed 's/^/    /'
   grep -E "verdict|CLEAN|CORRUPTION" "$LOG" | sed 's/^/    /'
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
-# At most 8 files come back from a device call: the JSONs travel as one archive.
-(cd "$OUT" && tar -czf lanes-json.tar.gz ./*.json && rm -f ./*.json steps.tsv)
+pack_json lanes-json.tar.gz

@@ -84,6 +84,18 @@ expect_incident() {
 }
 export -f expect_incident
 
+# log_section NAME: the log's part of step NAME: its opening "=== NAME: " line (the command) and
+# what it printed, up to its closing "=== NAME: rc=..." line.
+log_section() {
+  awk -v n="=== $1: " 'index($0, n) == 1 {on = !on} on' "$LOG"
+}
+
+# pack_json ARCHIVE: every JSON in $OUT into $OUT/ARCHIVE, the JSONs and steps.tsv removed (a
+# device call brings back at most 8 files).
+pack_json() {
+  (cd "$OUT" && tar -czf "$1" ./*.json && rm -f ./*.json steps.tsv)
+}
+
 steps_summary() {
   echo "# $1"
   echo
@@ -91,7 +103,7 @@ steps_summary() {
   echo "|---|---|---|---|---|"
   local name rc secs note section facts
   while IFS=$'\t' read -r name rc secs note; do
-    section="$(awk -v n="=== $name: " 'index($0, n) == 1 {on = !on} on' "$LOG")"
+    section="$(log_section "$name")"
     facts="$(grep -hoE '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*\)' <<< "$section" | tr '\n' ' ')"
     echo "| $name | $rc | $secs | $note | $facts |"
   done < "$STEPS"

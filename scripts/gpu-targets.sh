@@ -59,9 +59,6 @@ fi
 budgeted gemm-bench 150 "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --json "$OUT/gemm_bench.json"
 
-section() {  # the log's part between "=== NAME: " lines
-  awk -v n="=== $1: " 'index($0, n) == 1 {on = !on} on' "$LOG"
-}
 {
   steps_summary "The targets' rows on the device"
   echo "## V3.2 decode step, one layer, context 4096 (graph replay, ms)"
@@ -71,7 +68,7 @@ section() {  # the log's part between "=== NAME: " lines
     echo
     echo "## $name"
     echo
-    section "$name" | grep -vE "^===" | sed 's/^/    /'
+    log_section "$name" | grep -vE "^===" | sed 's/^/    /'
   done
   echo
   echo "## attention rows against torch"
@@ -80,11 +77,10 @@ section() {  # the log's part between "=== NAME: " lines
   echo
   echo "## GEMM"
   echo
-  section gemm-bench | sed -n '/^gemm: invariant time \/ cuBLASLt time, wgmma/,/^(\* kKN/p' |
+  log_section gemm-bench | sed -n '/^gemm: invariant time \/ cuBLASLt time, wgmma/,/^(\* kKN/p' |
     sed 's/^/    /'
-  section gemm-bench | sed -n '/^gemm: fp8-weight invariant/,/^(! after a ratio: the fp8/p' |
+  log_section gemm-bench | sed -n '/^gemm: fp8-weight invariant/,/^(! after a ratio: the fp8/p' |
     sed 's/^/    /'
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
-# At most 8 files come back from a device call: the JSONs travel as one archive.
-(cd "$OUT" && tar -czf targets-json.tar.gz ./*.json && rm -f ./*.json steps.tsv)
+pack_json targets-json.tar.gz
