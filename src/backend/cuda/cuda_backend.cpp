@@ -1,12 +1,12 @@
-// The CUDA backend: device memory, one non-blocking stream, the kernels of launch.h, cuBLASLt for
-// the fast GEMM mode, and stream capture into CUDA graphs.
+// The CUDA backend: device memory, the main lane's stream and the side lane's, the kernels of
+// launch.h, the GEMM of gemm_dispatch.h (its modes, knobs and per-lane scratch), and stream
+// capture into CUDA graphs.
 //
 // Every CUDA call goes through check(), which names the statement, the file:line and the device;
 // every launcher's cudaError_t is checked right after the launch. Asynchronous faults surface at
 // synchronize() as a dsa::Error naming the device.
 #include "backend/cuda/cuda_backend.h"
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,9 +17,9 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/env_knobs.h"
+#include "backend/cuda/gemm_dispatch.h"
 #include "backend/cuda/launch.h"
 #include "dsa/error.h"
 
@@ -27,50 +27,6 @@ namespace dsa {
 namespace {
 
 using cuda::check_cuda;
-
-// A GEMM kernel the environment names: `var` = "mma" or "wgmma", else (unset or empty) `unset`.
-// Any other value is refused, naming it.
-cuda::GemmKernel gemm_kernel_env(const char* var, cuda::GemmKernel unset) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || *v == '\0') return unset;
-  const std::string value(v);
-  if (value == "mma") return cuda::GemmKernel::kMma;
-  if (value == "wgmma") return cuda::GemmKernel::kWgmma;
-  fail(ErrorCode::kInvalidArgument, "{} '{}' must be 'mma' or 'wgmma' (unset: '{}')", var, value,
-       cuda::gemm_kernel_name(unset));
-}
-
-// The batch-invariant GEMM's kernel: DSA_CUDA_GEMM, else cuda::kDefaultGemmKernel.
-cuda::GemmKernel gemm_kernel_from_env() {
-  return gemm_kernel_env("DSA_CUDA_GEMM", cuda::kDefaultGemmKernel);
-}
-// Which kernel runs fp8 weights under the wgmma kernel, as GemmInvariantTuning::fp8 (0 mma.sync,
-// 1 wgmma): DSA_CUDA_GEMM_FP8, else mma.sync.
-int gemm_fp8_from_env() {
-  return gemm_kernel_env("DSA_CUDA_GEMM_FP8", cuda::GemmKernel::kMma) == cuda::GemmKernel::kWgmma;
-}
-// Which kernel runs kKN weights (kv_b's absorb) under the wgmma kernel, as
-// GemmInvariantTuning::kn (0 mma.sync, 1 the wgmma bulk-copy tiles): DSA_CUDA_GEMM_KN, else the
-// wgmma tiles (1.17-1.85x cuBLASLt's time on kv_b absorb against mma.sync's 1.36-2.23x on the
-// H200, bench/results/2026-12-04-h200-kn-fp8r.md).
-int gemm_kn_from_env() {
-  return gemm_kernel_env("DSA_CUDA_GEMM_KN", cuda::GemmKernel::kWgmma) == cuda::GemmKernel::kWgmma;
-}
-
-// The wgmma fp8 tile the environment names (DSA_CUDA_GEMM_FP8_TILE, e.g. "fp8r.8x128.s6"), as
-// GemmInvariantTuning::fp8_tile; unset or empty: -1 (the kernel picks per shape). An unknown name
-// is refused, listing the tiles.
-int gemm_fp8_tile_from_env() {
-  const char* v = std::getenv("DSA_CUDA_GEMM_FP8_TILE");
-  if (v == nullptr || *v == '\0') return -1;
-  std::string names;
-  for (int tile = 0; tile < cuda::gemm_invariant_fp8_tile_count(); ++tile) {
-    if (cuda::gemm_invariant_fp8_tile_name(tile) == std::string_view(v)) return tile;
-    names += fmt::format("{}{}", tile ? ", " : "", cuda::gemm_invariant_fp8_tile_name(tile));
-  }
-  fail(ErrorCode::kInvalidArgument, "DSA_CUDA_GEMM_FP8_TILE '{}' names no fp8 tile (the tiles: {})",
-       v, names);
-}
 
 std::string device_label(int device) {
   cudaDeviceProp prop{};
@@ -157,10 +113,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device)
       : device_(device),
         label_(device_label(device)),
-        gemm_kernel_(gemm_kernel_from_env()),
-        gemm_fp8_(gemm_fp8_from_env()),
-        gemm_fp8_tile_(gemm_fp8_tile_from_env()),
-        gemm_kn_(gemm_kn_from_env()),
+        gemm_(device, [this]() -> const std::string& { return label(); }),
         lanes_(cuda::lanes_enabled()) {
     cuda::check_env_knobs();  // before any CUDA state: a bad knob leaves nothing to clean up
     check(cudaSetDevice(device_), "cudaSetDevice(device)");
@@ -168,7 +121,7 @@ class CudaBackend final : public Backend {
           "cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking)");
     stream_ = main_;
     owns_stream_ = true;
-    cublas_[0].create();
+    gemm_.create_cublas(0);
   }
   // On a stream the caller owns: nothing is created up front (cuBLAS only when the fast gemm asks
   // for it), nothing is synchronized on destruction (the caller may be capturing the stream), and
@@ -177,10 +130,7 @@ class CudaBackend final : public Backend {
       : device_(device),
         main_(caller_stream),
         stream_(caller_stream),
-        gemm_kernel_(gemm_kernel_from_env()),
-        gemm_fp8_(gemm_fp8_from_env()),
-        gemm_fp8_tile_(gemm_fp8_tile_from_env()),
-        gemm_kn_(gemm_kn_from_env()),
+        gemm_(device, [this]() -> const std::string& { return label(); }),
         lanes_(cuda::lanes_enabled()) {
     cuda::check_env_knobs();
     check(cudaGetDevice(&caller_device_), "cudaGetDevice(&caller_device_)");
@@ -189,11 +139,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (owns_stream_) cudaStreamSynchronize(main_);
     if (side_) cudaStreamSynchronize(side_);
-    for (LaneScratch& s : scratch_) {
-      if (s.x) cudaFree(s.x);
-      if (s.partials) cudaFree(s.partials);
-    }
-    for (cuda::CublasLtGemm& c : cublas_) c.release();
+    gemm_.release();
     for (cudaEvent_t e : lane_points_) {
       if (e) cudaEventDestroy(e);
     }
@@ -211,33 +157,11 @@ class CudaBackend final : public Backend {
   }
   cudaStream_t stream() const { return main_; }
   // The invariant GEMM's knobs (set_gemm_invariant_tuning in cuda_backend.h).
-  void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) {
-    const cuda::GemmKernel kernel = resolved(tuning).kernel;
-    require(tuning.tile >= -1 && tuning.tile < cuda::gemm_invariant_tile_count(kernel),
-            ErrorCode::kInvalidArgument, "gemm tuning: tile {} must be -1 or in [0, {}) ({})",
-            tuning.tile, cuda::gemm_invariant_tile_count(kernel), cuda::gemm_kernel_name(kernel));
-    require(tuning.splits >= 0, ErrorCode::kInvalidArgument, "gemm tuning: splits {} must be >= 0",
-            tuning.splits);
-    require(tuning.reduce >= -1 && tuning.reduce <= 1, ErrorCode::kInvalidArgument,
-            "gemm tuning: reduce {} must be -1, 0 or 1", tuning.reduce);
-    require(tuning.fp8 >= -1 && tuning.fp8 <= 1, ErrorCode::kInvalidArgument,
-            "gemm tuning: fp8 {} must be -1, 0 or 1", tuning.fp8);
-    require(tuning.fp8_tile >= -1 && tuning.fp8_tile < cuda::gemm_invariant_fp8_tile_count(),
-            ErrorCode::kInvalidArgument, "gemm tuning: fp8_tile {} must be -1 or in [0, {})",
-            tuning.fp8_tile, cuda::gemm_invariant_fp8_tile_count());
-    gemm_tuning_ = tuning;
-  }
+  void set_gemm_tuning(const cuda::GemmInvariantTuning& tuning) { gemm_.set_tuning(tuning); }
 
   // ---- memory ----
   void* allocate(size_t bytes) override {
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);  // 256-byte aligned
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free allocation error
-      fail(ErrorCode::kResourceExhausted, "cudaMalloc of {} bytes failed on {}: {}", bytes, label(),
-           cudaGetErrorString(err));
-    }
-    return p;
+    return cuda::device_alloc(bytes, [this]() -> const std::string& { return label(); });
   }
   void deallocate(void* p) override { check(cudaFree(p), "cudaFree(p)"); }
   void* allocate_host(size_t bytes) override {
@@ -372,23 +296,8 @@ class CudaBackend final : public Backend {
   void hadamard(const HadamardParams& p) override {
     launched(cuda::hadamard(p, stream_), "hadamard");
   }
-  void gemm(const GemmParams& p) override {
-    if (p.m > 0 && p.batch > 0) require_gemm_weight_operand(p);
-    switch (gemm_mode()) {
-      case GemmMode::kExact:
-        require(!p.x_fp8, ErrorCode::kInvalidArgument,
-                "gemm: fp8 activations (--weights w8a8) run with --gemm invariant only; exact "
-                "computes the CPU's bits of bf16 and fp8 weights");
-        launched(cuda::gemm_exact(p, stream_), "gemm_exact");
-        return;
-      case GemmMode::kBatchInvariant:
-        gemm_invariant(p);
-        return;
-      case GemmMode::kFast:
-        gemm_cublaslt(p);
-        return;
-    }
-  }
+  // On the current lane's stream, with the lane's own scratch (gemm_dispatch.h).
+  void gemm(const GemmParams& p) override { gemm_.run(p, gemm_mode(), lane_index(), stream_); }
   void swiglu(const SwigluParams& p) override {
     if (p.out_fp8.codes) require_fp8_out("swiglu", p.out_fp8, p.rows, p.inter);
     launched(cuda::swiglu(p, stream_), "swiglu");
@@ -429,15 +338,9 @@ class CudaBackend final : public Backend {
   // Both lanes' scratch when lanes are on (a GEMM on the side lane may run beside one on the
   // main lane, so they never share it), and the side's cuBLASLt handle where the main one exists.
   void reserve_gemm_scratch(size_t x_elements, int max_rows) override {
-    const Lane was = lane_;
-    for (Lane lane : {Lane::kMain, Lane::kSide}) {
-      if (lane == Lane::kSide && !lanes_) break;
-      set_lane(lane);
-      gemm_scratch(x_elements);
-      gemm_partials(cuda::gemm_invariant_scratch_floats_bound(max_rows));
-    }
-    set_lane(was);
-    if (lanes_ && owns_stream_) cublas_[1].create();
+    gemm_.reserve(0, x_elements, max_rows, main_);
+    if (lanes_) gemm_.reserve(1, x_elements, max_rows, side_stream());
+    if (lanes_ && owns_stream_) gemm_.create_cublas(1);
     check(cuda::gemm_invariant_prepare(), "gemm_invariant_prepare()");
   }
   void audit_slots(const AuditSlotsParams& p) override {
@@ -466,60 +369,11 @@ class CudaBackend final : public Backend {
              std::source_location loc = std::source_location::current()) const {
     check_cuda(err, statement, device_, loc);
   }
-  // The check after every launcher: names the op, and says when a kernel is not written yet.
+  // The check after every launcher (cuda_check.h): names the op and the device.
   void launched(cudaError_t err, const char* op,
                 std::source_location loc = std::source_location::current()) const {
-    if (err == cudaSuccess) return;
-    cudaGetLastError();
-    if (err == cudaErrorNotSupported) {
-      throw_error(ErrorCode::kBackend,
-                  fmt::format("dsa::cuda::{} is not implemented on {} yet", op, label()), loc);
-    }
-    throw_error(ErrorCode::kBackend,
-                fmt::format("dsa::cuda::{} launch failed on {}: {} ({}); invalid value means bad "
-                            "params (shape, stride, null or misaligned pointer)",
-                            op, label(), cudaGetErrorString(err), cudaGetErrorName(err)),
-                loc);
-  }
-
-  bool capturing() const {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    check(cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing(stream_, &status)");
-    return status != cudaStreamCaptureStatusNone;
-  }
-
-  // A device buffer of at least `bytes`, grown (never shrunk) outside capture only: a graph must
-  // never see a buffer move. `what` names it in the message.
-  void* grown(void*& buffer, size_t& capacity, size_t bytes, const char* what) {
-    if (bytes <= capacity) return buffer;
-    require(!capturing(), ErrorCode::kInternal,
-            "gemm on {} needs {} bytes of {} during graph capture but has {}; size it before "
-            "capture (reserve_gemm_scratch, or one eager run of the step)",
-            label(), bytes, what, capacity);
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
-    if (buffer) check(cudaFree(buffer), "cudaFree(buffer)");
-    buffer = nullptr;
-    capacity = 0;
-    buffer = allocate(bytes);
-    capacity = bytes;
-    return buffer;
-  }
-  // The bf16 copy of x for the bf16 modes.
-  Bf16* gemm_scratch(size_t elems) {
-    LaneScratch& s = scratch_[lane_index()];
-    return static_cast<Bf16*>(grown(s.x, s.x_bytes, elems * sizeof(Bf16), "bf16 x scratch"));
-  }
-  // The split-K scratch of the invariant GEMM: its counters must start at zero, so a new buffer
-  // is cleared (outside capture, as every growth is).
-  float* gemm_partials(size_t floats) {
-    LaneScratch& s = scratch_[lane_index()];
-    const size_t before = s.partial_bytes;
-    void* buffer = grown(s.partials, s.partial_bytes, floats * sizeof(float), "split-K partials");
-    if (s.partial_bytes != before) {
-      check(cudaMemsetAsync(buffer, 0, s.partial_bytes, stream_),
-            "cudaMemsetAsync(s.partials, 0, s.partial_bytes, stream_)");
-    }
-    return static_cast<float*>(buffer);
+    cuda::check_launch(
+        err, op, [this]() -> const std::string& { return label(); }, loc);
   }
 
   // A producer's fp8 rows (ops.h, Fp8Rows), as the quantizer writes them.
@@ -533,89 +387,7 @@ class CudaBackend final : public Backend {
             "multiple of 4",
             op, cols, out.ld);
   }
-  // bf16(x) for the tensor-core paths: the producer's copy when it wrote one (batch 1), else a
-  // conversion into the scratch ([batch][m, k], packed).
-  struct XBf16 {
-    const Bf16* data;
-    int64_t ld, batch_stride;
-  };
-  // x as bf16: the caller's copy when it gave one, else converted into scratch (dense, 16-byte
-  // aligned rows when k is a multiple of 8). `aligned`: the fp8 wgmma tiles will read it, which
-  // needs 16-byte rows; a caller's copy without them is converted too (the same bits).
-  XBf16 x_as_bf16(const GemmParams& p, bool aligned = false) {
-    const bool usable =
-        !aligned || ((reinterpret_cast<uintptr_t>(p.x_bf16) & 15u) == 0 && p.ld_x_bf16 % 8 == 0);
-    if (p.x_bf16 != nullptr && p.batch == 1 && usable) {
-      require(p.ld_x_bf16 >= p.k, ErrorCode::kInvalidArgument, "gemm: ld_x_bf16 {} must be >= k {}",
-              p.ld_x_bf16, p.k);
-      return {p.x_bf16, p.ld_x_bf16, 0};
-    }
-    const int64_t xk = int64_t(p.m) * p.k;
-    Bf16* scratch = gemm_scratch(size_t(xk) * p.batch);
-    launched(
-        cuda::convert_to_bf16(p.x, p.m, p.k, p.ld_x, p.batch, p.batch_stride_x, scratch, stream_),
-        "convert_to_bf16");
-    return {scratch, p.k, xk};
-  }
 
-  void gemm_invariant(const GemmParams& p) {
-    require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
-            "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
-    if (p.m == 0 || p.batch == 0) return;
-    const cuda::GemmInvariantTuning tuning = resolved(gemm_tuning_);
-    if (p.x_fp8) {
-      gemm_w8a8(p, tuning);
-      return;
-    }
-    const XBf16 xb = x_as_bf16(p, cuda::gemm_invariant_fp8_runs_wgmma(p, tuning));
-    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
-    launched(cuda::gemm_invariant(p, xb.data, xb.ld, xb.batch_stride, scratch, tuning, stream_),
-             "gemm_invariant");
-  }
-  // fp8 activations: x as its producer quantized it (p.x8), else quantized into the x scratch
-  // (codes, then scales); then the e4m3 GEMM.
-  void gemm_w8a8(const GemmParams& p, const cuda::GemmInvariantTuning& tuning) {
-    require(cuda::gemm_invariant_w8a8_runs(p), ErrorCode::kInvalidArgument,
-            "gemm: fp8 activations (--weights w8a8) need [n, k] fp8 weights of one batch entry, "
-            "16-byte aligned, with k ({}) and the row stride ({}) multiples of 16",
-            p.k, p.ld_w);
-    Fp8Rows x8 = p.x8;
-    if (x8.codes) {
-      require(cuda::gemm_w8a8_reads(x8, p.m, p.k), ErrorCode::kInvalidArgument,
-              "gemm: a given x8 needs 16-byte aligned codes with ld ({}) a multiple of 16 and "
-              "8-byte aligned scales with ld_scales ({}) even",
-              x8.ld, x8.ld_scales);
-    } else {
-      const size_t bytes = cuda::w8a8_x_bytes(p.m, p.k);
-      x8 = cuda::w8a8_x_rows(gemm_scratch((bytes + sizeof(Bf16) - 1) / sizeof(Bf16)), p.m, p.k);
-      launched(cuda::quantize_fp8_rows(p.x, p.ld_x, p.m, p.k, x8, true, stream_),
-               "quantize_fp8_rows");
-    }
-    float* scratch = gemm_partials(cuda::gemm_invariant_scratch_floats(p, tuning));
-    launched(cuda::gemm_w8a8(p, x8, scratch, tuning, stream_), "gemm_w8a8");
-  }
-  // The tuning with its kernels named: the tuning's own, else this backend's (DSA_CUDA_GEMM,
-  // DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_FP8_TILE, DSA_CUDA_GEMM_KN).
-  cuda::GemmInvariantTuning resolved(cuda::GemmInvariantTuning tuning) const {
-    if (tuning.kernel == cuda::GemmKernel::kDefault) tuning.kernel = gemm_kernel_;
-    if (tuning.fp8 < 0) tuning.fp8 = gemm_fp8_;
-    if (tuning.fp8_tile < 0) tuning.fp8_tile = gemm_fp8_tile_;
-    if (tuning.kn < 0) tuning.kn = gemm_kn_;
-    return tuning;
-  }
-
-  void gemm_cublaslt(const GemmParams& p) {
-    require(p.m >= 0 && p.n > 0 && p.k > 0 && p.batch >= 0, ErrorCode::kInvalidArgument,
-            "gemm: m {} and batch {} must be >= 0, n {} and k {} > 0", p.m, p.batch, p.n, p.k);
-    if (p.m == 0 || p.batch == 0) return;
-    // cuBLASLt's bf16 GEMM has no block-scaled fp8 operand of this kind; fp8 weights would need a
-    // dequantized copy per call, which defeats them. Refused: they run with invariant or exact.
-    require(p.w_fp8 == nullptr, ErrorCode::kInvalidArgument,
-            "gemm: --gemm fast (cuBLASLt) takes bf16 weights only; fp8 weights (--weights fp8) "
-            "run with --gemm invariant or exact");
-    const XBf16 x = x_as_bf16(p);
-    cublas_[lane_index()].run(p, x.data, x.ld, x.batch_stride, stream_, label());
-  }
   // The device's name, asked for only when a message or a report needs it.
   const std::string& label() const {
     if (label_.empty()) label_ = device_label(device_);
@@ -647,23 +419,9 @@ class CudaBackend final : public Backend {
   Lane lane_ = Lane::kMain;
   cudaEvent_t lane_points_[2] = {};  // each lane's point for lane_wait
   bool owns_stream_ = false;
-  int caller_device_ = -1;  // the thread's device before a caller-stream backend switched it
-  // Per lane (index int(Lane)): the fast GEMM mode's handle and workspace, the bf16 (or fp8) x
-  // scratch and the split-K partials, so GEMMs on the two lanes never share memory.
-  cuda::CublasLtGemm cublas_[2] = {cuda::CublasLtGemm{device_}, cuda::CublasLtGemm{device_}};
-  struct LaneScratch {
-    void* x = nullptr;
-    size_t x_bytes = 0;
-    void* partials = nullptr;
-    size_t partial_bytes = 0;
-  };
-  LaneScratch scratch_[2];
-  cuda::GemmInvariantTuning gemm_tuning_;
-  cuda::GemmKernel gemm_kernel_;  // the batch-invariant GEMM's kernel when the tuning names none
-  int gemm_fp8_;                  // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
-  int gemm_fp8_tile_;             // its wgmma fp8 tile when the tuning names none (-1: per shape)
-  int gemm_kn_;                   // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
-  bool lanes_;                    // DSA_CUDA_LANES (env_knobs.h): the side lane on its own stream
+  int caller_device_ = -1;   // the thread's device before a caller-stream backend switched it
+  cuda::GemmDispatch gemm_;  // the GEMM's paths, knobs and per-lane scratch
+  bool lanes_;               // DSA_CUDA_LANES (env_knobs.h): the side lane on its own stream
 };
 
 }  // namespace
