@@ -3,7 +3,8 @@
 # step), in one device call of at most TARGETS_BUDGET seconds (default 540). Runs ON the device,
 # from the repository root, with the build of scripts/gpu-build.sh carried
 # (build-gpu/{lib,tests,bench,dsa}):
-#   1. parity of the newest GEMM mode (ParityGemmW8a8.*), which the steps below run;
+#   1. parity of the newest GEMM mode (ParityGemmW8a8.*), which the steps below run, or of the
+#      gtest filter TARGETS_PARITY (within TARGETS_PARITY_S seconds, default 150);
 #   2. the V3.2 layer's decode step (bench-decode, 1 layer, context 4096, B = 1 / 8 / 64 / 256,
 #      graph replay, --gemm invariant) with --weights w8a8 (the default sparse MLA, then hn at 8
 #      splits), bf16 and fp8;
@@ -26,8 +27,8 @@ DSA="$B/dsa"
 V32=(--backend cuda --preset v32 --layers 1 --context 4096 --iters 10 --gemm invariant)
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity-w8a8 150 "$B/tests/dsa_parity_tests" --gtest_filter='ParityGemmW8a8.*' \
-  --gtest_output="json:$OUT/parity.json"
+budgeted parity "${TARGETS_PARITY_S:-150}" "$B/tests/dsa_parity_tests" \
+  --gtest_filter="${TARGETS_PARITY:-ParityGemmW8a8.*}" --gtest_output="json:$OUT/parity.json"
 # A parity step that ran out of time (a kernel that hangs) would hang every step after it.
 rc=$?
 ((rc == 124 || rc == 137)) && DEADLINE=$SECONDS
