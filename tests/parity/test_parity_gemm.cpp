@@ -244,6 +244,20 @@ class Problem {
 }
 
 constexpr cuda::GemmKernel kKernels[] = {cuda::GemmKernel::kMma, cuda::GemmKernel::kWgmma};
+// GemmInvariantTuning::reduce's ways, each forced (2 falls back to 3 where it cannot run).
+constexpr int kReductions[] = {0, 1, 2, 3};
+const char* reduction_label(int reduce) {
+  switch (reduce) {
+    case 0:
+      return ", reduce kernel";
+    case 1:
+      return ", fused reduction";
+    case 2:
+      return ", cluster reduction";
+    default:
+      return ", reduction through L2";
+  }
+}
 
 std::string kernel_label(cuda::GemmKernel kernel) {
   return std::string(" [") + cuda::gemm_kernel_name(kernel) + "]";
@@ -315,12 +329,12 @@ class ParityGemm : public GemmParityTest {
         }
       }
       for (int tile = 0; m != 7 && tile < cuda::gemm_invariant_kn_tile_count(); ++tile) {
-        for (int reduce : {0, 1}) {
+        for (int reduce : kReductions) {
           tune(tile, reduce);
           const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
           EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size() * 4), 0)
               << s.name << " m=" << m << " kKN tile " << cuda::gemm_invariant_kn_tile_name(tile)
-              << (reduce ? ", fused reduction" : ", reduce kernel") << " differs from the default";
+              << reduction_label(reduce) << " differs from the default";
         }
       }
       if (HasFailure()) return;
@@ -434,12 +448,17 @@ TEST_F(ParityGemm, GivenBf16CopyGivesTheSameBits) {
 
 // The tile configuration and the way split partials are reduced never change a bit (the
 // invariance arguments of gemm_invariant.cu, 2. and 3., and gemm_wgmma.cu, 3.): for each kernel,
-// every tile, with the fused reduction and with the reduce kernel, gives the default's bytes, at
-// m = 1, 70 and 130, for a split shape with a ragged last slice, an unaligned one, batched
+// every tile, with each reduction forced (the reduce kernel, the fused one, the cluster one, the
+// one through L2), gives the default's bytes, at m = 1, 70 and 130, for split shapes the copy
+// engine reads (6 slices; 5 with a ragged last slice, a part feature tile and unaligned y rows:
+// the cluster reduction runs on them), split shapes it cannot read (a ragged last slice,
+// unaligned rows: the cp.async tiles, reduced through L2 whatever is asked), batched
 // n-contiguous weights (the mma kernel under either) and a shape with one slice. The wgmma tiles
 // run the rows in instructions of N = 8, 16, 32, 64 and 128: a row's bits do not depend on N.
 TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
   const std::vector<Shape> shapes = {
+      {"split-tma", 200, 3072, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f, 0, 0, 0},
+      {"split-tma-ragged", 136, 2624, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 0, 0, 2},
       {"split", 72, 2500, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f, 0, 8, 0},
       {"split-odd", 130, 3001, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 1, 3, 3},
       {"kn batched", 96, 80, 3, WeightLayout::kKN, GemmOutput::kAccumulate, 1.0f, 4, 8, 2},
@@ -450,21 +469,61 @@ TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
     for (cuda::GemmKernel kernel : kKernels) {
       for (int m : {1, 70, 130}) {
         use(kernel);
+        if (s.name.rfind("split-tma", 0) == 0) {  // reduce 2 does run the cluster reduction
+          cuda::GemmInvariantTuning tuning;
+          tuning.kernel = kernel, tuning.reduce = 2;
+          EXPECT_EQ(cuda::gemm_invariant_cluster_reduces(m, s.n, s.k, tuning),
+                    kernel == cuda::GemmKernel::kWgmma)
+              << s.name << " m=" << m << kernel_label(kernel);
+        }
         const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
         for (int tile = 0; tile < cuda::gemm_invariant_tile_count(kernel); ++tile) {
-          for (int reduce : {0, 1}) {
+          for (int reduce : kReductions) {
             cuda::GemmInvariantTuning tuning;
             tuning.tile = tile, tuning.reduce = reduce, tuning.kernel = kernel;
             set_gemm_invariant_tuning(*cuda_, tuning);
             const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
             EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
                 << s.name << " m=" << m << kernel_label(kernel) << ": tile "
-                << cuda::gemm_invariant_tile_name(tile, kernel)
-                << (reduce ? ", fused reduction" : ", reduce kernel")
+                << cuda::gemm_invariant_tile_name(tile, kernel) << reduction_label(reduce)
                 << " differs from the default";
           }
         }
       }
+    }
+  }
+}
+
+// The V3.2 projections that split K (x_proj 7 slices, kv_a 8, q_a 4, o 2) at the decode sizes:
+// their slices summed in clusters (reduce 2; by default at m <= 16) give the bytes of the
+// reduction through L2 (the fused one or the separate kernel, as the tile asks).
+TEST_F(ParityGemm, ClusterReductionGivesTheBitsOfTheReductionThroughL2) {
+  const std::vector<Shape> shapes = {
+      {"x_proj (q_a | wk | kv_a | weights_proj)", 1536 + 128 + 576 + 64, 7168},
+      {"kv_a", 576, 7168, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f},
+      {"q_a", 1536, 7168},
+      {"o", 7168, 128 * 128, 1, WeightLayout::kNK, GemmOutput::kAccumulate},
+  };
+  for (const Shape& s : shapes) {
+    Problem pr(s, 256, 71 + uint64_t(s.n));
+    for (int m : {1, 64, 256}) {
+      cuda::GemmInvariantTuning tuning;
+      tuning.kernel = cuda::GemmKernel::kWgmma;
+      ASSERT_GE(cuda::gemm_invariant_splits(s.n, s.k, 1, tuning), 2) << s.name;
+      EXPECT_EQ(cuda::gemm_invariant_cluster_reduces(m, s.n, s.k, tuning), m <= 16)
+          << s.name << " m=" << m << ": the default's choice";
+      tuning.reduce = 2;
+      ASSERT_TRUE(cuda::gemm_invariant_cluster_reduces(m, s.n, s.k, tuning))
+          << s.name << " m=" << m;
+      set_gemm_invariant_tuning(*cuda_, tuning);
+      const std::vector<float> cluster = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      tuning.reduce = 3;
+      EXPECT_FALSE(cuda::gemm_invariant_cluster_reduces(m, s.n, s.k, tuning));
+      set_gemm_invariant_tuning(*cuda_, tuning);
+      const std::vector<float> global = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      EXPECT_EQ(std::memcmp(cluster.data(), global.data(), cluster.size() * 4), 0)
+          << s.name << " m=" << m << ": the cluster reduction differs from the one through L2";
+      pr.expect_row_matches_cpu(*cpu_, cluster, 0, m - 1, s.name + " m=" + std::to_string(m));
     }
   }
 }

@@ -496,7 +496,7 @@ class ParityGemmW8a8 : public ParityGemmFp8w {
       tune_w8a8(-1, -1);
       const std::vector<float> want = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true, true);
       for (int tile = 0; tile < cuda::gemm_invariant_w8a8_tile_count(); ++tile) {
-        for (int reduce : {0, 1}) {
+        for (int reduce : {0, 1, 2, 3}) {  // kernel, fused, cluster, through L2
           tune_w8a8(tile, reduce);
           const std::vector<float> got = pr.run(*cuda_, GemmMode::kBatchInvariant, m, true, true);
           ASSERT_TRUE(same_bits(got, want, 0, size_t(m) * s.n,
@@ -527,13 +527,24 @@ TEST_F(ParityGemmW8a8, EdgeShapesMatchTheCpuWithinTheBound) {
 }
 
 TEST_F(ParityGemmW8a8, EveryTileAndReductionGiveTheSameBits) {
-  check_tiles({"kv_a", 576, 7168}, {1, 64});                              // 8 slices
-  check_tiles({"o", 7168, 128 * 128, GemmOutput::kAccumulate}, {1, 40});  // 2 slices
+  // The default reduces these split shapes in clusters at m = 1, and reduce 2 at every m (the
+  // bits under test below).
+  cuda::GemmInvariantTuning forced;
+  forced.reduce = 2;
+  for (const auto& [n, k] : {std::pair{576, 7168}, {7168, 128 * 128}, {1536 + 128 + 576, 7168}}) {
+    EXPECT_TRUE(cuda::gemm_invariant_w8a8_cluster_reduces(1, n, k, cuda::GemmInvariantTuning{}))
+        << n << " x " << k;
+    EXPECT_TRUE(cuda::gemm_invariant_w8a8_cluster_reduces(256, n, k, forced)) << n << " x " << k;
+  }
+  check_tiles({"kv_a", 576, 7168}, {1, 64});                                    // 8 slices
+  check_tiles({"o", 7168, 128 * 128, GemmOutput::kAccumulate}, {1, 40});        // 2 slices
+  check_tiles({"x_proj (q_a | wk | kv_a)", 1536 + 128 + 576, 7168}, {1, 256});  // 7 slices
   check_tiles({"n200k1008", 200, 1008, GemmOutput::kOverwrite, 16}, {1, 9, 70});
 }
 
-// Small enough for compute-sanitizer (scripts/gpu-w8a8.sh): every tile, both reductions, one
-// slice and four (n136k2048: split_plan's formula, the fused reduction), rows past a tile.
+// Small enough for compute-sanitizer (scripts/gpu-w8a8.sh): every tile, every reduction, one
+// slice and four (n136k2048: split_plan's formula; by default the cluster reduction), rows past a
+// tile.
 TEST_F(ParityGemmW8a8, SanitizerCompact) {
   check_tiles({"n200k1008", 200, 1008, GemmOutput::kOverwrite, 16}, {1, 9, 70});
   check_tiles({"n136k2048", 136, 2048, GemmOutput::kAccumulate}, {1, 20});

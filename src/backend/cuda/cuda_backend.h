@@ -32,8 +32,12 @@ const char* gemm_kernel_name(GemmKernel kernel);  // "mma", "wgmma" or "default"
 // every call, or -1 for the kernel's pick by m. splits: the number of K slices for every shape,
 // or 0 for the table's per-shape count; either way never a function of m, so the GEMM stays
 // batch-invariant under any tuning (a different split count gives different bits, the same for
-// every m). reduce: -1 default, 0 the separate reduce kernel, 1 the fused last-CTA reduction
-// (when the output tiles fit its counters); the same bits.
+// every m). reduce: -1 default (the backend's, DSA_CUDA_GEMM_REDUCE; unset: the cluster reduction
+// where it runs and pays, gemm_invariant.cu's cluster_pays, else as 3), 0 the separate reduce
+// kernel, 1 the fused last-CTA reduction (when the output tiles fit its counters), 2 the cluster
+// reduction wherever it runs (the bulk-copy kernels, batch 1, 2 to 8 slices: the slices' CTAs
+// sum in distributed shared memory), else as 3, the reduction through L2 (fused for small output
+// tiles, else the separate kernel); the same bits, every one.
 // fp8: which kernel runs fp8 weights (GemmParams::w_fp8) when `kernel` is wgmma: -1 the backend's
 // choice (DSA_CUDA_GEMM_FP8=mma|wgmma, unset: mma), 0 mma.sync, 1 the wgmma kernel's fp8 tiles
 // (gemm_wgmma_fp8.cu: the bits of the wgmma kernel on the dequantized matrix), where
@@ -66,6 +70,10 @@ int gemm_invariant_tile_rows(int tile, GemmKernel kernel = GemmKernel::kMma);
 // the kernel the tuning names; kDefault: kDefaultGemmKernel).
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning);
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning);
+// Whether a call of m rows sums its split partials by the cluster reduction: a bf16 kNK call,
+// batch 1, whose operands the copy engine reads; a w8a8 call.
+bool gemm_invariant_cluster_reduces(int m, int n, int k, const GemmInvariantTuning& tuning);
+bool gemm_invariant_w8a8_cluster_reduces(int m, int n, int k, const GemmInvariantTuning& tuning);
 // fp8 weights on the wgmma kernel: the tuning (kernel wgmma, fp8 1) asks for it, the weights are
 // kNK, one batch entry, 16-byte aligned with a row stride of a multiple of 16 bytes, and K is a
 // multiple of 8 (x then has 16-byte rows: the backend stages a bf16 copy that has not). A

@@ -56,6 +56,12 @@ const std::vector<EnvKnob>& env_knobs() {
       {"DSA_CUDA_TOPK",
        {"legacy"},
        "the former three-pass top-k (default: unset, the two-pass one)"},
+      {"DSA_CUDA_GEMM_REDUCE",
+       {"auto", "cluster", "global"},
+       "the invariant GEMM's split-K reduction (default: auto, the slices' CTAs of an output tile "
+       "sum in distributed shared memory where the kernel allows and it pays, else through L2; "
+       "cluster: wherever the kernel allows; global: through L2, the last CTA or a separate "
+       "kernel; the same bits; read when the backend is made)"},
       {"DSA_CUDA_LANES",
        {"off", "on"},
        "the side lane (Backend::set_lane) on a second stream, a parallel branch of a captured "

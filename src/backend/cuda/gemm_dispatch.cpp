@@ -57,6 +57,15 @@ int gemm_fp8_tile_from_env() {
        v, names);
 }
 
+// The split-K reduction the environment asks for (DSA_CUDA_GEMM_REDUCE), as
+// GemmInvariantTuning::reduce: auto (also unset or empty) -1, cluster 2, global 3 (env_knobs.cpp
+// refuses other values when the backend is made).
+int gemm_reduce_from_env() {
+  const char* v = std::getenv("DSA_CUDA_GEMM_REDUCE");
+  const std::string_view value = v == nullptr ? "" : v;
+  return value == "cluster" ? 2 : value == "global" ? 3 : -1;
+}
+
 }  // namespace
 
 GemmDispatch::GemmDispatch(int device, std::function<const std::string&()> label)
@@ -65,7 +74,8 @@ GemmDispatch::GemmDispatch(int device, std::function<const std::string&()> label
       kernel_(gemm_kernel_from_env()),
       fp8_(gemm_fp8_from_env()),
       fp8_tile_(gemm_fp8_tile_from_env()),
-      kn_(gemm_kn_from_env()) {}
+      kn_(gemm_kn_from_env()),
+      reduce_(gemm_reduce_from_env()) {}
 
 void GemmDispatch::release() {
   for (LaneScratch& s : scratch_) {
@@ -83,8 +93,8 @@ void GemmDispatch::set_tuning(const GemmInvariantTuning& tuning) {
           tuning.tile, gemm_invariant_tile_count(kernel), gemm_kernel_name(kernel));
   require(tuning.splits >= 0, ErrorCode::kInvalidArgument, "gemm tuning: splits {} must be >= 0",
           tuning.splits);
-  require(tuning.reduce >= -1 && tuning.reduce <= 1, ErrorCode::kInvalidArgument,
-          "gemm tuning: reduce {} must be -1, 0 or 1", tuning.reduce);
+  require(tuning.reduce >= -1 && tuning.reduce <= 3, ErrorCode::kInvalidArgument,
+          "gemm tuning: reduce {} must be -1, 0, 1, 2 or 3", tuning.reduce);
   require(tuning.fp8 >= -1 && tuning.fp8 <= 1, ErrorCode::kInvalidArgument,
           "gemm tuning: fp8 {} must be -1, 0 or 1", tuning.fp8);
   require(tuning.fp8_tile >= -1 && tuning.fp8_tile < gemm_invariant_fp8_tile_count(),
@@ -189,8 +199,9 @@ GemmDispatch::XBf16 GemmDispatch::x_as_bf16(const GemmParams& p, Queue q, bool a
 }
 
 // The tuning with its kernels named: the tuning's own, else the environment's (DSA_CUDA_GEMM,
-// DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_FP8_TILE, DSA_CUDA_GEMM_KN).
+// DSA_CUDA_GEMM_FP8, DSA_CUDA_GEMM_FP8_TILE, DSA_CUDA_GEMM_KN, DSA_CUDA_GEMM_REDUCE).
 GemmInvariantTuning GemmDispatch::resolved(GemmInvariantTuning tuning) const {
+  if (tuning.reduce < 0) tuning.reduce = reduce_;  // may stay -1: the default's choice
   if (tuning.kernel == GemmKernel::kDefault) tuning.kernel = kernel_;
   if (tuning.fp8 < 0) tuning.fp8 = fp8_;
   if (tuning.fp8_tile < 0) tuning.fp8_tile = fp8_tile_;

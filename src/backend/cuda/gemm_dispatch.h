@@ -1,9 +1,9 @@
 // The CUDA backend's GEMM (Backend::gemm): the path of each GemmMode (exact, the batch-invariant
 // kernels with their fp8 and w8a8 variants, cuBLASLt), the kernel choices of the environment
-// (DSA_CUDA_GEMM, _FP8, _FP8_TILE, _KN), the invariant GEMM's tuning, and per lane the memory a
-// GEMM needs besides its operands: x as bf16 or e4m3, the split-K partials, and a cuBLASLt handle
-// with its workspace. GEMMs on the backend's two lanes may run at once, so they never share any
-// of it.
+// (DSA_CUDA_GEMM, _FP8, _FP8_TILE, _KN, _REDUCE), the invariant GEMM's tuning, and per lane the
+// memory a GEMM needs besides its operands: x as bf16 or e4m3, the split-K partials, and a cuBLASLt
+// handle with its workspace. GEMMs on the backend's two lanes may run at once, so they never share
+// any of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,6 +78,7 @@ class GemmDispatch {
   int fp8_;            // its fp8 kernel when the tuning names none (0 mma, 1 wgmma)
   int fp8_tile_;       // its wgmma fp8 tile when the tuning names none (-1: per shape)
   int kn_;             // its kKN kernel when the tuning names none (0 mma, 1 wgmma)
+  int reduce_;         // its split reduction when the tuning names none (-1 auto, 2, 3)
   GemmInvariantTuning tuning_;
   CublasLtGemm cublas_[kLanes] = {CublasLtGemm{device_}, CublasLtGemm{device_}};
   LaneScratch scratch_[kLanes];

@@ -27,9 +27,10 @@
 //   3. One slice: y = alpha * acc (or y + alpha * acc). Several: every slice writes its chain's
 //      result to `partial`, and they are added in slice order 0, 1, ... in f32 (__fadd_rn),
 //      then alpha applied the same way: by the last CTA of the output tile to arrive (fused,
-//      counted with one atomic counter per tile) or by reduce_splits_kernel; the two run the
-//      same additions on the same values, so which one runs (or which CTA is last) never
-//      changes a bit.
+//      counted with one atomic counter per tile), by reduce_splits_kernel, or (the bulk-copy
+//      kernels, batch 1, 2 to 8 slices: the cluster reduction of gemm_wgmma.cuh) by the tile's
+//      CTAs as one cluster, from each other's shared memory; all three run the same additions
+//      on the same values, so which one runs (or which CTA is last) never changes a bit.
 // Rows of x at or beyond m are never read (zero-filled) and rows of y beyond m never written.
 #include <algorithm>
 #include <array>
@@ -216,6 +217,36 @@ bool describable(const void* base, int64_t ld, int batch, int64_t batch_stride) 
   return aligned16(base) && ld % 8 == 0 && (batch == 1 || batch_stride % 8 == 0);
 }
 
+// The reduction of a split plan (GemmInvariantTuning::reduce). The cluster one (2: wherever it
+// runs, batch 1 and 2 to kGemmClusterMaxSplits slices; the caller checks the kernel) or, by default
+// (-1), where it runs and pays (cluster_pays); else the fused one (1, or by default for tiles of
+// at most kFusedReduceMaxTile elements, when the output tiles fit the counters) or the separate
+// kernel (0). Every one gives the same bits, so the choice may follow m.
+//
+// Where the cluster reduction pays, from the GEMM rows of both reductions on an H100 in one call
+// (scripts/gpu-reduce.sh, bench/results/2026-12-07-h100-reduce.md): at m <= 16 it wins or ties on
+// every split projection (w8a8: x_proj 11.1 against 11.9 us at B = 1, kv_a 6.9 against 7.9, q_a,
+// o, down, wk by 2-13%). Above, clusters of the tile's CTAs must be placed whole on a GPC, which
+// costs waves: bf16 loses at B = 64 (x_proj 1.46x cuBLASLt against 1.32x, q_a 1.58 against 1.30)
+// and w8a8 on x_proj's 7 slices (26.4 against 16.7 us at B = 64); w8a8 still wins on 2 and 4
+// slices at m <= 64 (o 56.2 against 60.1, down 63.5 against 67.5, q_a 15.2 against 17.0) and
+// loses everywhere at B = 256 (o 187.6 against 176.4).
+bool cluster_pays(int m, int splits, bool w8a8) {
+  return m <= 16 || (w8a8 && m <= 64 && splits <= 4);
+}
+bool cluster_reduction(const SplitPlan& plan, int batch, int m, bool w8a8,
+                       const GemmInvariantTuning& tuning) {
+  const bool runs = batch == 1 && plan.splits >= 2 && plan.splits <= kGemmClusterMaxSplits;
+  if (tuning.reduce == 2) return runs;
+  return tuning.reduce == -1 && runs && cluster_pays(m, plan.splits, w8a8);
+}
+bool fused_reduction(const SplitPlan& plan, const GemmTileInfo& shape, int64_t output_tiles,
+                     const GemmInvariantTuning& tuning) {
+  return plan.splits > 1 && tuning.reduce != 0 &&
+         (tuning.reduce == 1 || int64_t(shape.rows) * shape.cols <= kFusedReduceMaxTile) &&
+         output_tiles <= kSplitCounters;
+}
+
 size_t partial_floats(const GemmParams& p, const SplitPlan& plan) {
   return plan.splits == 1 ? 0 : size_t(plan.splits) * p.batch * p.m * p.n;
 }
@@ -276,6 +307,17 @@ int fp8_tile_for(int m, int n, int splits, const GemmInvariantTuning& tuning) {
 
 int gemm_invariant_tile(int m, int n, int k, int batch, const GemmInvariantTuning& tuning) {
   return tile_for(m, n, k, batch, split_plan(n, k, batch, tuning).splits, tuning);
+}
+
+bool gemm_invariant_cluster_reduces(int m, int n, int k, const GemmInvariantTuning& tuning) {
+  if (m <= 0 || n <= 0 || k <= 0 || !is_wgmma(tuning.kernel)) return false;
+  const SplitPlan plan = split_plan(n, k, 1, tuning);
+  return wgmma_tile_is_bulk_copy(tile_for(m, n, k, 1, plan.splits, tuning)) &&
+         cluster_reduction(plan, 1, m, false, tuning);
+}
+bool gemm_invariant_w8a8_cluster_reduces(int m, int n, int k, const GemmInvariantTuning& tuning) {
+  return m > 0 && n > 0 && k > 0 &&
+         cluster_reduction(split_plan(n, k, 1, tuning), 1, m, true, tuning);
 }
 
 bool gemm_invariant_fp8_runs_wgmma(const GemmParams& p, const GemmInvariantTuning& tuning) {
@@ -381,11 +423,15 @@ cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
   t.accumulate = p.output == GemmOutput::kAccumulate;
   t.vec_x = true;
   t.vec_w = true;
-  t.fused = plan.splits > 1 && tuning.reduce != 0 &&
-            (tuning.reduce == 1 || int64_t(shape.rows) * shape.cols <= kFusedReduceMaxTile) &&
-            tiles_m * tiles_n <= kSplitCounters;
-  const cudaError_t err = w8a8_launch(t, tile, stream);
-  if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
+  t.cluster = cluster_reduction(plan, 1, p.m, true, tuning);
+  t.fused = !t.cluster && fused_reduction(plan, shape, tiles_m * tiles_n, tuning);
+  cudaError_t err = w8a8_launch(t, tile, stream);
+  if (err == cudaErrorNotSupported && t.cluster) {
+    t.cluster = false;  // the copy engine cannot take the operands: the same refusal again
+    t.fused = fused_reduction(plan, shape, tiles_m * tiles_n, tuning);
+    err = w8a8_launch(t, tile, stream);
+  }
+  if (err != cudaSuccess || plan.splits == 1 || t.fused || t.cluster) return err;
   const int64_t total = int64_t(p.m) * p.n;
   constexpr int kThreads = 256;
   launch_kernel(reduce_splits_kernel, ceil_div(total, int64_t(kThreads)), kThreads, 0, stream, t,
@@ -464,24 +510,34 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   t.accumulate = p.output == GemmOutput::kAccumulate;
   t.vec_x = vec_x;
   t.vec_w = vec_w;
-  // The fused reduction needs one counter per output tile; either way gives the same bits. By
-  // default it runs for small tiles only: one CTA reducing a large tile waits on L2 round trips
-  // that the separate kernel spreads over the whole GPU.
-  t.fused = plan.splits > 1 && tuning.reduce != 0 &&
-            (tuning.reduce == 1 || int64_t(tile_rows) * tile_cols <= kFusedReduceMaxTile) &&
-            int64_t(p.batch) * tiles_m * tiles_n <= kSplitCounters;
+  // The cluster reduction where the kernel is a bulk-copy one; else the fused reduction or the
+  // separate kernel (fused_reduction). Any of them gives the same bits.
+  t.cluster = (wgmma_kn || (wgmma && wgmma_tile_is_bulk_copy(tile))) &&
+              cluster_reduction(plan, p.batch, p.m, false, tuning);
+  t.fused =
+      !t.cluster && fused_reduction(plan, shape, int64_t(p.batch) * tiles_m * tiles_n, tuning);
 
-  cudaError_t err = wgmma_fp8  ? wgmma_fp8_launch(t, tile, stream)
-                    : wgmma_kn ? wgmma_tma_launch(t, tile, stream)
-                    : wgmma    ? wgmma_launch(t, tile, stream)
-                               : mma_launch(t, tile, stream);
+  auto launch = [&] {
+    return wgmma_fp8  ? wgmma_fp8_launch(t, tile, stream)
+           : wgmma_kn ? wgmma_tma_launch(t, tile, stream)
+           : wgmma    ? wgmma_launch(t, tile, stream)
+                      : mma_launch(t, tile, stream);
+  };
+  cudaError_t err = launch();
+  if (err == cudaErrorNotSupported && t.cluster) {
+    // The copy engine cannot take the operands (nothing ran): the reduction through partial,
+    // on the cp.async tile of the same shape.
+    t.cluster = false;
+    t.fused = fused_reduction(plan, shape, int64_t(p.batch) * tiles_m * tiles_n, tuning);
+    err = launch();
+  }
   if (wgmma_kn && err == cudaErrorNotSupported) {
     // The driver would not encode the tensor maps (nothing ran): mma.sync, as without kn.
     GemmInvariantTuning mma = tuning;
     mma.kn = 0;
     return gemm_invariant(p, x_bf16, ld_xb, bs_xb, scratch, mma, stream);
   }
-  if (err != cudaSuccess || plan.splits == 1 || t.fused) return err;
+  if (err != cudaSuccess || plan.splits == 1 || t.fused || t.cluster) return err;
   const int64_t total = int64_t(p.batch) * p.m * p.n;
   constexpr int kThreads = 256;
   launch_kernel(reduce_splits_kernel, ceil_div(total, int64_t(kThreads)), kThreads, 0, stream, t,

@@ -36,7 +36,12 @@ struct TcParams {
   const uint8_t* x8 = nullptr;
   const float* x8_scale = nullptr;
   int64_t ld_x8 = 0, ld_x8_scale = 0;
+  // The splits of an output tile are one cluster (grid z, batch 1, 2 to 8 splits; the bulk-copy
+  // kernels only) and sum their chains in distributed shared memory (reduce_cluster_tile,
+  // gemm_wgmma.cuh); partial and counters are then not touched.
+  bool cluster = false;
 };
+inline constexpr int kGemmClusterMaxSplits = 8;  // TcParams::cluster: the portable cluster size
 
 // 8 bf16 from s into the 16-byte-aligned d: cp.async when all are in range and aligned, else
 // element loads with zero fill (nothing is read for an out-of-range element).
@@ -194,8 +199,11 @@ GemmTileInfo wgmma_tile_info(int tile);
 // The tile for m rows of a shape whose plan has `splits` slices (any function of anything: the
 // tile never changes a bit; gemm_wgmma.cu's header).
 int wgmma_pick_tile(int m, int n, int batch, int splits);
+// p.cluster: only the bulk-copy tiles run it; cudaErrorNotSupported (nothing launched) when the
+// tile is a cp.async one or the copy engine cannot take the operands.
 cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream);
-cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the current device
+bool wgmma_tile_is_bulk_copy(int tile);  // gemm_wgmma_tma.cu's tiles, which take p.cluster
+cudaError_t wgmma_prepare();             // every tile's shared-memory opt-in, on the current device
 
 // ---- gemm_wgmma_tma.cu (the same chains, fed by the bulk copy engine) ----
 int wgmma_tma_tile_count();

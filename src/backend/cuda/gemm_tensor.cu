@@ -331,6 +331,7 @@ int mma_tile_count() { return int(std::size(kTiles)); }
 GemmTileInfo mma_tile_info(int tile) { return tile_info_in(kTiles, tile); }
 cudaError_t mma_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= mma_tile_count()) return cudaErrorInvalidValue;
+  if (p.cluster) return cudaErrorNotSupported;  // it reduces through partial only
   return kTiles[tile].launch(p, stream);
 }
 cudaError_t mma_prepare() { return opt_in_all(kTiles); }

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         tma_load_3d(stage + C::kWBytes, &map_x8, k0, cta.row0, 0, &full[st]);
       }
     }
+    if (p.cluster) cluster_tile_bystander();
     return;
   }
 
@@ -191,6 +192,22 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   // The store (D fragment: feature 16 warp + g (+ 8), x row 8 j + 2 q (+ 1)), then the fused
   // split reduction among the consumers (named barrier 1: the producer warpgroup has left).
   const int warp = t / 32, g = (t % 32) / 4;
+  if (p.cluster) {  // the cluster reduction (gemm_wgmma.cuh), the tile over the freed stages
+    using T = ClusterTile<C::kRows, C::kCols>;
+    static_assert(T::kBytes <= size_t(C::kStages) * C::kStageBytes, "the tile fits the stages");
+    constexpr int kThreads = 128 * C::kConsumers;
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // every wgmma has read
+    float* tile = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < Acc::kRegs; ++i) {
+      const int j = i / 4, e = i % 4;
+      tile[(8 * j + 2 * q + e % 2) * T::kPitch + 64 * cta.wg + 16 * warp + g + 8 * (e / 2)] =
+          a.acc[i];
+    }
+    reduce_cluster_tile<C::kRows, C::kCols, kThreads>(p, cta.row0, cta.col0, tile,
+                                                      int(threadIdx.x) % kThreads);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < Acc::kRegs; ++i) {
     const int j = i / 4, e = i % 4;

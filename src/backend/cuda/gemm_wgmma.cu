@@ -255,11 +255,15 @@ cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= wgmma_tile_count() || !p.nk) return cudaErrorInvalidValue;
   if (tile >= kTileCount) {
     const cudaError_t err = wgmma_tma_launch(p, tile - kTileCount, stream);
-    if (err != cudaErrorNotSupported) return err;
+    if (err != cudaErrorNotSupported || p.cluster) return err;
     tile = fallback_of(tile);
   }
+  // The cp.async tiles reduce through partial only: the caller runs them without the cluster.
+  if (p.cluster) return cudaErrorNotSupported;
   return kTiles[tile].launch(p, stream);
 }
+
+bool wgmma_tile_is_bulk_copy(int tile) { return tile >= kTileCount && tile < wgmma_tile_count(); }
 
 cudaError_t wgmma_prepare() {
   if (const cudaError_t err = opt_in_all(kTiles); err != cudaSuccess) return err;

@@ -5,10 +5,13 @@
 // over the slice's k16 blocks in ascending order.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <atomic>
 
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -30,13 +33,128 @@ bool encode_x_map(CUtensorMap* map, const TcParams& p) {
                                     p.bs_x, kWgmmaStageK, C::kRows);
 }
 
-// A bulk-copy kernel instance on its two tensor maps: the opt-in, then the launch on C's grid.
+// launch_kernel with the grid's blocks grouped in clusters of `cluster` (the attribute of
+// cudaLaunchAttributeClusterDimension; a cluster past the portable 8 blocks is not asked for).
+template <typename... Expected, typename... Actual>
+cudaError_t launch_kernel_in_clusters(void (*kernel)(Expected...), dim3 grid, dim3 block,
+                                      size_t smem, dim3 cluster, cudaStream_t stream,
+                                      Actual&&... args) {
+  cudaLaunchConfig_t config = kernel_config(grid, block, smem, stream);
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  add_pdl_attribute(config, attrs);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Actual>(args)...);
+}
+
+// A bulk-copy kernel instance on its two tensor maps: the opt-in, then the launch on C's grid,
+// its splits in clusters when p.cluster (grid z is then the splits: batch 1).
 template <class C, class Kernel>
 cudaError_t launch_on_maps(cudaError_t (*opt_in)(bool), Kernel kernel, const CUtensorMap& a,
                            const CUtensorMap& b, const TcParams& p, cudaStream_t stream) {
   if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
-  launch_kernel(kernel, wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream, a, b, p);
+  if (p.cluster) {
+    if (p.batch != 1 || p.splits < 2 || p.splits > kGemmClusterMaxSplits) {
+      return cudaErrorInvalidValue;
+    }
+    launch_kernel_in_clusters(kernel, wgmma_grid<C>(p), C::kThreads, C::kSmemBytes,
+                              dim3(1, 1, unsigned(p.splits)), stream, a, b, p);
+  } else {
+    launch_kernel(kernel, wgmma_grid<C>(p), C::kThreads, C::kSmemBytes, stream, a, b, p);
+  }
   return cudaGetLastError();
+}
+
+// ---- The cluster reduction (TcParams::cluster) ----
+// The p.splits CTAs of one output tile are one cluster (grid z). Each puts its slice's chains, as
+// they would have gone to `partial`, into its own shared memory: a [kRows][kCols + 4] f32 tile
+// over its freed stages (the pad of 4 spreads a warp's stores over the banks). After one cluster
+// barrier, CTA r of the cluster sums the tile's 4-column pieces u with u % splits == r, reading
+// each piece from the CTAs of slices 0, 1, ... in slice order with the additions of
+// reduce_splits_kernel (sum = slice 0, then __fadd_rn of each next slice, then alpha, then the
+// accumulation), and writes y; a second barrier keeps every CTA's tile alive until the others have
+// read it. So the bits are those of the fused and the separate reduction, with no partial round
+// trip through L2 and no counter.
+template <int kRows, int kCols>
+struct ClusterTile {
+  static constexpr int kPitch = kCols + 4;
+  static constexpr size_t kBytes = size_t(kRows) * kPitch * sizeof(float);
+};
+
+// The whole-cluster barrier, every thread of every CTA (release, then acquire).
+__device__ __forceinline__ void gemm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The threads that do not reduce (the producer warpgroup): the two barriers of the reduction.
+__device__ __forceinline__ void cluster_tile_bystander() {
+  __syncwarp();  // the barrier is .aligned: the warp's lanes arrive together
+  gemm_cluster_sync();
+  gemm_cluster_sync();
+}
+
+// The reduction by the kThreads consumer threads (tid < kThreads), their chains already in
+// `tile` (this CTA's shared memory, ClusterTile<kRows, kCols>'s layout, rows from row0, columns
+// from col0).
+template <int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void reduce_cluster_tile(const TcParams& p, int row0, int col0,
+                                                    const float* tile, int tid) {
+  namespace cg = cooperative_groups;
+  using T = ClusterTile<kRows, kCols>;
+  constexpr int kRowQuads = kCols / 4, kQuads = kRows * kRowQuads;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), splits = p.splits;
+  const bool vec = (p.ld_y & 3) == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
+  gemm_cluster_sync();  // every CTA's chains are in its tile
+  for (int u = rank + splits * tid; u < kQuads; u += splits * kThreads) {
+    const int r = u / kRowQuads, c = 4 * (u % kRowQuads);
+    const int row = row0 + r, col = col0 + c;
+    if (row >= p.m || col >= p.n) continue;
+    const float* at = tile + r * T::kPitch + c;
+    float4 v[kGemmClusterMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kGemmClusterMaxSplits; ++s) {
+      if (s < splits) {
+        v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(at, s));
+      }
+    }
+    float4 sum = v[0];
+#pragma unroll
+    for (int s = 1; s < kGemmClusterMaxSplits; ++s) {
+      if (s < splits) {
+        sum.x = __fadd_rn(sum.x, v[s].x), sum.y = __fadd_rn(sum.y, v[s].y);
+        sum.z = __fadd_rn(sum.z, v[s].z), sum.w = __fadd_rn(sum.w, v[s].w);
+      }
+    }
+    float* out = p.y + int64_t(row) * p.ld_y + col;
+    const float e[4] = {sum.x, sum.y, sum.z, sum.w};
+    float o[4];
+    const bool whole = vec && col + 4 <= p.n;
+    float prev[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (p.accumulate) {
+      if (whole) {
+        const float4 pv = *reinterpret_cast<const float4*>(out);
+        prev[0] = pv.x, prev[1] = pv.y, prev[2] = pv.z, prev[3] = pv.w;
+      } else {
+        for (int i = 0; i < 4 && col + i < p.n; ++i) prev[i] = out[i];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float scaled = __fmul_rn(p.alpha, e[i]);
+      o[i] = p.accumulate ? __fadd_rn(prev[i], scaled) : scaled;
+    }
+    if (whole) {
+      *reinterpret_cast<float4*>(out) = make_float4(o[0], o[1], o[2], o[3]);
+    } else {
+      for (int i = 0; i < 4 && col + i < p.n; ++i) out[i] = o[i];
+    }
+  }
+  __syncwarp();
+  gemm_cluster_sync();  // every CTA has read this one's tile
 }
 
 // The shared-memory opt-in of a kernel instance, once per device (force: again).
@@ -109,21 +227,33 @@ struct WgmmaChains {
     wgmma_commit();
     fence();
   }
-  // The chains of rows [row0, row0 + kN * kNSub) x features [col0, col0 + 64) (col0 already this
-  // warpgroup's) to y or slice s's partial; nothing at or past m or n. D fragment (wgmma.cuh):
-  // feature 16 warp + g (+ 8), batch row 8 block + 2 q (+ 1).
-  __device__ __forceinline__ void store(const TcParams& p, int b, int s, int row0, int col0) {
+  // f(r, c, value) for every chain of this thread: r the row of x among the CTA's (j kN + 8 block
+  // + 2 q (+ 1)), c the feature among the warpgroup's 64 (16 warp + g (+ 8)); the D fragment of
+  // wgmma.cuh.
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) const {
     const int t = int(threadIdx.x) % 128, warp = t / 32, g = (t % 32) / 4, q = t % 4;
 #pragma unroll
     for (int j = 0; j < kNSub; ++j) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) {
         const int block = i / 4, e = i % 4;
-        const int col = col0 + 16 * warp + g + 8 * (e / 2);
-        const int row = row0 + j * kN + 8 * block + 2 * q + e % 2;
-        if (row < p.m && col < p.n) store_chain(p, b, s, row, col, acc[j][i]);
+        f(j * kN + 8 * block + 2 * q + e % 2, 16 * warp + g + 8 * (e / 2), acc[j][i]);
       }
     }
+  }
+  // The chains into a cluster tile (ClusterTile<rows, cols>: pitch floats a row), this
+  // warpgroup's features from column col (its offset in the CTA's tile); every element, in range
+  // or not.
+  __device__ __forceinline__ void put(float* tile, int pitch, int col) const {
+    each([&](int r, int c, float v) { tile[r * pitch + col + c] = v; });
+  }
+  // The chains of rows [row0, row0 + kN * kNSub) x features [col0, col0 + 64) (col0 already this
+  // warpgroup's) to y or slice s's partial; nothing at or past m or n.
+  __device__ __forceinline__ void store(const TcParams& p, int b, int s, int row0, int col0) const {
+    each([&](int r, int c, float v) {
+      if (row0 + r < p.m && col0 + c < p.n) store_chain(p, b, s, row0 + r, col0 + c, v);
+    });
   }
 };
 
@@ -202,6 +332,18 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
   }
   wgmma_wait<0>();
   chains.fence();
+  if (p.cluster) {
+    using T = ClusterTile<C::kRows, C::kCols>;
+    static_assert(T::kBytes <= size_t(C::kStages) * C::kStageBytes, "the tile fits the stages");
+    constexpr int kThreads = 128 * C::kConsumers;
+    // Every consumer's wgmma has read its stages (the producer's copies all landed before).
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+    float* tile = static_cast<float*>(__cvta_shared_to_generic(size_t(smem_base)));
+    chains.put(tile, T::kPitch, wg * 64);
+    reduce_cluster_tile<C::kRows, C::kCols, kThreads>(p, row0, col0, tile,
+                                                      int(threadIdx.x) % kThreads);
+    return;
+  }
   chains.store(p, b, s, row0, col0 + wg * 64);
   if (p.splits == 1 || !p.fused) return;
   finish_wgmma_tile<128 * C::kConsumers, 1>(p, b, row0, C::kRows, col0, C::kCols);

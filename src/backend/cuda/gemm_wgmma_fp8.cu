@@ -336,6 +336,7 @@ int wgmma_fp8_pick_tile(int m, int n, int splits) {
 
 cudaError_t wgmma_fp8_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile < 0 || tile >= wgmma_fp8_tile_count() || !p.nk || !p.w8) return cudaErrorInvalidValue;
+  if (p.cluster) return cudaErrorNotSupported;  // its converters take no part in the cluster's
   return kTiles[tile].launch(p, stream);
 }
 

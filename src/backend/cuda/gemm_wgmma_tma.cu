@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
       }
     }
+    if (p.cluster) cluster_tile_bystander();
   } else {
     if constexpr (C::kRebalance) warpgroup_reg_alloc<232>();
     wgmma_consume<C, kKn>(p, cta, smem_base, empty,

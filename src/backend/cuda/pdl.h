@@ -48,16 +48,22 @@ inline void add_pdl_attribute(cudaLaunchConfig_t& config, cudaLaunchAttribute* a
   ++config.numAttrs;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the attribute when PDL is on. The arguments
-// convert to the kernel's parameter types as in a call.
-template <typename... Expected, typename... Actual>
-cudaError_t launch_kernel(void (*kernel)(Expected...), dim3 grid, dim3 block, size_t smem,
-                          cudaStream_t stream, Actual&&... args) {
+// The launch configuration of <<<grid, block, smem, stream>>>, with no attribute.
+inline cudaLaunchConfig_t kernel_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
+  return config;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the attribute when PDL is on. The arguments
+// convert to the kernel's parameter types as in a call.
+template <typename... Expected, typename... Actual>
+cudaError_t launch_kernel(void (*kernel)(Expected...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Actual&&... args) {
+  cudaLaunchConfig_t config = kernel_config(grid, block, smem, stream);
   cudaLaunchAttribute attrs[1];
   add_pdl_attribute(config, attrs);
   return cudaLaunchKernelEx(&config, kernel, std::forward<Actual>(args)...);
