@@ -496,7 +496,8 @@ TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
 
 // The V3.2 projections that split K (x_proj 7 slices, kv_a 8, q_a 4, o 2) at the decode sizes:
 // their slices summed in clusters (reduce 2; by default at m <= 16) give the bytes of the
-// reduction through L2 (the fused one or the separate kernel, as the tile asks).
+// reduction through L2 (the fused one or the separate kernel, as the tile asks), with and without
+// programmatic dependent launch.
 TEST_F(ParityGemm, ClusterReductionGivesTheBitsOfTheReductionThroughL2) {
   const std::vector<Shape> shapes = {
       {"x_proj (q_a | wk | kv_a | weights_proj)", 1536 + 128 + 576 + 64, 7168},
@@ -524,6 +525,15 @@ TEST_F(ParityGemm, ClusterReductionGivesTheBitsOfTheReductionThroughL2) {
       EXPECT_EQ(std::memcmp(cluster.data(), global.data(), cluster.size() * 4), 0)
           << s.name << " m=" << m << ": the cluster reduction differs from the one through L2";
       pr.expect_row_matches_cpu(*cpu_, cluster, 0, m - 1, s.name + " m=" + std::to_string(m));
+      // Launched with programmatic dependent launch (the cluster and the PDL attribute together),
+      // the same bytes.
+      const testing::RestoreEnv restore({"DSA_CUDA_PDL"});
+      setenv("DSA_CUDA_PDL", "on", 1);
+      tuning.reduce = 2;
+      set_gemm_invariant_tuning(*cuda_, tuning);
+      const std::vector<float> pdl = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      EXPECT_EQ(std::memcmp(pdl.data(), cluster.data(), pdl.size() * 4), 0)
+          << s.name << " m=" << m << ": the cluster reduction under PDL differs";
     }
   }
 }
