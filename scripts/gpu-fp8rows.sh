@@ -15,15 +15,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
-steps_setup fp8rows.log
-DEADLINE=$((SECONDS + ${FP8ROWS_BUDGET:-540}))
-P="$B/tests/dsa_parity_tests"
-
-step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity 180 "$P" --gtest_filter='ParityFp8Rows.*:ParityGemmW8a8.*:ParityOps.*' \
+budget_setup fp8rows.log "${FP8ROWS_BUDGET:-540}"
+budgeted_parity 180 "$P" --gtest_filter='ParityFp8Rows.*:ParityGemmW8a8.*:ParityOps.*' \
   --gtest_output="json:$OUT/parity.json"
-rc=$?
-((rc == 124 || rc == 137)) && DEADLINE=$SECONDS
 for tool in memcheck racecheck initcheck; do
   extra=()
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)

@@ -17,16 +17,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
-steps_setup lanes.log
-DEADLINE=$((SECONDS + ${LANES_BUDGET:-540}))
-P="$B/tests/dsa_parity_tests"
-DSA="$B/dsa"
-
-step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity 200 "$P" --gtest_filter='*ParityGraph*:ParityFp8Rows.*:ParityGemmW8a8.*' \
+budget_setup lanes.log "${LANES_BUDGET:-540}"
+budgeted_parity 200 "$P" --gtest_filter='*ParityGraph*:ParityFp8Rows.*:ParityGemmW8a8.*' \
   --gtest_output="json:$OUT/parity.json"
-rc=$?
-((rc == 124 || rc == 137)) && DEADLINE=$SECONDS
 budgeted sanitizer-memcheck 120 "$SAN" --tool memcheck --error-exitcode 17 --print-limit 30 "$P" \
   --gtest_filter='*ParityGraph.LanesGiveTheBitsOfOneStream*' --gtest_brief=1
 

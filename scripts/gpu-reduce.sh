@@ -19,17 +19,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
-steps_setup reduce.log
-DEADLINE=$((SECONDS + ${REDUCE_BUDGET:-570}))
-P="$B/tests/dsa_parity_tests"
-DSA="$B/dsa"
-
-step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity "${REDUCE_PARITY_S:-360}" "$P" \
+budget_setup reduce.log "${REDUCE_BUDGET:-570}"
+budgeted_parity "${REDUCE_PARITY_S:-360}" "$P" \
   --gtest_filter="${REDUCE_PARITY:-ParityGemm.*:ParityGemmW8a8.*:*ParityGraph*:ParityFp8Rows.*:ParityOps.Gemm*}" \
   --gtest_output="json:$OUT/parity.json"
-rc=$?
-((rc == 124 || rc == 137)) && DEADLINE=$SECONDS  # a hung kernel would hang every step after it
 
 V32=(bench-decode --backend cuda --preset v32 --layers 1 --context 4096 --iters 10
      --gemm invariant --weights w8a8 --batches 1 8 64 256)

@@ -11,6 +11,10 @@
 # budgeted NAME TIMEOUT_S COMMAND...: `step` with its timeout cut to what is left before $DEADLINE
 # (a SECONDS value the script sets), skipped (status 1) with under 15 s left: a script kept
 # within one device call.
+# budget_setup LOG_NAME BUDGET_S: steps_setup, then DEADLINE (BUDGET_S from now, for `budgeted`),
+# P (the parity tests), DSA (the dsa binary), and the card's name and clocks as the first step.
+# budgeted_parity TIMEOUT_S COMMAND...: `budgeted parity`; a parity step that runs out of time (a
+# kernel that hangs would hang every step after it) ends the budget there.
 # expect_incident COMMAND...: runs a `check-replay --inject incident` COMMAND (exit 1 by design)
 # and passes when it says CORRUPTION FOUND with its detectors agreeing (no "DISAGREE" line);
 # exported, for `step NAME T bash -c 'expect_incident "$@"' _ COMMAND...`.
@@ -64,6 +68,21 @@ sanitize_parity() {
     sanitize "sanitizer-$tool" "$tool" "$limit" "$B/tests/dsa_parity_tests" \
       --gtest_filter="$filter" --gtest_brief=1
   done
+}
+
+budget_setup() {
+  steps_setup "$1"
+  DEADLINE=$((SECONDS + $2))
+  P="$B/tests/dsa_parity_tests"
+  DSA="$B/dsa"
+  step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+}
+
+budgeted_parity() {
+  budgeted parity "$@"
+  local rc=$?
+  ((rc == 124 || rc == 137)) && DEADLINE=$SECONDS
+  return $rc
 }
 
 budgeted() {

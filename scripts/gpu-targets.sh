@@ -21,17 +21,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
-steps_setup targets.log
-DEADLINE=$((SECONDS + ${TARGETS_BUDGET:-540}))
-DSA="$B/dsa"
+budget_setup targets.log "${TARGETS_BUDGET:-540}"
 V32=(--backend cuda --preset v32 --layers 1 --context 4096 --iters 10 --gemm invariant)
 
-step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity "${TARGETS_PARITY_S:-150}" "$B/tests/dsa_parity_tests" \
-  --gtest_filter="${TARGETS_PARITY:-ParityGemmW8a8.*}" --gtest_output="json:$OUT/parity.json"
-# A parity step that ran out of time (a kernel that hangs) would hang every step after it.
-rc=$?
-((rc == 124 || rc == 137)) && DEADLINE=$SECONDS
+budgeted_parity "${TARGETS_PARITY_S:-150}" "$P" --gtest_filter="${TARGETS_PARITY:-ParityGemmW8a8.*}" \
+  --gtest_output="json:$OUT/parity.json"
 
 decode() {  # decode NAME WEIGHTS [ENV=VALUE...]
   local name="$1" weights="$2"

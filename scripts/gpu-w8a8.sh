@@ -21,21 +21,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
-steps_setup w8a8.log
-P="$B/tests/dsa_parity_tests"
-QUICK=${W8A8_QUICK:-0}
-
 # The whole script stays within W8A8_BUDGET seconds (default 540, under one device call's 600):
 # budgeted steps (gpu-steps.sh) have their timeout cut to what is left.
-DEADLINE=$((SECONDS + ${W8A8_BUDGET:-540}))
+budget_setup w8a8.log "${W8A8_BUDGET:-540}"
+QUICK=${W8A8_QUICK:-0}
 
-step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-budgeted parity 240 "$P" \
+budgeted_parity 240 "$P" \
   --gtest_filter='ParityGemmW8a8.*:ParityGemmFp8w.WgmmaFp8EdgeShapesGiveTheWgmmaBits:ParityGemmFp8w.ProbeRowIsBitwiseInvariantToItsBatch' \
   --gtest_output="json:$OUT/parity.json"
-parity_rc=$?
-# A parity step that ran out of time (a kernel that hangs) would hang every step after it.
-((parity_rc == 124 || parity_rc == 137)) && DEADLINE=$SECONDS
 sanitizers() {
   local tool extra
   for tool in "$@"; do
