@@ -113,6 +113,30 @@ __device__ __forceinline__ void store8(void* dst, uint32_t a, uint32_t b) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(a, b);
 }
 
+// ---- the cluster barrier (every thread of every CTA of the cluster, in the same order) ----
+
+// Its halves: arrive (relaxed: nothing to publish; release: this thread's writes, shared memory
+// included, are visible to whoever waits after it), then wait (plain, or acquire: the others'
+// released writes are visible here). The instructions are .aligned: a warp's lanes run them
+// together.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The whole barrier: release, then acquire.
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive_release();
+  cluster_wait_acquire();
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }

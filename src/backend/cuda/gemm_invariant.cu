@@ -67,9 +67,7 @@ __global__ void reduce_splits_kernel(TcParams p, int64_t total) {
   const int b = int(e / (int64_t(p.n) * p.m));
   float sum = p.partial[e];
   for (int s = 1; s < p.splits; ++s) sum = __fadd_rn(sum, p.partial[s * per_slice + e]);
-  float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
-  const float scaled = __fmul_rn(p.alpha, sum);
-  *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+  finish_element(p, p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col, sum);
 }
 
 // The default table. Per shape (n, k, batch): the split count (0: split_plan's formula) and the
@@ -425,12 +423,8 @@ cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
   t.vec_w = true;
   t.cluster = cluster_reduction(plan, 1, p.m, true, tuning);
   t.fused = !t.cluster && fused_reduction(plan, shape, tiles_m * tiles_n, tuning);
-  cudaError_t err = w8a8_launch(t, tile, stream);
-  if (err == cudaErrorNotSupported && t.cluster) {
-    t.cluster = false;  // the copy engine cannot take the operands: the same refusal again
-    t.fused = fused_reduction(plan, shape, tiles_m * tiles_n, tuning);
-    err = w8a8_launch(t, tile, stream);
-  }
+  // (Its one refusal, operands the copy engine cannot take, holds with either reduction.)
+  const cudaError_t err = w8a8_launch(t, tile, stream);
   if (err != cudaSuccess || plan.splits == 1 || t.fused || t.cluster) return err;
   const int64_t total = int64_t(p.m) * p.n;
   constexpr int kThreads = 256;

@@ -64,14 +64,19 @@ __device__ __forceinline__ void load_chunk(uint16_t* d, const uint16_t* s, bool 
   }
 }
 
+// The last step of every way an output element is made: *out = alpha * sum (or *out + alpha *
+// sum), sum being its one chain or its slices' sum.
+__device__ __forceinline__ void finish_element(const TcParams& p, float* out, float sum) {
+  const float scaled = __fmul_rn(p.alpha, sum);
+  *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+}
+
 // One element of the output (row < m, col < n) from its slice's chain: y = alpha * acc (or
 // y + alpha * acc) with one slice, else the chain goes to slice s's partial.
 __device__ __forceinline__ void store_chain(const TcParams& p, int b, int s, int row, int col,
                                             float acc) {
   if (p.splits == 1) {
-    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
-    const float scaled = __fmul_rn(p.alpha, acc);
-    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+    finish_element(p, p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col, acc);
   } else {
     p.partial[((int64_t(s) * p.batch + b) * p.m + row) * p.n + col] = acc;
   }
@@ -149,9 +154,7 @@ __device__ __forceinline__ void finish_split_tile(const TcParams& p, int b, int6
     const float* part = p.partial + (int64_t(b) * p.m + row) * p.n + col;
     float sum = __ldcg(part);
     for (int sl = 1; sl < p.splits; ++sl) sum = __fadd_rn(sum, __ldcg(part + sl * per_slice));
-    float* out = p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col;
-    const float scaled = __fmul_rn(p.alpha, sum);
-    *out = p.accumulate ? __fadd_rn(*out, scaled) : scaled;
+    finish_element(p, p.y + int64_t(b) * p.bs_y + int64_t(row) * p.ld_y + col, sum);
   }
 }
 

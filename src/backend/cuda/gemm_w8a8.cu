@@ -191,30 +191,25 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // The store (D fragment: feature 16 warp + g (+ 8), x row 8 j + 2 q (+ 1)), then the fused
   // split reduction among the consumers (named barrier 1: the producer warpgroup has left).
+  // f(r, c, value) per chain: r its x row among the CTA's, c its feature among the CTA's.
   const int warp = t / 32, g = (t % 32) / 4;
-  if (p.cluster) {  // the cluster reduction (gemm_wgmma.cuh), the tile over the freed stages
-    using T = ClusterTile<C::kRows, C::kCols>;
-    static_assert(T::kBytes <= size_t(C::kStages) * C::kStageBytes, "the tile fits the stages");
-    constexpr int kThreads = 128 * C::kConsumers;
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // every wgmma has read
-    float* tile = reinterpret_cast<float*>(smem);
+  auto each = [&](auto&& f) {
 #pragma unroll
     for (int i = 0; i < Acc::kRegs; ++i) {
       const int j = i / 4, e = i % 4;
-      tile[(8 * j + 2 * q + e % 2) * T::kPitch + 64 * cta.wg + 16 * warp + g + 8 * (e / 2)] =
-          a.acc[i];
+      f(8 * j + 2 * q + e % 2, 64 * cta.wg + 16 * warp + g + 8 * (e / 2), a.acc[i]);
     }
-    reduce_cluster_tile<C::kRows, C::kCols, kThreads>(p, cta.row0, cta.col0, tile,
-                                                      int(threadIdx.x) % kThreads);
+  };
+  if (p.cluster) {  // the cluster reduction (gemm_wgmma.cuh), the tile over the freed stages
+    reduce_chains_in_cluster<C>(p, cta.row0, cta.col0, smem, [&](float* tile, int pitch) {
+      each([&](int r, int c, float v) { tile[r * pitch + c] = v; });
+    });
     return;
   }
-#pragma unroll
-  for (int i = 0; i < Acc::kRegs; ++i) {
-    const int j = i / 4, e = i % 4;
-    const int col = col_wg + 16 * warp + g + 8 * (e / 2);
-    const int row = cta.row0 + 8 * j + 2 * q + e % 2;
-    if (row < p.m && col < p.n) store_chain(p, cta.b, cta.s, row, col, a.acc[i]);
-  }
+  each([&](int r, int c, float v) {
+    const int row = cta.row0 + r, col = cta.col0 + c;
+    if (row < p.m && col < p.n) store_chain(p, cta.b, cta.s, row, col, v);
+  });
   if (p.splits == 1 || !p.fused) return;
   finish_wgmma_tile<128 * C::kConsumers, 1>(p, cta.b, cta.row0, C::kRows, cta.col0, C::kCols);
 }

@@ -9,6 +9,7 @@
 
 #include <atomic>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/pdl.h"
@@ -33,16 +34,14 @@ bool encode_x_map(CUtensorMap* map, const TcParams& p) {
                                     p.bs_x, kWgmmaStageK, C::kRows);
 }
 
-// launch_kernel with the grid's blocks grouped in clusters of `cluster` (the attribute of
-// cudaLaunchAttributeClusterDimension; a cluster past the portable 8 blocks is not asked for).
+// launch_kernel with the grid's blocks grouped in clusters of `cluster` (cluster_dimension; a
+// cluster past the portable 8 blocks is not asked for).
 template <typename... Expected, typename... Actual>
 cudaError_t launch_kernel_in_clusters(void (*kernel)(Expected...), dim3 grid, dim3 block,
                                       size_t smem, dim3 cluster, cudaStream_t stream,
                                       Actual&&... args) {
   cudaLaunchConfig_t config = kernel_config(grid, block, smem, stream);
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  cudaLaunchAttribute attrs[2] = {cluster_dimension(cluster.x, cluster.y, cluster.z), {}};
   config.attrs = attrs;
   config.numAttrs = 1;
   add_pdl_attribute(config, attrs);
@@ -83,17 +82,11 @@ struct ClusterTile {
   static constexpr size_t kBytes = size_t(kRows) * kPitch * sizeof(float);
 };
 
-// The whole-cluster barrier, every thread of every CTA (release, then acquire).
-__device__ __forceinline__ void gemm_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // The threads that do not reduce (the producer warpgroup): the two barriers of the reduction.
 __device__ __forceinline__ void cluster_tile_bystander() {
   __syncwarp();  // the barrier is .aligned: the warp's lanes arrive together
-  gemm_cluster_sync();
-  gemm_cluster_sync();
+  cluster_sync();
+  cluster_sync();
 }
 
 // The reduction by the kThreads consumer threads (tid < kThreads), their chains already in
@@ -107,8 +100,7 @@ __device__ __forceinline__ void reduce_cluster_tile(const TcParams& p, int row0,
   constexpr int kRowQuads = kCols / 4, kQuads = kRows * kRowQuads;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), splits = p.splits;
-  const bool vec = (p.ld_y & 3) == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
-  gemm_cluster_sync();  // every CTA's chains are in its tile
+  cluster_sync();  // every CTA's chains are in its tile
   for (int u = rank + splits * tid; u < kQuads; u += splits * kThreads) {
     const int r = u / kRowQuads, c = 4 * (u % kRowQuads);
     const int row = row0 + r, col = col0 + c;
@@ -131,30 +123,26 @@ __device__ __forceinline__ void reduce_cluster_tile(const TcParams& p, int row0,
     }
     float* out = p.y + int64_t(row) * p.ld_y + col;
     const float e[4] = {sum.x, sum.y, sum.z, sum.w};
-    float o[4];
-    const bool whole = vec && col + 4 <= p.n;
-    float prev[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (p.accumulate) {
-      if (whole) {
-        const float4 pv = *reinterpret_cast<const float4*>(out);
-        prev[0] = pv.x, prev[1] = pv.y, prev[2] = pv.z, prev[3] = pv.w;
-      } else {
-        for (int i = 0; i < 4 && col + i < p.n; ++i) prev[i] = out[i];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float scaled = __fmul_rn(p.alpha, e[i]);
-      o[i] = p.accumulate ? __fadd_rn(prev[i], scaled) : scaled;
-    }
-    if (whole) {
-      *reinterpret_cast<float4*>(out) = make_float4(o[0], o[1], o[2], o[3]);
-    } else {
-      for (int i = 0; i < 4 && col + i < p.n; ++i) out[i] = o[i];
-    }
+    for (int i = 0; i < 4 && col + i < p.n; ++i) finish_element(p, out + i, e[i]);
   }
   __syncwarp();
-  gemm_cluster_sync();  // every CTA has read this one's tile
+  cluster_sync();  // every CTA has read this one's tile
+}
+
+// The consumers' side of the cluster reduction, for a kernel of tile configuration C: once every
+// consumer's wgmma has read its stages (named barrier 1 among the 128 * C::kConsumers consumer
+// threads, the first of the CTA; the producer's copies had all landed), put(tile, pitch) writes
+// this thread's chains into the cluster tile laid over the stages at `stages`, then the reduction.
+template <class C, class Put>
+__device__ __forceinline__ void reduce_chains_in_cluster(const TcParams& p, int row0, int col0,
+                                                         void* stages, Put&& put) {
+  using T = ClusterTile<C::kRows, C::kCols>;
+  static_assert(T::kBytes <= size_t(C::kStages) * C::kStageBytes, "the tile fits the stages");
+  constexpr int kThreads = 128 * C::kConsumers;
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  float* tile = static_cast<float*>(stages);
+  put(tile, T::kPitch);
+  reduce_cluster_tile<C::kRows, C::kCols, kThreads>(p, row0, col0, tile, int(threadIdx.x));
 }
 
 // The shared-memory opt-in of a kernel instance, once per device (force: again).
@@ -333,15 +321,8 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
   wgmma_wait<0>();
   chains.fence();
   if (p.cluster) {
-    using T = ClusterTile<C::kRows, C::kCols>;
-    static_assert(T::kBytes <= size_t(C::kStages) * C::kStageBytes, "the tile fits the stages");
-    constexpr int kThreads = 128 * C::kConsumers;
-    // Every consumer's wgmma has read its stages (the producer's copies all landed before).
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-    float* tile = static_cast<float*>(__cvta_shared_to_generic(size_t(smem_base)));
-    chains.put(tile, T::kPitch, wg * 64);
-    reduce_cluster_tile<C::kRows, C::kCols, kThreads>(p, row0, col0, tile,
-                                                      int(threadIdx.x) % kThreads);
+    reduce_chains_in_cluster<C>(p, row0, col0, __cvta_shared_to_generic(size_t(smem_base)),
+                                [&](float* tile, int pitch) { chains.put(tile, pitch, wg * 64); });
     return;
   }
   chains.store(p, b, s, row0, col0 + wg * 64);

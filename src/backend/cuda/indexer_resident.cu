@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/indexer_common.cuh"
 #include "backend/cuda/pdl.h"
 
@@ -123,13 +124,6 @@ __device__ __forceinline__ void resident_query(const uint8_t* natural, int strid
       }
     }
   }
-}
-
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
 // kMT: the m-tiles of 16 heads, (heads + 15) / 16. Launched in clusters of 1, 2 or 4 blocks along

@@ -27,13 +27,13 @@ inline int device_sm_count() {
   return sms;
 }
 
-// The launch attribute that groups a grid's blocks in clusters of x along its x dimension.
-inline cudaLaunchAttribute cluster_dimension(unsigned x) {
+// The launch attribute that groups a grid's blocks in clusters of x by y by z.
+inline cudaLaunchAttribute cluster_dimension(unsigned x, unsigned y = 1, unsigned z = 1) {
   cudaLaunchAttribute a;
   a.id = cudaLaunchAttributeClusterDimension;
   a.val.clusterDim.x = x;
-  a.val.clusterDim.y = 1;
-  a.val.clusterDim.z = 1;
+  a.val.clusterDim.y = y;
+  a.val.clusterDim.z = z;
   return a;
 }
 

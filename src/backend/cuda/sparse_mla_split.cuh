@@ -14,23 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/sparse_mla_load.cuh"
 #include "backend/cuda/wgmma.cuh"
 #include "dsa/ops.h"
 
 namespace dsa::cuda::sparse_mla_detail {
-
-// Halves of the cluster barrier (every thread of every CTA of the cluster, in the same order).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 
 // q of the cluster's kHeads heads, rounded to bf16, into q_at (head, dim) of every CTA of the
 // cluster (heads head0 .. head0 + heads - 1; the rows past them are zero): CTA `split` reads
