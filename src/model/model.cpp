@@ -337,6 +337,10 @@ RopeStyle indexer_rope_style(const ModelConfig& c) {
   return c.indexer_rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
 }
 float indexer_hadamard_scale() { return float(1.0 / std::sqrt(double(kIndexHeadDim))); }
+// The head weights' scale, index_n_heads^-1/2 * index_head_dim^-1/2.
+float indexer_weights_scale(const ModelConfig& c) {
+  return float(1.0 / std::sqrt(double(c.index_n_heads) * kIndexHeadDim));
+}
 }  // namespace
 
 void Model::indexer_key_and_weights(int l, const StepView& step, KvCache& cache,
@@ -367,9 +371,8 @@ void Model::indexer_key_and_weights(int l, const StepView& step, KvCache& cache,
   // w = W_iw x * index_n_heads^-1/2 * index_head_dim^-1/2: W_iw x is x_proj's last part (bf16
   // weights; the scale is applied by indexer_logits), or its own GEMM with the scale as alpha.
   if (!index_weights_in_x_proj_) {
-    const float w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
     linear(be, x_.data(), hidden, L.weights_proj, IH, hidden, wi_.data(), IH, R, kOverwrite,
-           w_scale, x_bf16_.data());
+           indexer_weights_scale(c), x_bf16_.data());
   }
 }
 
@@ -401,7 +404,7 @@ void Model::indexer_select(int l, const StepView& step, KvCache& cache) {
   if (index_weights_in_x_proj_) {
     lp.w = xp_.data() + c.q_lora_rank + kIndexHeadDim + kLatentDim;
     lp.ld_w = xp_ld;
-    lp.w_scale = float(1.0 / std::sqrt(double(IH) * kIndexHeadDim));
+    lp.w_scale = indexer_weights_scale(c);
   } else {  // indexer_key_and_weights' GEMM, scaled there
     lp.w = wi_.data();
     lp.ld_w = IH;

@@ -269,7 +269,7 @@ class CudaBackend final : public Backend {
   void set_lane(Lane lane) override {
     Backend::set_lane(lane);
     lane_ = lane;
-    stream_ = lane == Lane::kSide && lanes_ ? side_stream() : main_;
+    stream_ = lanes_ ? lane_stream(lane) : main_;
   }
   void lane_wait(Lane waiter, Lane waited) override {
     Backend::lane_wait(waiter, waited);
