@@ -1,7 +1,8 @@
 // Attention benches: the DSA decode hot path at serving shapes.
 //   indexer_logits/{fp8,bf16}/B=64/L=32768 and B=1/L=131072   64 heads x 128; floor: key + scale
 //       + page-table bytes; fp8 also .../given (DSA_CUDA_INDEXER_Q=given: the query's encoding
-//       handed to the kernel, as indexer_query writes it, instead of encoded by every block)
+//       handed to the kernel, as indexer_query writes it, instead of encoded by every block), and
+//       fp8 .../ring=9|17 after either (DSA_CUDA_INDEXER_RING: the kernel's deeper rings)
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
@@ -168,41 +169,47 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
     be.copy_to_device(q_scale.data(), scale_host.data(), q_scale.bytes());
     p.q_fp8 = q8.data(), p.q_fp8_scale = q_scale.data(), p.ld_q_fp8 = kHeads * kIndexHeadDim;
   }
-  const bool given_row = dtype == KvDtype::kFp8 && variant == nullptr;
+  const bool fp8_rows = dtype == KvDtype::kFp8 && variant == nullptr;
   for (const char* query : {"", "given"}) {
-    if (*query && !given_row) break;
-    int64_t call = 0;
-    double us = 0, graph_us = 0;
-    with_env(*query ? "DSA_CUDA_INDEXER_Q" : nullptr, query, [&] {
-      with_env(variant ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, variant, [&] {
-        auto one = [&] {
-          p.page_table = table.data() + (call++ % sets) * set_pages;
-          be.indexer_logits(p);
-        };
-        us = ctx.time_us(one, kRows == 1 ? 100 : 20);
-        graph_us = ctx.time_graph_us(one, kRows == 1 ? 100 : 20);
+    if (*query && !fp8_rows) break;
+    for (const char* ring : {"", "9", "17"}) {
+      if (*ring && !fp8_rows) break;
+      int64_t call = 0;
+      double us = 0, graph_us = 0;
+      with_env(*query ? "DSA_CUDA_INDEXER_Q" : nullptr, query, [&] {
+        with_env(*ring ? "DSA_CUDA_INDEXER_RING" : nullptr, ring, [&] {
+          with_env(variant ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, variant, [&] {
+            auto one = [&] {
+              p.page_table = table.data() + (call++ % sets) * set_pages;
+              be.indexer_logits(p);
+            };
+            us = ctx.time_us(one, kRows == 1 ? 100 : 20);
+            graph_us = ctx.time_graph_us(one, kRows == 1 ? 100 : 20);
+          });
+        });
       });
-    });
 
-    BenchResult r;
-    r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
-             std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
-             "/L=" + std::to_string(kLen) + (*query ? "/" + std::string(query) : "");
-    r.us = us;
-    r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
-    r.floor_us = ctx.hbm_floor_us(r.bytes);
-    r.floor_kind = "hbm";
-    const double gbs = r.bytes / (us * 1e3);
-    r.extra = {{"gbs_read", gbs},
-               {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs},
-               {"heads", kHeads},
-               {"rotation_sets", sets},
-               {"graph_us", graph_us},
-               {"graph_pct_of_copy", 100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs}};
-    std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s; in a graph %.2f us = %.0f%%\n", gbs,
-                100.0 * gbs / ctx.copy_gbs, ctx.copy_gbs, graph_us,
-                100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs);
-    ctx.add(std::move(r));
+      BenchResult r;
+      r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
+               std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
+               "/L=" + std::to_string(kLen) + (*query ? "/" + std::string(query) : "") +
+               (*ring ? "/ring=" + std::string(ring) : "");
+      r.us = us;
+      r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
+      r.floor_us = ctx.hbm_floor_us(r.bytes);
+      r.floor_kind = "hbm";
+      const double gbs = r.bytes / (us * 1e3);
+      r.extra = {{"gbs_read", gbs},
+                 {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs},
+                 {"heads", kHeads},
+                 {"rotation_sets", sets},
+                 {"graph_us", graph_us},
+                 {"graph_pct_of_copy", 100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs}};
+      std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s; in a graph %.2f us = %.0f%%\n",
+                  gbs, 100.0 * gbs / ctx.copy_gbs, ctx.copy_gbs, graph_us,
+                  100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs);
+      ctx.add(std::move(r));
+    }
   }
 }
 

@@ -661,6 +661,68 @@ TEST_F(ParityAttention, IndexerLogitsGivenQueryIsBitwiseTheEncodedOne) {
   }
 }
 
+// The fp8 cache's kernel (wgmma-e4m3) with each depth of its ring of copies
+// (DSA_CUDA_INDEXER_RING: 9 stages at two blocks per SM, 17 at one, their blocks sized to fill
+// the GPU once, or the forced block size) gives the 6-stage ring's bits and error count: a long
+// single row (more tiles per block than the ring holds), a batch with padded rows, bad page ids
+// and a partial last tile, 64 and 4 heads, exact and ue8m0 key scales, the encoded and the given
+// query; and the CPU's logits.
+TEST_F(ParityAttention, IndexerLogitsE4m3EveryRingIsBitwiseTheDefault) {
+  int cases = 0;
+  for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+    for (int heads : {64, 4}) {
+      for (int rows : {1, 7}) {
+        IndexerSpec spec{d.dtype, d.rounding, rows, heads, rows == 1 ? 40000 : 9000, true, true};
+        spec.given_query = true;
+        IndexerCase c(spec);
+        Workspace ws(cpu(), cuda());
+        testing::Rng rng(850 + cases++);
+        c.init(ws, rng);
+        for (const char* query : {"encode", "given"}) {
+          ScopedEnv q("DSA_CUDA_INDEXER_Q", query);
+          for (const char* tokens : {"", "512", "2048"}) {
+            ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+            const Outputs six = variant_outputs(c, ws, "wgmma-e4m3");
+            for (const char* ring : {"9", "17"}) {
+              ScopedEnv depth("DSA_CUDA_INDEXER_RING", ring);
+              EXPECT_TRUE(same_outputs(variant_outputs(c, ws, "wgmma-e4m3"), six))
+                  << c.vars() << ", query " << query << ", tokens '" << tokens << "', ring " << ring
+                  << " against 6";
+            }
+          }
+        }
+      }
+    }
+    for (const char* ring : {"9", "17"}) {
+      ScopedEnv variant("DSA_CUDA_INDEXER_VARIANT", "wgmma-e4m3");
+      ScopedEnv depth("DSA_CUDA_INDEXER_RING", ring);
+      IndexerCase c({d.dtype, d.rounding, 5, 64, 3000, true, true});
+      EXPECT_TRUE(check_parity(c, cpu(), cuda(), 880 + cases++)) << c.vars() << ", ring " << ring;
+      IndexerCase one({d.dtype, d.rounding, 1, 64, 40000, false});
+      EXPECT_TRUE(check_parity(one, cpu(), cuda(), 880 + cases++)) << c.vars() << ", ring " << ring;
+    }
+  }
+}
+
+// The deeper rings on a small case family for compute-sanitizer (scripts/gpu-ring.sh): padded
+// rows, bad page ids, exact and ue8m0 scales, the one-wave block size and a forced one of two
+// tiles, against the CPU.
+TEST_F(ParityAttention, IndexerLogitsE4m3RingsCompact) {
+  int cases = 0;
+  ScopedEnv variant("DSA_CUDA_INDEXER_VARIANT", "wgmma-e4m3");
+  for (const char* ring : {"9", "17"}) {
+    ScopedEnv depth("DSA_CUDA_INDEXER_RING", ring);
+    for (const char* tokens : {"", "128"}) {
+      ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+      for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
+        IndexerCase c({d.dtype, d.rounding, 4, 64, 1500, true, true});
+        EXPECT_TRUE(check_parity(c, cpu(), cuda(), 900 + cases++))
+            << c.vars() << ", ring " << ring << ", tokens '" << tokens << "'";
+      }
+    }
+  }
+}
+
 // The wgmma variant's token arithmetic does not depend on the instruction's N (the tile width):
 // fp8 tiles of 128 and of 64 tokens give the same bits, at the default and a forced block size.
 TEST_F(ParityAttention, IndexerLogitsWgmmaTileWidthsAgreeBitwise) {

@@ -46,6 +46,11 @@ const std::vector<EnvKnob>& env_knobs() {
        {"128", "256", "512", "1024", "2048", "4096", "8192"},
        "the indexer's tokens per block (default: from the batch; the same bits; the legacy and "
        "resident variants ignore 128 and 256)"},
+      {"DSA_CUDA_INDEXER_RING",
+       {"6", "9", "17"},
+       "the fp8 indexer kernel's (wgmma-e4m3) ring of copies per block (default: 6 stages, three "
+       "blocks per SM; 9: two per SM, 17: one, each with blocks sized to fill the GPU once "
+       "unless DSA_CUDA_INDEXER_BLOCK_TOKENS is set; the same bits)"},
       {"DSA_CUDA_INDEXER_CLUSTER",
        {"1", "2", "4"},
        "the resident indexer's blocks per cluster (default: from the block size)"},

@@ -23,6 +23,8 @@
 //   descriptor, then the scales), the tile's two scales per thread go to registers before the stage
 //   is reused. Shared memory: query 8 KiB + 6 stages of 9 KiB + weights and page ids + 1 KiB of
 //   alignment = 63.75 KiB: three blocks per SM, 3 x 5 pages = 124 KiB of copies in flight per SM.
+//   The deeper rings (E4m3Tile, DSA_CUDA_INDEXER_RING): 9 stages at two blocks per SM (90.75 KiB)
+//   and 17 at one (162.75 KiB), their blocks sized to fill the GPU once.
 //   157 registers (165 before the given-query path), no spills (four blocks per SM would cap them
 //   at 128: it spills). Napkin per
 //   token per SM: HBM 7.7 clk at B = 64; shared memory 128 B written (cp.async) and 256 B read by
@@ -30,8 +32,13 @@
 //   clk (m64n64k32 e4m3 at 4096 FMA/clk: 32 clk, four per 64 tokens); issue ~1.5 clk (the
 //   epilogue). B = 64, L = 32K: HBM-bound, ~70 us expected; B = 1, L = 128K: the blocks' start
 //   (query, page ids) then ~2 tiles of HBM latency each.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/env_knobs.h"
 #include "backend/cuda/indexer_wgmma.cuh"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/pdl.h"
 
 namespace dsa::cuda::indexer_detail {
@@ -41,12 +48,17 @@ namespace {
 // ring (a stage: 64 token rows of 128 bytes, chunk c of row r at 16-byte position c ^ (r % 8),
 // then the page's 64 scales, then padding to keep the next stage 1024-aligned), the weights, the
 // block's page ids. issue_tile<E4m3Tile, true> fills a stage.
+// The ring's depth (kStages, kBlocksPerSm), e4m3_ring below: 6 stages and three blocks per SM
+// (five pages in flight per block); 9 and two (a 512-token block's eight pages all queued by its
+// opening); 17 and one (sixteen). Nothing but the timing of the copies differs: each tile's
+// wgmma and epilogue are the same instructions in the same order, so the same bits.
+template <int kStagesT, int kBlocksPerSmT>
 struct E4m3Tile {
   static constexpr bool kFp8 = true;
   static constexpr int kPages = 1;
   static constexpr int kN = kPageSize;  // tokens per tile: the wgmma M
-  static constexpr int kStages = 6;     // 5 pages in flight while one is multiplied
-  static constexpr int kBlocksPerSm = 3;
+  static constexpr int kStages = kStagesT;
+  static constexpr int kBlocksPerSm = kBlocksPerSmT;
   static constexpr int kRawKeyBytes = kN * kIndexHeadDim;  // the scales' offset in a stage
   static constexpr int kStageBytes = kRawKeyBytes + kSwizzleAtomBytes;
   static constexpr int kQueryOff = 0;
@@ -60,11 +72,14 @@ struct E4m3Tile {
   static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kBlocksPerSm CTAs per SM");
   static_assert(kMinBlockTokens % kN == 0, "blocks are whole tiles");
 };
+using E4m3Ring6 = E4m3Tile<6, 3>;
+using E4m3Ring9 = E4m3Tile<9, 2>;
+using E4m3Ring17 = E4m3Tile<17, 1>;
 
-__global__ void __launch_bounds__(kWgThreads, E4m3Tile::kBlocksPerSm)
+template <class T>
+__global__ void __launch_bounds__(kWgThreads, T::kBlocksPerSm)
     indexer_logits_wgmma_e4m3(IndexerLogitsParams p, int block_tokens) {
   pdl_enter();
-  using T = E4m3Tile;
   constexpr int kStages = T::kStages;
   const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -154,14 +169,52 @@ bool reads_given_query(const IndexerLogitsParams& p) {
          reinterpret_cast<uintptr_t>(p.q_fp8) % 4 == 0;
 }
 
+// The ring's depth for a launch of `blocks` blocks (every row's): DSA_CUDA_INDEXER_RING forced
+// (6, 9 or 17 stages; read at every call), else 6. Deeper rings hold fewer blocks per SM; they
+// are for launches that fill the GPU once (a long single row), where a block's later copies would
+// otherwise wait for its first tiles to be multiplied.
+int e4m3_ring(int64_t /*blocks*/) {
+  const char* v = std::getenv("DSA_CUDA_INDEXER_RING");
+  if (v != nullptr && (std::strcmp(v, "9") == 0 || std::strcmp(v, "17") == 0)) return std::atoi(v);
+  return 6;
+}
+
+// Tokens per block for a ring of `per_sm` blocks per SM, where the caller's size was the batch's
+// choice (not DSA_CUDA_INDEXER_BLOCK_TOKENS): the fewest whole tiles (at least two) that put
+// every row's blocks into one wave of per_sm blocks per SM, at most kMaxBlockTokens.
+int one_wave_block_tokens(const IndexerLogitsParams& p, int per_sm) {
+  const int64_t slots = int64_t(per_sm) * std::max(device_sm_count(), 1);
+  const int64_t row_tiles = (p.ld_logits + kPageSize - 1) / kPageSize;
+  int64_t tiles = std::max<int64_t>(2, (int64_t(p.rows) * row_tiles + slots - 1) / slots);
+  while (tiles * kPageSize < kMaxBlockTokens &&
+         int64_t(p.rows) * ((row_tiles + tiles - 1) / tiles) > slots) {
+    ++tiles;
+  }
+  return int(std::min<int64_t>(tiles * kPageSize, kMaxBlockTokens));
+}
+
+template <class T>
+cudaError_t launch_ring(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  return launch_blocks(&indexer_logits_wgmma_e4m3<T>, T::kSmemBytes, opted, p, block_tokens,
+                       stream);
+}
+
 }  // namespace
 
 cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
-  static std::atomic<uint64_t> opted{0};
   IndexerLogitsParams launched = p;
   if (!reads_given_query(p)) launched.q_fp8 = nullptr, launched.q_fp8_scale = nullptr;
-  return launch_blocks(&indexer_logits_wgmma_e4m3, E4m3Tile::kSmemBytes, opted, launched,
-                       block_tokens, stream);
+  const int64_t blocks = int64_t(p.rows) * ((p.ld_logits + block_tokens - 1) / block_tokens);
+  const int ring = e4m3_ring(blocks);
+  if (ring == 6) return launch_ring<E4m3Ring6>(launched, block_tokens, stream);
+  const bool forced = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS") != nullptr;
+  if (ring == 9) {
+    const int tokens = forced ? block_tokens : one_wave_block_tokens(p, E4m3Ring9::kBlocksPerSm);
+    return launch_ring<E4m3Ring9>(launched, tokens, stream);
+  }
+  const int tokens = forced ? block_tokens : one_wave_block_tokens(p, E4m3Ring17::kBlocksPerSm);
+  return launch_ring<E4m3Ring17>(launched, tokens, stream);
 }
 
 }  // namespace dsa::cuda::indexer_detail
