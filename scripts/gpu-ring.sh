@@ -7,7 +7,11 @@
 #      IndexerLogitsE4m3EveryRingIsBitwiseTheDefault; the CPU's logits at each ring);
 #   2. dsa_gpu_bench's indexer rows at B = 1 (L = 128K) and B = 64 (L = 32K), eager and in a
 #      graph: fp8 at each ring, with the encoded and the given query, and bf16;
-#   3. memcheck and racecheck over ParityAttention.IndexerLogitsE4m3RingsCompact.
+#   3. memcheck and racecheck over ParityAttention.IndexerLogitsE4m3RingsCompact;
+#   4. the indexer's block size at short rows (the default halves blocks below 512 tokens while
+#      they fit on the SMs one each) against the former floor (DSA_CUDA_INDEXER_BLOCK_TOKENS=512),
+#      alternating, two rounds: the tiny preset's step (context 1000, graph and eager) and the
+#      V3.2 layer's (context 4096, w8a8, bf16 and fp8 index-K) at B = 1 and 8.
 # Files in $OUT: summary.md, ring.log, ring-json.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +26,21 @@ for tool in memcheck racecheck; do
   budgeted "sanitizer-$tool" 60 "$SAN" --tool "$tool" --error-exitcode 17 --print-limit 30 \
     $([[ $tool == racecheck ]] && echo --racecheck-report all) "$P" \
     --gtest_filter='ParityAttention.IndexerLogitsE4m3RingsCompact' --gtest_brief=1
+done
+
+V32=(bench-decode --backend cuda --preset v32 --layers 1 --context 4096 --iters 10
+     --gemm invariant --weights w8a8 --batches 1 8)
+for round in 1 2; do
+  for blocks in auto 512; do
+    knob=(); [[ $blocks == 512 ]] && knob=(DSA_CUDA_INDEXER_BLOCK_TOKENS=512)
+    budgeted "tiny-$blocks-$round" 40 env "${knob[@]}" "$DSA" bench-decode --backend cuda \
+      --preset tiny --layers 0 --batches 1 8 --context 1000 --iters 200 \
+      --json "$OUT/tiny-$blocks-$round.json"
+    for index_k in bf16 fp8; do
+      budgeted "decode-$index_k-$blocks-$round" 45 env "${knob[@]}" "$DSA" "${V32[@]}" \
+        --index-k "$index_k" --json "$OUT/decode-$index_k-$blocks-$round.json"
+    done
+  done
 done
 
 {
@@ -39,6 +58,12 @@ for r in d["results"]:
         print(f"| {r['name']} | {r['us']:.2f} | {e['graph_us']:.2f} | {e['graph_pct_of_copy']:.1f}% "
               f"| {r['floor_us']:.2f} |")
 PY
+  echo
+  echo "## Steps: the indexer's block size by the new rule (auto) or the former floor (512)"
+  echo
+  python3 bench/gpu/decode_table.py --eager --prefix tiny- "$OUT"
+  echo
+  python3 bench/gpu/decode_table.py "$OUT"
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
 pack_json ring-json.tar.gz

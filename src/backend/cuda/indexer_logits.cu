@@ -297,11 +297,15 @@ int block_tokens_for(const IndexerLogitsParams& p, Variant variant) {
   // bench/results/2026-12-04-h200-indexer-e4m3.md).
   const int per_sm = variant == Variant::kWgmmaE4m3 && p.pool.dtype == KvDtype::kFp8 ? 6 : 2;
   const int sms = device_sm_count();
+  auto blocks = [&](int tokens) { return int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens); };
   int tokens = kMaxBlockTokens;
-  while (tokens > kMinBlockTokens &&
-         int64_t(p.rows) * ((p.ld_logits + tokens - 1) / tokens) < per_sm * int64_t(sms)) {
-    tokens /= 2;
-  }
+  while (tokens > kMinBlockTokens && blocks(tokens) < per_sm * int64_t(sms)) tokens /= 2;
+  // Short rows at small batches: below 512 tokens a block's opening weighs more than its tiles
+  // (B = 1, L = 128K: 14.3 us at 512, 22.0 at 256, bench/results/2026-12-06-h100-hn2.md), but a
+  // launch of fewer blocks than SMs (B = 1, L = 4K: 9 blocks of eight tiles each, one after the
+  // other) leaves most of the GPU idle while each block walks its tiles. The wgmma variants go on
+  // halving, down to kMinWgmmaBlockTokens, while the blocks still fit on the SMs one each.
+  while (wgmma && tokens > kMinWgmmaBlockTokens && blocks(tokens / 2) <= int64_t(sms)) tokens /= 2;
   return tokens;
 }
 
