@@ -2,7 +2,9 @@
 //   indexer_logits/{fp8,bf16}/B=64/L=32768 and B=1/L=131072   64 heads x 128; floor: key + scale
 //       + page-table bytes; fp8 also .../given (DSA_CUDA_INDEXER_Q=given: the query's encoding
 //       handed to the kernel, as indexer_query writes it, instead of encoded by every block), and
-//       fp8 .../ring=9|17 after either (DSA_CUDA_INDEXER_RING: the kernel's deeper rings)
+//       fp8 .../ring=9|17 after either (DSA_CUDA_INDEXER_RING: the kernel's deeper rings);
+//       B=1|8/L=4096/ld=131072 (short rows in a long capacity) and .../contiguous
+//       (DSA_CUDA_INDEXER_TILES=contiguous)
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
@@ -121,22 +123,33 @@ void with_env(const char* name, const char* value, const std::function<void()>& 
 
 // variant: a forced kernel variant (DSA_CUDA_INDEXER_VARIANT), as row
 // indexer_logits_<variant>/...; null: the default, as row indexer_logits/...
+// ld: the rows' capacity (IndexerLogitsParams::ld_logits, the model's max context; 0: kLen), rows
+// of kLen tokens in it, as a server's short sessions sit in a long context's cache; the row's
+// name gains /ld=<ld> and, for the default kernel, /contiguous (DSA_CUDA_INDEXER_TILES) after
+// the interleaved default.
 void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
-                   const char* variant) {
+                   const char* variant, int64_t ld = 0) {
   constexpr int kHeads = 64;
   Backend& be = ctx.backend;
+  if (ld < kLen) ld = kLen;
   const int64_t page_bytes = index_k_page_bytes(dtype);
   // Sets of page tables over disjoint pages, rotated so that a set that fits in L2 is not read
-  // from it (B = 1: 17 MB of fp8 keys).
+  // from it (B = 1: 17 MB of fp8 keys). A row's table covers its capacity; the entries past its
+  // kLen tokens name page 0 and are never dereferenced.
   const int64_t pages_per_row = kLen / kPageSize, set_pages = kRows * pages_per_row;
+  const int64_t table_ld = (ld + kPageSize - 1) / kPageSize, set_entries = kRows * table_ld;
   const int sets = BenchContext::rotation_sets(double(set_pages) * page_bytes);
   const int64_t pages = sets * set_pages + 1;
   DeviceBuffer<uint8_t> pool(be, size_t(pages * page_bytes));
   be.fill(pool.data(), 0, pool.bytes());  // page 0 stays zero
   fill_pool_random(be, PoolView{pool.data(), dtype, ScaleRounding::kExact, pages},
                    PoolKind::kIndexK, gen());
-  DeviceBuffer<int32_t> table(be, size_t(sets * set_pages)), seq_lens(be, kRows);
-  std::vector<int32_t> tables = shuffled_pages(gen, sets * set_pages);
+  DeviceBuffer<int32_t> table(be, size_t(sets * set_entries)), seq_lens(be, kRows);
+  const std::vector<int32_t> shuffled = shuffled_pages(gen, sets * set_pages);
+  std::vector<int32_t> tables(size_t(sets * set_entries), 0);
+  for (int64_t r = 0; r < sets * kRows; ++r) {
+    std::copy_n(shuffled.begin() + r * pages_per_row, pages_per_row, tables.begin() + r * table_ld);
+  }
   be.copy_to_device(table.data(), tables.data(), table.bytes());
   const std::vector<int32_t> lens(kRows, kLen);
   be.copy_to_device(seq_lens.data(), lens.data(), seq_lens.bytes());
@@ -144,15 +157,15 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   const std::vector<float> q_host = normals(gen, size_t(kRows) * kHeads * kIndexHeadDim);
   be.copy_to_device(q.data(), q_host.data(), q.bytes());
   be.copy_to_device(w.data(), normals(gen, size_t(kRows) * kHeads, 0.1f).data(), w.bytes());
-  DeviceBuffer<float> logits(be, size_t(kRows) * kLen);
+  DeviceBuffer<float> logits(be, size_t(kRows) * ld);
 
   IndexerLogitsParams p;
   p.q = q.data(), p.w = w.data(), p.page_table = table.data(), p.seq_lens = seq_lens.data();
   p.logits = logits.data();
   p.pool = PoolView{pool.data(), dtype, ScaleRounding::kExact, pages};
   p.rows = kRows, p.heads = kHeads;
-  p.ld_q = kHeads * kIndexHeadDim, p.ld_w = kHeads, p.ld_page_table = pages_per_row;
-  p.ld_logits = kLen;
+  p.ld_q = kHeads * kIndexHeadDim, p.ld_w = kHeads, p.ld_page_table = table_ld;
+  p.ld_logits = ld;
   // fp8: the query's encoding too, as indexer_query writes it (the group encoder per head), which
   // the default kernel reads under DSA_CUDA_INDEXER_Q=given (the .../given row) and ignores else.
   DeviceBuffer<uint8_t> q8(be, dtype == KvDtype::kFp8 ? size_t(kRows) * kHeads * kIndexHeadDim : 1);
@@ -169,18 +182,33 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
     be.copy_to_device(q_scale.data(), scale_host.data(), q_scale.bytes());
     p.q_fp8 = q8.data(), p.q_fp8_scale = q_scale.data(), p.ld_q_fp8 = kHeads * kIndexHeadDim;
   }
-  const bool fp8_rows = dtype == KvDtype::kFp8 && variant == nullptr;
-  for (const char* query : {"", "given"}) {
-    if (*query && !fp8_rows) break;
-    for (const char* ring : {"", "9", "17"}) {
-      if (*ring && !fp8_rows) break;
-      int64_t call = 0;
-      double us = 0, graph_us = 0;
-      with_env(*query ? "DSA_CUDA_INDEXER_Q" : nullptr, query, [&] {
-        with_env(*ring ? "DSA_CUDA_INDEXER_RING" : nullptr, ring, [&] {
+  // The default kernel's other rows: fp8 with the given query and the deeper rings (full rows),
+  // and the contiguous tiles (rows shorter than their capacity).
+  const bool short_rows = ld > kLen;
+  const bool fp8_rows = dtype == KvDtype::kFp8 && variant == nullptr && !short_rows;
+  struct Knobs {
+    const char* query;
+    const char* ring;
+    const char* tiles;
+  };
+  std::vector<Knobs> knobs = {{"", "", ""}};
+  if (fp8_rows) {
+    for (const char* query : {"", "given"}) {
+      for (const char* ring : {"", "9", "17"}) {
+        if (*query || *ring) knobs.push_back({query, ring, ""});
+      }
+    }
+  }
+  if (short_rows && variant == nullptr) knobs.push_back({"", "", "contiguous"});
+  for (const Knobs& k : knobs) {
+    int64_t call = 0;
+    double us = 0, graph_us = 0;
+    with_env(*k.query ? "DSA_CUDA_INDEXER_Q" : nullptr, k.query, [&] {
+      with_env(*k.ring ? "DSA_CUDA_INDEXER_RING" : nullptr, k.ring, [&] {
+        with_env(*k.tiles ? "DSA_CUDA_INDEXER_TILES" : nullptr, k.tiles, [&] {
           with_env(variant ? "DSA_CUDA_INDEXER_VARIANT" : nullptr, variant, [&] {
             auto one = [&] {
-              p.page_table = table.data() + (call++ % sets) * set_pages;
+              p.page_table = table.data() + (call++ % sets) * set_entries;
               be.indexer_logits(p);
             };
             us = ctx.time_us(one, kRows == 1 ? 100 : 20);
@@ -188,28 +216,30 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
           });
         });
       });
+    });
 
-      BenchResult r;
-      r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
-               std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
-               "/L=" + std::to_string(kLen) + (*query ? "/" + std::string(query) : "") +
-               (*ring ? "/ring=" + std::string(ring) : "");
-      r.us = us;
-      r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
-      r.floor_us = ctx.hbm_floor_us(r.bytes);
-      r.floor_kind = "hbm";
-      const double gbs = r.bytes / (us * 1e3);
-      r.extra = {{"gbs_read", gbs},
-                 {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs},
-                 {"heads", kHeads},
-                 {"rotation_sets", sets},
-                 {"graph_us", graph_us},
-                 {"graph_pct_of_copy", 100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs}};
-      std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s; in a graph %.2f us = %.0f%%\n",
-                  gbs, 100.0 * gbs / ctx.copy_gbs, ctx.copy_gbs, graph_us,
-                  100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs);
-      ctx.add(std::move(r));
-    }
+    BenchResult r;
+    r.name = (variant ? "indexer_logits_" + std::string(variant) + "/" : "indexer_logits/") +
+             std::string(kv_dtype_name(dtype)) + "/B=" + std::to_string(kRows) +
+             "/L=" + std::to_string(kLen) + (short_rows ? "/ld=" + std::to_string(ld) : "") +
+             (*k.query ? "/" + std::string(k.query) : "") +
+             (*k.ring ? "/ring=" + std::string(k.ring) : "") +
+             (*k.tiles ? "/" + std::string(k.tiles) : "");
+    r.us = us;
+    r.bytes = double(kRows) * kLen * double(page_bytes / kPageSize) + double(set_pages) * 4;
+    r.floor_us = std::max(ctx.hbm_floor_us(r.bytes), ctx.empty_launch_us);
+    r.floor_kind = ctx.hbm_floor_us(r.bytes) > ctx.empty_launch_us ? "hbm" : "launch";
+    const double gbs = r.bytes / (us * 1e3);
+    r.extra = {{"gbs_read", gbs},
+               {"pct_of_copy", 100.0 * gbs / ctx.copy_gbs},
+               {"heads", kHeads},
+               {"rotation_sets", sets},
+               {"graph_us", graph_us},
+               {"graph_pct_of_copy", 100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs}};
+    std::printf("    %.0f GB/s read = %.0f%% of copy %.0f GB/s; in a graph %.2f us = %.0f%%\n", gbs,
+                100.0 * gbs / ctx.copy_gbs, ctx.copy_gbs, graph_us,
+                100.0 * r.bytes / (graph_us * 1e3) / ctx.copy_gbs);
+    ctx.add(std::move(r));
   }
 }
 
@@ -551,6 +581,9 @@ void run_attention_benches(BenchContext& ctx) {
         bench_indexer(ctx, dtype, rows, len, gen, nullptr);
         for (const std::string& v : variants) bench_indexer(ctx, dtype, rows, len, gen, v.c_str());
       }
+      // A server's short sessions in a long context's cache: rows of 4096 tokens in a capacity of
+      // 128K (the grid follows the capacity), interleaved tiles against contiguous ones.
+      for (int rows : {1, 8}) bench_indexer(ctx, dtype, rows, 4096, gen, nullptr, 131072);
     }
   }
   if (wanted("topk")) {

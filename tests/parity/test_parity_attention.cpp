@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -658,6 +659,35 @@ TEST_F(ParityAttention, IndexerLogitsGivenQueryIsBitwiseTheEncodedOne) {
     ScopedEnv variant("DSA_CUDA_INDEXER_VARIANT", "wgmma-e4m3");
     ScopedEnv given("DSA_CUDA_INDEXER_Q", "given");
     EXPECT_TRUE(check_parity(c, cpu(), cuda(), 820 + cases++)) << c.vars();
+  }
+}
+
+// The wgmma kernels' blocks take a row's tiles in turn (DSA_CUDA_INDEXER_TILES=interleaved, the
+// default: block x of G takes tiles x, x + G, ...) or each a contiguous span; every tile runs the
+// same instructions, so both give the same bits and error count, at the default and forced
+// block sizes, on rows far shorter than their capacity (ld_logits), padded rows, bad page ids and
+// partial tiles included; and the CPU's logits with contiguous tiles.
+TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
+  int cases = 0;
+  for (const char* variant : {"wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"}) {
+    for (const auto& d : kIndexDtypes) {
+      if (d.dtype == KvDtype::kBf16 && std::strcmp(variant, "wgmma") != 0) continue;
+      IndexerCase c({d.dtype, d.rounding, 6, 64, 30000, true, /*bad_pages=*/true});
+      Workspace ws(cpu(), cuda());
+      testing::Rng rng(950 + cases++);
+      c.init(ws, rng);
+      for (const char* tokens : {"", "128", "512", "4096"}) {
+        ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
+        const Outputs interleaved = variant_outputs(c, ws, variant);
+        ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "contiguous");
+        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), interleaved))
+            << variant << ", " << c.vars() << ", tokens '" << tokens << "'";
+      }
+    }
+    ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
+    ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "contiguous");
+    IndexerCase c({KvDtype::kFp8, ScaleRounding::kExact, 7, 16, 2500, true, true});
+    EXPECT_TRUE(check_parity(c, cpu(), cuda(), 970 + cases++)) << variant;
   }
 }
 

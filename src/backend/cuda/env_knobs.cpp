@@ -46,6 +46,11 @@ const std::vector<EnvKnob>& env_knobs() {
        {"128", "256", "512", "1024", "2048", "4096", "8192"},
        "the indexer's tokens per block (default: from the batch; the same bits; the legacy and "
        "resident variants ignore 128 and 256)"},
+      {"DSA_CUDA_INDEXER_TILES",
+       {"interleaved", "contiguous"},
+       "how the wgmma indexer kernels' blocks share a row's tiles (default: interleaved, block x "
+       "of G takes tiles x, x + G, ..., so a row shorter than the cache's capacity still spreads "
+       "over every block; contiguous: each block a span of its row; the same bits)"},
       {"DSA_CUDA_INDEXER_RING",
        {"6", "9", "17"},
        "the fp8 indexer kernel's (wgmma-e4m3) ring of copies per block (default: 6 stages, three "
@@ -90,6 +95,11 @@ bool lanes_enabled() {
 bool indexer_reads_given_query() {
   const char* v = std::getenv("DSA_CUDA_INDEXER_Q");
   return v != nullptr && std::strcmp(v, "given") == 0;
+}
+
+bool indexer_interleaves_tiles() {
+  const char* v = std::getenv("DSA_CUDA_INDEXER_TILES");
+  return v == nullptr || std::strcmp(v, "contiguous") != 0;
 }
 
 std::string env_knobs_set() {

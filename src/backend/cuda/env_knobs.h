@@ -34,6 +34,11 @@ bool lanes_enabled();
 // DSA_CUDA_INDEXER_Q=given: the fp8 indexer kernel reads the query's encoding indexer_query wrote.
 bool indexer_reads_given_query();
 
+// DSA_CUDA_INDEXER_TILES (unset or interleaved: true; contiguous: false): whether the wgmma
+// indexer kernels' blocks take a row's tiles in turn (block x of G: tiles x, x + G, ...) or each a
+// contiguous span. Read at every call.
+bool indexer_interleaves_tiles();
+
 // The knobs this process has set (non-empty), attention's then the GEMM's, in list order:
 // "DSA_CUDA_PDL=on, DSA_CUDA_SPARSE_MLA_MAX_SPLITS=1"; empty when none is. A CUDA backend's
 // describe() carries it, so every report that names the backend says which kernels it ran.

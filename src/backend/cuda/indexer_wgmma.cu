@@ -21,11 +21,14 @@
 //   wait for tile i's copies, (bf16: fence.proxy.async,) barrier; queue tile i + kStages - 1 into
 //   the stage tile i - 1 left; (fp8: widen into the f16 tile, fence.proxy.async, barrier;)
 //   wgmma.fence, 8 wgmma (k16 blocks ascending), commit, wait 0; the epilogue.
-// Grid: blocks of block_tokens tokens along each row (indexer_logits.cu's block_tokens_for, from
-// the host sizes only: the batch, ld_logits and the SM count), rows along y. A row of 128K at
-// B = 1 runs as 256 blocks of 512 tokens over all SMs.
+// Grid: ceil(ld_logits / block_tokens) blocks along each row (indexer_logits.cu's
+// block_tokens_for, from the host sizes only: the batch, ld_logits and the SM count), rows along
+// y; block x of a row's G takes its tiles x, x + G, x + 2 G, ... (BlockPlan, indexer_wgmma.cuh;
+// DSA_CUDA_INDEXER_TILES=contiguous: the tiles of its own span), so a row shorter than ld_logits
+// (the cache's capacity) still spreads over every block. A row of 128K at B = 1 runs as 256
+// blocks of eight tiles over all SMs.
 //
-// Guards. Nothing at or past the block's end (<= seq_len) is read: those tokens' copies have a
+// Guards. Nothing at or past the row's seq_len is read: those tokens' copies have a
 // source size of 0 (zero-filled), as have the tokens of a page id outside the pool, whose logits
 // are 0 and which count one error per page (the CPU's rule). The block's page ids are loaded
 // beside seq_len (table entries inside the row's table; those of pages past seq_len are never
@@ -151,7 +154,7 @@ __device__ __forceinline__ void scatter_step(const float (&in)[kCount], float (&
 
 template <KvDtype D, int kPages>
 __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
-    indexer_logits_wgmma(IndexerLogitsParams p, int block_tokens) {
+    indexer_logits_wgmma(IndexerLogitsParams p, BlockPlan plan) {
   pdl_enter();
   using T = WgTile<D, kPages>;
   constexpr int kN = T::kN, kStages = T::kStages;
@@ -159,7 +162,7 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
   extern __shared__ __align__(16) uint8_t smem_raw[];
   RingBlock<T> b;
   QueryLoad<kWgWarps> q;  // loaded in start(): in flight while the first keys are queued
-  if (!b.start(p, block_tokens, smem_raw, q)) return;
+  if (!b.start(p, plan, smem_raw, q)) return;
   float* sums = reinterpret_cast<float*>(b.smem + T::kSumsOff);  // [warp][column]
 
   // The query into A while the first tiles arrive.
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
     cp_async_wait<kStages - 2>();                 // tile i has landed (this thread's copies)
     if constexpr (!T::kFp8) fence_proxy_async();  // ... visible to wgmma, which reads the stage
     __syncthreads();  // every thread's; tile i - 1's wgmma and epilogue are done
-    const int64_t t0 = b.t0 + int64_t(i) * kN;
+    const int64_t t0 = b.tile_t0(i);
     b.issue(p, i + kStages - 1);
     const uint8_t* stage = b.stage(i);
     uint32_t b_tile;
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(kWgThreads, (WgTile<D, kPages>::kBlocksPerSm))
       if (t >= b.end) break;
       float s = __fadd_rn(__fadd_rn(sums[col], sums[kN + col]),
                           __fadd_rn(sums[2 * kN + col], sums[3 * kN + col]));
-      if (!valid_page(p, b.pages[(t - b.t0) / kPageSize])) {
+      if (!valid_page(p, b.tile_pages(i)[col / kPageSize])) {
         s = 0.0f;
         if (col % kPageSize == 0 && p.error_count) atomicAdd(p.error_count, 1);
       } else if constexpr (T::kFp8) {

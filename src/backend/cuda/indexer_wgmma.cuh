@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "backend/cuda/env_knobs.h"
 #include "backend/cuda/indexer_common.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -15,13 +16,13 @@ constexpr int kWgThreads = 128;  // one warpgroup
 constexpr int kWgWarps = kWgThreads / 32;
 constexpr int kQueryKBlockBytes = kMaxHeads * kSwizzleRowBytes;  // 64 heads x 64 dims, 8 KiB
 
-// Queues the copies of the tile of tokens [t0, t0 + kN) of the block into `stage`, one commit
-// group either way (empty past the block). Tokens at or past `end` and pages outside the pool are
-// zero-filled, never read. kSwizzledRaw (fp8): chunk c of row r at 16-byte position c ^ (r % 8).
+// Queues the copies of the tile of tokens [t0, t0 + kN) of its row into `stage`, one commit group
+// either way (empty past `end`); tile_pages: the tile's kPages page ids. Tokens at or past `end`
+// and pages outside the pool are zero-filled, never read. kSwizzledRaw (fp8): chunk c of row r at
+// 16-byte position c ^ (r % 8).
 template <class T, bool kSwizzledRaw = false>
-__device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const int32_t* pages,
-                                           int64_t block_t0, int64_t end, int64_t t0,
-                                           uint8_t* stage) {
+__device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const int32_t* tile_pages,
+                                           int64_t end, int64_t t0, uint8_t* stage) {
   constexpr KvDtype D = T::kFp8 ? KvDtype::kFp8 : KvDtype::kBf16;
   const int tid = threadIdx.x;
   if (t0 >= end) {  // past the block: an empty group
@@ -34,7 +35,7 @@ __device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const i
     int valid = 0;
     const uint8_t* base = p.pool.data;  // the source of zero-byte copies
     if (page_t0 < end) {
-      const int32_t page = pages[(page_t0 - block_t0) / kPageSize];
+      const int32_t page = tile_pages[kp];
       if (valid_page(p, page)) {
         valid = int(min(int64_t(kPageSize), end - page_t0));
         base = page_base_of<D>(p, page);
@@ -74,24 +75,52 @@ __device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const i
   cp_async_commit();
 }
 
-// The block's tokens [t0, end) of its row (end <= t0: the block lies past seq_len) and this
-// thread's page id among the block's (-1 past them). The page ids are loaded beside seq_len (one
-// round trip before the first copy, not two): entries of the row's table, whose pages past
-// seq_len are never dereferenced.
+// How a row's blocks share its tiles (the kernels' second parameter; launch_blocks fills it):
+// `tokens` per block (the grid's x is ceil(ld_logits / tokens)); `interleaved`: block x of the G
+// blocks of a row takes the row's tiles x, x + G, x + 2 G, ... (DSA_CUDA_INDEXER_TILES, default),
+// so that a row shorter than its capacity (ld_logits is the cache's, seq_len the row's) still
+// spreads over every block; else block x takes the tiles of tokens [x tokens, (x + 1) tokens).
+// Each tile's instructions are the same either way, so are its logits.
+struct BlockPlan {
+  int tokens;
+  int interleaved;
+};
+
+// The block's tiles of its row: tile i's tokens [t0 + i stride, + kN), those before `end` (the
+// row's clamped seq_len, or the block's end when contiguous); `tiles` of them (0: nothing to do),
+// and this thread's page id among the block's, tile-major (tile tid / kPages, page tid % kPages;
+// -1 past them). The page ids are loaded beside seq_len (one round trip before the first copy,
+// not two): entries of the row's table, whose pages past seq_len are never dereferenced.
 struct BlockSpan {
-  int64_t t0, end;
+  int64_t t0, stride, end;
+  int tiles;
   int32_t page_id;
 };
-__device__ __forceinline__ BlockSpan block_span(const IndexerLogitsParams& p, int block_tokens) {
+template <int kN>
+__device__ __forceinline__ BlockSpan block_span(const IndexerLogitsParams& p, BlockPlan plan) {
   static_assert(kMaxBlockTokens / kPageSize <= kWgThreads, "one page id per thread");
+  constexpr int kPages = kN / kPageSize;
   const int row = blockIdx.y, tid = threadIdx.x;
-  BlockSpan span{int64_t(blockIdx.x) * block_tokens, 0, -1};
+  const int64_t seq = clamped_seq_len(p, row);
+  BlockSpan span{0, kN, 0, 0, -1};
+  int64_t first_tile = 0, tile_step = 1;  // the block's tiles in the row's tile order
+  if (plan.interleaved) {
+    first_tile = blockIdx.x, tile_step = gridDim.x;
+    span.end = seq;
+    const int64_t row_tiles = (seq + kN - 1) / kN;
+    span.tiles =
+        first_tile < row_tiles ? int((row_tiles - first_tile + tile_step - 1) / tile_step) : 0;
+  } else {
+    first_tile = int64_t(blockIdx.x) * (plan.tokens / kN);
+    span.end = min(seq, (first_tile + plan.tokens / kN) * kN);
+    span.tiles = span.end > first_tile * kN ? int((span.end - first_tile * kN + kN - 1) / kN) : 0;
+  }
+  span.t0 = first_tile * kN, span.stride = tile_step * kN;
   const int32_t* pages = p.page_table + int64_t(row) * p.ld_page_table;
-  const int64_t page_index = span.t0 / kPageSize + tid;
-  if (tid < block_tokens / kPageSize && page_index < p.ld_page_table) {
+  const int64_t page_index = (first_tile + (tid / kPages) * tile_step) * kPages + tid % kPages;
+  if (tid < plan.tokens / kPageSize && page_index < p.ld_page_table) {
     span.page_id = pages[page_index];
   }
-  span.end = min(clamped_seq_len(p, row), span.t0 + block_tokens);
   return span;
 }
 
@@ -115,29 +144,38 @@ __device__ __forceinline__ uint8_t* atom_aligned(uint8_t* smem_raw, uint32_t& ad
 // alone (the caller stores the encoding indexer_query gave, store_given_query).
 template <class T, bool kSwizzledRaw = false>
 struct RingBlock {
-  int64_t t0 = 0, end = 0;  // the block's tokens [t0, end) of its row
+  int64_t t0 = 0, stride = 0, end = 0;  // tile i: tokens [t0 + i stride, + kN) before end
   int tiles = 0;
   uint32_t base = 0;         // the shared address of smem
   uint8_t* smem = nullptr;   // 1024-aligned
   float* weight = nullptr;   // [kMaxHeads] the heads' weights (store_query writes them)
-  int32_t* pages = nullptr;  // the block's page ids
+  int32_t* pages = nullptr;  // the block's page ids, tile-major
 
   __device__ __forceinline__ int stage_offset(int i) const {
     return T::kRingOff + (i % T::kStages) * T::kStageBytes;
   }
   __device__ __forceinline__ uint8_t* stage(int i) const { return smem + stage_offset(i); }
-  // Queues the copies of tile i of the block into its stage: one commit group.
+  // The first token of tile i and its page ids.
+  __device__ __forceinline__ int64_t tile_t0(int i) const { return t0 + int64_t(i) * stride; }
+  __device__ __forceinline__ const int32_t* tile_pages(int i) const {
+    return pages + i * T::kPages;
+  }
+  // Queues the copies of tile i of the block into its stage: one commit group (empty past the
+  // block's tiles).
   __device__ __forceinline__ void issue(const IndexerLogitsParams& p, int i) const {
-    issue_tile<T, kSwizzledRaw>(p, pages, t0, end, t0 + int64_t(i) * T::kN, stage(i));
+    if (i >= tiles) {
+      cp_async_commit();
+      return;
+    }
+    issue_tile<T, kSwizzledRaw>(p, tile_pages(i), end, tile_t0(i), stage(i));
   }
 
-  __device__ __forceinline__ bool start(const IndexerLogitsParams& p, int block_tokens,
+  __device__ __forceinline__ bool start(const IndexerLogitsParams& p, BlockPlan plan,
                                         uint8_t* smem_raw, QueryLoad<kWgWarps>& q,
                                         bool load_q = true) {
-    const BlockSpan span = block_span(p, block_tokens);
-    if (span.end <= span.t0) return false;
-    t0 = span.t0, end = span.end;
-    tiles = int((end - t0 + T::kN - 1) / T::kN);
+    const BlockSpan span = block_span<T::kN>(p, plan);
+    if (span.tiles == 0) return false;
+    t0 = span.t0, stride = span.stride, end = span.end, tiles = span.tiles;
     smem = atom_aligned(smem_raw, base);
     weight = reinterpret_cast<float*>(smem + T::kWeightOff);
     pages = reinterpret_cast<int32_t*>(smem + T::kPagesOff);
@@ -227,8 +265,9 @@ struct StWeights {
   }
 };
 
-// The epilogue of an S^T tile ([64 tokens x 64 heads], "wgmma-pipe" and "wgmma-e4m3"): tile i of
-// the block (its page block_pages[i]) from relu[4 j + 2 tk + e] = max(S[head 8 j + 2 qd + e]
+// The epilogue of an S^T tile ([64 tokens x 64 heads], "wgmma-pipe" and "wgmma-e4m3"): the tile of
+// tokens [t0, t0 + 64) of the row (its page `page`; tokens at or past `end` are not written) from
+// relu[4 j + 2 tk + e] = max(S[head 8 j + 2 qd + e]
 // [token 16 warp + g + 8 tk], 0) (g = lane / 4, qd = lane % 4) and the tokens' scales
 // (scale[tk]): the weighted head sum of each token into its logit.
 //   1. Head group hw's pair (16 hw + g', 16 hw + g' + 8) for g' = 2 qd + e is blocks j = 2 hw and
@@ -239,9 +278,9 @@ struct StWeights {
 //   3. The head groups (W0 + W1) + (W2 + W3), in registers; times the token's scale. A page
 //      outside the pool gives 0 and one error.
 __device__ __forceinline__ void st_epilogue(const IndexerLogitsParams& p, float* logits,
-                                            const int32_t* block_pages, int64_t block_t0,
-                                            int64_t block_end, int i, const float (&relu)[32],
-                                            const float (&scale)[2], const StWeights& w) {
+                                            int32_t page, int64_t t0, int64_t end,
+                                            const float (&relu)[32], const float (&scale)[2],
+                                            const StWeights& w) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
   float y[2][4];
 #pragma unroll
@@ -266,15 +305,14 @@ __device__ __forceinline__ void st_epilogue(const IndexerLogitsParams& p, float*
     sum[hw] = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
   }
   float s = __fadd_rn(__fadd_rn(sum[0], sum[1]), __fadd_rn(sum[2], sum[3]));
-  const int64_t t0 = block_t0 + int64_t(i) * kPageSize;
-  if (!valid_page(p, block_pages[i])) {
+  if (!valid_page(p, page)) {
     s = 0.0f;
     if (tid == 0 && p.error_count) atomicAdd(p.error_count, 1);
   } else {
     s *= tk ? scale[1] : scale[0];
   }
   const int64_t t = t0 + 16 * warp + g + 8 * tk;
-  if (qd < 2 && t < block_end) logits[t] = s;
+  if (qd < 2 && t < end) logits[t] = s;
 }
 
 // Opts `kernel` in to its dynamic shared memory past 48 KiB and to the largest carveout (so that
@@ -292,7 +330,8 @@ cudaError_t launch_blocks(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& 
   });
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((p.ld_logits + block_tokens - 1) / block_tokens), unsigned(p.rows));
-  launch_kernel(kernel, grid, kWgThreads, smem_bytes, stream, p, block_tokens);
+  const BlockPlan plan{block_tokens, indexer_interleaves_tiles() ? 1 : 0};
+  launch_kernel(kernel, grid, kWgThreads, smem_bytes, stream, p, plan);
   return cudaGetLastError();
 }
 

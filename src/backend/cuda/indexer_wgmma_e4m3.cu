@@ -78,7 +78,7 @@ using E4m3Ring17 = E4m3Tile<17, 1>;
 
 template <class T>
 __global__ void __launch_bounds__(kWgThreads, T::kBlocksPerSm)
-    indexer_logits_wgmma_e4m3(IndexerLogitsParams p, int block_tokens) {
+    indexer_logits_wgmma_e4m3(IndexerLogitsParams p, BlockPlan plan) {
   pdl_enter();
   constexpr int kStages = T::kStages;
   const int row = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWgThreads, T::kBlocksPerSm)
   RingBlock<T, true> b;
   QueryLoad<kWgWarps> q;
   const bool given = p.q_fp8 != nullptr;  // the launcher passes it only when it may be read
-  if (!b.start(p, block_tokens, smem_raw, q, !given)) return;
+  if (!b.start(p, plan, smem_raw, q, !given)) return;
   if (given) {
     store_given_query(p, row, b.smem + T::kQueryOff, b.weight);
   } else {
@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kWgThreads, T::kBlocksPerSm)
                      kk > 0);
     }
     wgmma_commit();
-    if (i > 0) st_epilogue(p, logits, b.pages, b.t0, b.end, i - 1, relu, prev_scale, w);
+    if (i > 0) {
+      st_epilogue(p, logits, b.tile_pages(i - 1)[0], b.tile_t0(i - 1), b.end, relu, prev_scale, w);
+    }
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < 32; ++j) fence_operand(acc[j]);
@@ -146,7 +148,8 @@ __global__ void __launch_bounds__(kWgThreads, T::kBlocksPerSm)
     float relu[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) relu[j] = fmaxf(set[j], 0.0f);
-    st_epilogue(p, logits, b.pages, b.t0, b.end, b.tiles - 1, relu, set_scale, w);
+    st_epilogue(p, logits, b.tile_pages(b.tiles - 1)[0], b.tile_t0(b.tiles - 1), b.end, relu,
+                set_scale, w);
   };
   if (b.tiles % 2) {
     last(acc, scale);

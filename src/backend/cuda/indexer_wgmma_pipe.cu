@@ -98,7 +98,7 @@ __device__ __forceinline__ void widen_fragments(const uint8_t* stage, int warp, 
 }
 
 __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
-    indexer_logits_wgmma_pipe(IndexerLogitsParams p, int block_tokens) {
+    indexer_logits_wgmma_pipe(IndexerLogitsParams p, BlockPlan plan) {
   pdl_enter();
   using T = PipeTile;
   constexpr int kStages = T::kStages;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   RingBlock<T, true> b;
   QueryLoad<kWgWarps> q;
-  if (!b.start(p, block_tokens, smem_raw, q)) return;
+  if (!b.start(p, plan, smem_raw, q)) return;
 
   // The query into B (rows = heads, K-major: the bytes "wgmma" uses as A).
   store_query<KvDtype::kFp8>(q, b.smem + T::kQueryOff, b.weight);
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kWgThreads, PipeTile::kBlocksPerSm)
     float relu[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) relu[j] = fmaxf(acc[j], 0.0f);
-    st_epilogue(p, logits, b.pages, b.t0, b.end, i, relu, scale, w);
+    st_epilogue(p, logits, b.tile_pages(i)[0], b.tile_t0(i), b.end, relu, scale, w);
   };
   for (int i = 0; i < b.tiles; i += 2) {
     step(i, a, scale, a_odd, scale_odd);
