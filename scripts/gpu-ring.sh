@@ -4,22 +4,25 @@
 # Runs ON the device, from the repository root, with the build of scripts/gpu-build.sh carried
 # (build-gpu/{lib,tests,bench,dsa}):
 #   1. parity: every ParityAttention.IndexerLogits* test (each ring gives the 6-stage ring's bits,
-#      IndexerLogitsE4m3EveryRingIsBitwiseTheDefault; the CPU's logits at each ring);
+#      IndexerLogitsE4m3EveryRingIsBitwiseTheDefault; the CPU's logits at each ring; interleaved
+#      tiles give the contiguous ones' bits); RING_PARITY names other tests, RING_PARITY_S their
+#      limit (150 s);
 #   2. dsa_gpu_bench's indexer rows at B = 1 (L = 128K) and B = 64 (L = 32K), eager and in a
 #      graph: fp8 at each ring, with the encoded and the given query, and bf16;
 #   3. memcheck and racecheck over ParityAttention.IndexerLogitsE4m3RingsCompact;
 #   4. the indexer's block size at short rows (the default halves blocks below 512 tokens while
 #      they fit on the SMs one each) against the former floor (DSA_CUDA_INDEXER_BLOCK_TOKENS=512),
 #      alternating, two rounds: the tiny preset's step (context 1000, graph and eager) and the
-#      V3.2 layer's (context 4096, w8a8, bf16 and fp8 index-K) at B = 1 and 8.
+#      V3.2 layer's (context 4096, w8a8, bf16 and fp8 index-K) at B = 1 and 8 (RING_ROUNDS
+#      rounds, default 2).
 # Files in $OUT: summary.md, ring.log, ring-json.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-steps.sh
 budget_setup ring.log "${RING_BUDGET:-240}"
-budgeted_parity "${RING_PARITY_S:-150}" "$P" --gtest_filter='ParityAttention.IndexerLogits*' \
-  --gtest_output="json:$OUT/parity.json"
+budgeted_parity "${RING_PARITY_S:-150}" "$P" \
+  --gtest_filter="${RING_PARITY:-ParityAttention.IndexerLogits*}" --gtest_output="json:$OUT/parity.json"
 budgeted bench 90 "$B/bench/dsa_gpu_bench" --skip-store --skip-gemm --attention-only indexer_logits \
   --indexer-rows 1,64 --json "$OUT/bench.json"
 for tool in memcheck racecheck; do
@@ -30,7 +33,7 @@ done
 
 V32=(bench-decode --backend cuda --preset v32 --layers 1 --context 4096 --iters 10
      --gemm invariant --weights w8a8 --batches 1 8)
-for round in 1 2; do
+for round in $(seq "${RING_ROUNDS:-2}"); do
   for blocks in auto 512; do
     knob=(); [[ $blocks == 512 ]] && knob=(DSA_CUDA_INDEXER_BLOCK_TOKENS=512)
     budgeted "tiny-$blocks-$round" 40 env "${knob[@]}" "$DSA" bench-decode --backend cuda \
