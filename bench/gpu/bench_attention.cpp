@@ -3,8 +3,8 @@
 //       + page-table bytes; fp8 also .../given (DSA_CUDA_INDEXER_Q=given: the query's encoding
 //       handed to the kernel, as indexer_query writes it, instead of encoded by every block), and
 //       fp8 .../ring=9|17 after either (DSA_CUDA_INDEXER_RING: the kernel's deeper rings);
-//       B=1|8/L=4096/ld=131072 (short rows in a long capacity) and .../contiguous
-//       (DSA_CUDA_INDEXER_TILES=contiguous)
+//       B=1|8/L=4096/ld=131072 (short rows in a long capacity) and .../interleaved
+//       (DSA_CUDA_INDEXER_TILES=interleaved)
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
@@ -125,8 +125,8 @@ void with_env(const char* name, const char* value, const std::function<void()>& 
 // indexer_logits_<variant>/...; null: the default, as row indexer_logits/...
 // ld: the rows' capacity (IndexerLogitsParams::ld_logits, the model's max context; 0: kLen), rows
 // of kLen tokens in it, as a server's short sessions sit in a long context's cache; the row's
-// name gains /ld=<ld> and, for the default kernel, /contiguous (DSA_CUDA_INDEXER_TILES) after
-// the interleaved default.
+// name gains /ld=<ld> and, for the default kernel, /interleaved (DSA_CUDA_INDEXER_TILES) after
+// the contiguous default.
 void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
                    const char* variant, int64_t ld = 0) {
   constexpr int kHeads = 64;
@@ -183,7 +183,7 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
     p.q_fp8 = q8.data(), p.q_fp8_scale = q_scale.data(), p.ld_q_fp8 = kHeads * kIndexHeadDim;
   }
   // The default kernel's other rows: fp8 with the given query and the deeper rings (full rows),
-  // and the contiguous tiles (rows shorter than their capacity).
+  // and the interleaved tiles (rows shorter than their capacity).
   const bool short_rows = ld > kLen;
   const bool fp8_rows = dtype == KvDtype::kFp8 && variant == nullptr && !short_rows;
   struct Knobs {
@@ -199,7 +199,7 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
       }
     }
   }
-  if (short_rows && variant == nullptr) knobs.push_back({"", "", "contiguous"});
+  if (short_rows && variant == nullptr) knobs.push_back({"", "", "interleaved"});
   for (const Knobs& k : knobs) {
     int64_t call = 0;
     double us = 0, graph_us = 0;
@@ -582,7 +582,7 @@ void run_attention_benches(BenchContext& ctx) {
         for (const std::string& v : variants) bench_indexer(ctx, dtype, rows, len, gen, v.c_str());
       }
       // A server's short sessions in a long context's cache: rows of 4096 tokens in a capacity of
-      // 128K (the grid follows the capacity), interleaved tiles against contiguous ones.
+      // 128K (the grid follows the capacity), contiguous tiles against interleaved ones.
       for (int rows : {1, 8}) bench_indexer(ctx, dtype, rows, 4096, gen, nullptr, 131072);
     }
   }

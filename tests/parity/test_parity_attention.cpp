@@ -662,11 +662,11 @@ TEST_F(ParityAttention, IndexerLogitsGivenQueryIsBitwiseTheEncodedOne) {
   }
 }
 
-// The wgmma kernels' blocks take a row's tiles in turn (DSA_CUDA_INDEXER_TILES=interleaved, the
-// default: block x of G takes tiles x, x + G, ...) or each a contiguous span; every tile runs the
+// The wgmma kernels' blocks take a row's tiles in turn (DSA_CUDA_INDEXER_TILES=interleaved: block
+// x of G takes tiles x, x + G, ...) or each a contiguous span (the default); every tile runs the
 // same instructions, so both give the same bits and error count, at the default and forced
 // block sizes, on rows far shorter than their capacity (ld_logits), padded rows, bad page ids and
-// partial tiles included; and the CPU's logits with contiguous tiles.
+// partial tiles included; and the CPU's logits with interleaved tiles.
 TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
   int cases = 0;
   for (const char* variant : {"wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"}) {
@@ -678,14 +678,14 @@ TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
       c.init(ws, rng);
       for (const char* tokens : {"", "128", "512", "4096"}) {
         ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
-        const Outputs interleaved = variant_outputs(c, ws, variant);
-        ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "contiguous");
-        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), interleaved))
+        const Outputs contiguous = variant_outputs(c, ws, variant);
+        ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "interleaved");
+        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), contiguous))
             << variant << ", " << c.vars() << ", tokens '" << tokens << "'";
       }
     }
     ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
-    ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "contiguous");
+    ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "interleaved");
     IndexerCase c({KvDtype::kFp8, ScaleRounding::kExact, 7, 16, 2500, true, true});
     EXPECT_TRUE(check_parity(c, cpu(), cuda(), 970 + cases++)) << variant;
   }

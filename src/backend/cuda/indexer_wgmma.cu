@@ -23,8 +23,8 @@
 //   wgmma.fence, 8 wgmma (k16 blocks ascending), commit, wait 0; the epilogue.
 // Grid: ceil(ld_logits / block_tokens) blocks along each row (indexer_logits.cu's
 // block_tokens_for, from the host sizes only: the batch, ld_logits and the SM count), rows along
-// y; block x of a row's G takes its tiles x, x + G, x + 2 G, ... (BlockPlan, indexer_wgmma.cuh;
-// DSA_CUDA_INDEXER_TILES=contiguous: the tiles of its own span), so a row shorter than ld_logits
+// y; block x of a row takes the tiles of its own span, or, with DSA_CUDA_INDEXER_TILES=interleaved
+// (BlockPlan, indexer_wgmma.cuh), block x of G takes tiles x, x + G, x + 2 G, ..., so a row shorter than ld_logits
 // (the cache's capacity) still spreads over every block. A row of 128K at B = 1 runs as 256
 // blocks of eight tiles over all SMs.
 //

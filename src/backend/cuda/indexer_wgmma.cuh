@@ -77,7 +77,8 @@ __device__ __forceinline__ void issue_tile(const IndexerLogitsParams& p, const i
 
 // How a row's blocks share its tiles (the kernels' second parameter; launch_blocks fills it):
 // `tokens` per block (the grid's x is ceil(ld_logits / tokens)); `interleaved`: block x of the G
-// blocks of a row takes the row's tiles x, x + G, x + 2 G, ... (DSA_CUDA_INDEXER_TILES, default),
+// blocks of a row takes the row's tiles x, x + G, x + 2 G, ... (DSA_CUDA_INDEXER_TILES=interleaved;
+// the default stays contiguous until it has run on a GPU),
 // so that a row shorter than its capacity (ld_logits is the cache's, seq_len the row's) still
 // spreads over every block; else block x takes the tiles of tokens [x tokens, (x + 1) tokens).
 // Each tile's instructions are the same either way, so are its logits.
