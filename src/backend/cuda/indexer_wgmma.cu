@@ -24,9 +24,9 @@
 // Grid: ceil(ld_logits / block_tokens) blocks along each row (indexer_logits.cu's
 // block_tokens_for, from the host sizes only: the batch, ld_logits and the SM count), rows along
 // y; block x of a row takes the tiles of its own span, or, with DSA_CUDA_INDEXER_TILES=interleaved
-// (BlockPlan, indexer_wgmma.cuh), block x of G takes tiles x, x + G, x + 2 G, ..., so a row shorter than ld_logits
-// (the cache's capacity) still spreads over every block. A row of 128K at B = 1 runs as 256
-// blocks of eight tiles over all SMs.
+// (BlockPlan, indexer_wgmma.cuh), block x of G takes tiles x, x + G, x + 2 G, ..., so that a row
+// shorter than ld_logits (the cache's capacity) still spreads over every block. A row of 128K at
+// B = 1 runs as 256 blocks of eight tiles over all SMs.
 //
 // Guards. Nothing at or past the row's seq_len is read: those tokens' copies have a
 // source size of 0 (zero-filled), as have the tokens of a page id outside the pool, whose logits
