@@ -172,11 +172,11 @@ bool reads_given_query(const IndexerLogitsParams& p) {
          reinterpret_cast<uintptr_t>(p.q_fp8) % 4 == 0;
 }
 
-// The ring's depth for a launch of `blocks` blocks (every row's): DSA_CUDA_INDEXER_RING forced
-// (6, 9 or 17 stages; read at every call), else 6. Deeper rings hold fewer blocks per SM; they
-// are for launches that fill the GPU once (a long single row), where a block's later copies would
-// otherwise wait for its first tiles to be multiplied.
-int e4m3_ring(int64_t /*blocks*/) {
+// The ring's depth: DSA_CUDA_INDEXER_RING forced (6, 9 or 17 stages; read at every call), else 6.
+// Deeper rings hold fewer blocks per SM; they are for launches that fill the GPU once (a long
+// single row), where a block's later copies would otherwise wait for its first tiles to be
+// multiplied.
+int e4m3_ring() {
   const char* v = std::getenv("DSA_CUDA_INDEXER_RING");
   if (v != nullptr && (std::strcmp(v, "9") == 0 || std::strcmp(v, "17") == 0)) return std::atoi(v);
   return 6;
@@ -208,8 +208,7 @@ cudaError_t launch_ring(const IndexerLogitsParams& p, int block_tokens, cudaStre
 cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
   IndexerLogitsParams launched = p;
   if (!reads_given_query(p)) launched.q_fp8 = nullptr, launched.q_fp8_scale = nullptr;
-  const int64_t blocks = int64_t(p.rows) * ((p.ld_logits + block_tokens - 1) / block_tokens);
-  const int ring = e4m3_ring(blocks);
+  const int ring = e4m3_ring();
   if (ring == 6) return launch_ring<E4m3Ring6>(launched, block_tokens, stream);
   const bool forced = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS") != nullptr;
   if (ring == 9) {
