@@ -2,9 +2,10 @@
 //   indexer_logits/{fp8,bf16}/B=64/L=32768 and B=1/L=131072   64 heads x 128; floor: key + scale
 //       + page-table bytes; fp8 also .../given (DSA_CUDA_INDEXER_Q=given: the query's encoding
 //       handed to the kernel, as indexer_query writes it, instead of encoded by every block), and
-//       fp8 .../ring=9|17 after either (DSA_CUDA_INDEXER_RING: the kernel's deeper rings);
-//       B=1|8/L=4096/ld=131072 (short rows in a long capacity) and .../interleaved
-//       (DSA_CUDA_INDEXER_TILES=interleaved)
+//       fp8 .../ring=6|9|17 after either (DSA_CUDA_INDEXER_RING forced; the default row is
+//       auto: 9 stages where 6 would take more than one wave); B=1|8/L=4096/ld=131072 (short rows
+//       in a long capacity, interleaved tiles, the default) and .../contiguous
+//       (DSA_CUDA_INDEXER_TILES=contiguous)
 //   topk/k={2048,512}/B={1,64,256}/L={32768,131072} floor: logits read + positions and slots
 //       written (k = 512: V4's indexer)
 // With --legacy, also topk_legacy/... (the kernel DSA_CUDA_TOPK=legacy selects) and
@@ -125,8 +126,8 @@ void with_env(const char* name, const char* value, const std::function<void()>& 
 // indexer_logits_<variant>/...; null: the default, as row indexer_logits/...
 // ld: the rows' capacity (IndexerLogitsParams::ld_logits, the model's max context; 0: kLen), rows
 // of kLen tokens in it, as a server's short sessions sit in a long context's cache; the row's
-// name gains /ld=<ld> and, for the default kernel, /interleaved (DSA_CUDA_INDEXER_TILES) after
-// the contiguous default.
+// name gains /ld=<ld> and, for the default kernel, /contiguous (DSA_CUDA_INDEXER_TILES) after
+// the interleaved default.
 void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::mt19937_64& gen,
                    const char* variant, int64_t ld = 0) {
   constexpr int kHeads = 64;
@@ -182,8 +183,8 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
     be.copy_to_device(q_scale.data(), scale_host.data(), q_scale.bytes());
     p.q_fp8 = q8.data(), p.q_fp8_scale = q_scale.data(), p.ld_q_fp8 = kHeads * kIndexHeadDim;
   }
-  // The default kernel's other rows: fp8 with the given query and the deeper rings (full rows),
-  // and the interleaved tiles (rows shorter than their capacity).
+  // The default kernel's other rows: fp8 with the given query and each forced ring (full rows),
+  // and contiguous tiles (rows shorter than their capacity).
   const bool short_rows = ld > kLen;
   const bool fp8_rows = dtype == KvDtype::kFp8 && variant == nullptr && !short_rows;
   struct Knobs {
@@ -194,12 +195,12 @@ void bench_indexer(BenchContext& ctx, KvDtype dtype, int kRows, int kLen, std::m
   std::vector<Knobs> knobs = {{"", "", ""}};
   if (fp8_rows) {
     for (const char* query : {"", "given"}) {
-      for (const char* ring : {"", "9", "17"}) {
+      for (const char* ring : {"", "6", "9", "17"}) {
         if (*query || *ring) knobs.push_back({query, ring, ""});
       }
     }
   }
-  if (short_rows && variant == nullptr) knobs.push_back({"", "", "interleaved"});
+  if (short_rows && variant == nullptr) knobs.push_back({"", "", "contiguous"});
   for (const Knobs& k : knobs) {
     int64_t call = 0;
     double us = 0, graph_us = 0;

@@ -662,11 +662,12 @@ TEST_F(ParityAttention, IndexerLogitsGivenQueryIsBitwiseTheEncodedOne) {
   }
 }
 
-// The wgmma kernels' blocks take a row's tiles in turn (DSA_CUDA_INDEXER_TILES=interleaved: block
-// x of G takes tiles x, x + G, ...) or each a contiguous span (the default); every tile runs the
-// same instructions, so both give the same bits and error count, at the default and forced
-// block sizes, on rows far shorter than their capacity (ld_logits), padded rows, bad page ids and
-// partial tiles included; and the CPU's logits with interleaved tiles.
+// The wgmma kernels' blocks take a row's tiles in turn (the default, DSA_CUDA_INDEXER_TILES=
+// interleaved: block x of G takes tiles x, x + G, ...) or each a contiguous span
+// (DSA_CUDA_INDEXER_TILES=contiguous); every tile runs the same instructions, so both give the
+// same bits and error count, at the default and forced block sizes, on rows far shorter than
+// their capacity (ld_logits), padded rows, bad page ids and partial tiles included; and the CPU's
+// logits with interleaved tiles.
 TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
   int cases = 0;
   for (const char* variant : {"wgmma", "wgmma-n64", "wgmma-pipe", "wgmma-e4m3"}) {
@@ -678,10 +679,17 @@ TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
       c.init(ws, rng);
       for (const char* tokens : {"", "128", "512", "4096"}) {
         ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
-        const Outputs contiguous = variant_outputs(c, ws, variant);
-        ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "interleaved");
-        EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), contiguous))
-            << variant << ", " << c.vars() << ", tokens '" << tokens << "'";
+        Outputs contiguous;
+        {
+          ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", "contiguous");
+          contiguous = variant_outputs(c, ws, variant);
+        }
+        for (const char* order : {"", "interleaved"}) {
+          ScopedEnv tiles("DSA_CUDA_INDEXER_TILES", *order ? order : nullptr);
+          EXPECT_TRUE(same_outputs(variant_outputs(c, ws, variant), contiguous))
+              << variant << ", " << c.vars() << ", tokens '" << tokens << "', tiles '" << order
+              << "'";
+        }
       }
     }
     ScopedEnv v("DSA_CUDA_INDEXER_VARIANT", variant);
@@ -693,7 +701,8 @@ TEST_F(ParityAttention, IndexerLogitsInterleavedTilesAreBitwiseTheContiguous) {
 
 // The fp8 cache's kernel (wgmma-e4m3) with each depth of its ring of copies
 // (DSA_CUDA_INDEXER_RING: 9 stages at two blocks per SM, 17 at one, their blocks sized to fill
-// the GPU once, or the forced block size) gives the 6-stage ring's bits and error count: a long
+// the GPU once, or the forced block size; auto, the default, picks 6 or 9 from the launch's
+// waves) gives the 6-stage ring's bits and error count: a long
 // single row (more tiles per block than the ring holds), a batch with padded rows, bad page ids
 // and a partial last tile, 64 and 4 heads, exact and ue8m0 key scales, the encoded and the given
 // query; and the CPU's logits.
@@ -701,7 +710,8 @@ TEST_F(ParityAttention, IndexerLogitsE4m3EveryRingIsBitwiseTheDefault) {
   int cases = 0;
   for (const auto& d : {kIndexDtypes[1], kIndexDtypes[2]}) {
     for (int heads : {64, 4}) {
-      for (int rows : {1, 7}) {
+      // 64 rows of 9000: 1152 blocks of 512 tokens, more than one wave, where auto runs 9 stages.
+      for (int rows : {1, 7, 64}) {
         IndexerSpec spec{d.dtype, d.rounding, rows, heads, rows == 1 ? 40000 : 9000, true, true};
         spec.given_query = true;
         IndexerCase c(spec);
@@ -712,9 +722,13 @@ TEST_F(ParityAttention, IndexerLogitsE4m3EveryRingIsBitwiseTheDefault) {
           ScopedEnv q("DSA_CUDA_INDEXER_Q", query);
           for (const char* tokens : {"", "512", "2048"}) {
             ScopedEnv size("DSA_CUDA_INDEXER_BLOCK_TOKENS", *tokens ? tokens : nullptr);
-            const Outputs six = variant_outputs(c, ws, "wgmma-e4m3");
-            for (const char* ring : {"9", "17"}) {
-              ScopedEnv depth("DSA_CUDA_INDEXER_RING", ring);
+            Outputs six;
+            {
+              ScopedEnv depth("DSA_CUDA_INDEXER_RING", "6");
+              six = variant_outputs(c, ws, "wgmma-e4m3");
+            }
+            for (const char* ring : {"auto", "9", "17"}) {
+              ScopedEnv depth("DSA_CUDA_INDEXER_RING", std::strcmp(ring, "auto") ? ring : nullptr);
               EXPECT_TRUE(same_outputs(variant_outputs(c, ws, "wgmma-e4m3"), six))
                   << c.vars() << ", query " << query << ", tokens '" << tokens << "', ring " << ring
                   << " against 6";

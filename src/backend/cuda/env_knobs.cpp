@@ -48,15 +48,15 @@ const std::vector<EnvKnob>& env_knobs() {
        "resident variants ignore 128 and 256)"},
       {"DSA_CUDA_INDEXER_TILES",
        {"interleaved", "contiguous"},
-       "how the wgmma indexer kernels' blocks share a row's tiles (default: contiguous, each block "
-       "a span of its row; interleaved: block x of G takes tiles x, x + G, ..., so a row shorter "
-       "than the cache's capacity still spreads over every block; not yet run on a GPU; the same "
-       "bits)"},
+       "how the wgmma indexer kernels' blocks share a row's tiles (default: interleaved, block x "
+       "of G takes tiles x, x + G, ..., so a row shorter than the cache's capacity still spreads "
+       "over every block; contiguous: each block a span of its row; the same bits)"},
       {"DSA_CUDA_INDEXER_RING",
-       {"6", "9", "17"},
-       "the fp8 indexer kernel's (wgmma-e4m3) ring of copies per block (default: 6 stages, three "
-       "blocks per SM; 9: two per SM, 17: one, each with blocks sized to fill the GPU once "
-       "unless DSA_CUDA_INDEXER_BLOCK_TOKENS is set; the same bits)"},
+       {"auto", "6", "9", "17"},
+       "the fp8 indexer kernel's (wgmma-e4m3) ring of copies per block (auto, the default: 9 "
+       "where 6 would take more than one wave of the GPU, else 6; 6: 6 stages, three blocks per "
+       "SM; 9: two per SM, 17: one, each with blocks sized to fill the GPU once unless "
+       "DSA_CUDA_INDEXER_BLOCK_TOKENS is set; the same bits)"},
       {"DSA_CUDA_INDEXER_CLUSTER",
        {"1", "2", "4"},
        "the resident indexer's blocks per cluster (default: from the block size)"},
@@ -100,7 +100,7 @@ bool indexer_reads_given_query() {
 
 bool indexer_interleaves_tiles() {
   const char* v = std::getenv("DSA_CUDA_INDEXER_TILES");
-  return v != nullptr && std::strcmp(v, "interleaved") == 0;
+  return v == nullptr || std::strcmp(v, "contiguous") != 0;
 }
 
 std::string env_knobs_set() {

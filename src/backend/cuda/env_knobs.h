@@ -34,7 +34,7 @@ bool lanes_enabled();
 // DSA_CUDA_INDEXER_Q=given: the fp8 indexer kernel reads the query's encoding indexer_query wrote.
 bool indexer_reads_given_query();
 
-// DSA_CUDA_INDEXER_TILES (interleaved: true; unset or contiguous: false): whether the wgmma
+// DSA_CUDA_INDEXER_TILES (unset or interleaved: true; contiguous: false): whether the wgmma
 // indexer kernels' blocks take a row's tiles in turn (block x of G: tiles x, x + G, ...) or each a
 // contiguous span. Read at every call.
 bool indexer_interleaves_tiles();

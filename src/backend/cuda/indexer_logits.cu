@@ -62,7 +62,7 @@
 // largest that still gives two blocks per SM over the batch: few long blocks amortize the per-block
 // query setup at large batches, many short ones spread a single long row over the GPU;
 // DSA_CUDA_INDEXER_CLUSTER (1, 2 or 4) the resident variant's blocks per cluster;
-// DSA_CUDA_INDEXER_RING (6, 9 or 17) the ring depth of "wgmma-e4m3" (indexer_wgmma_e4m3.cu).
+// DSA_CUDA_INDEXER_RING (auto, 6, 9 or 17) the ring depth of "wgmma-e4m3" (indexer_wgmma_e4m3.cu).
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>

@@ -172,14 +172,15 @@ bool reads_given_query(const IndexerLogitsParams& p) {
          reinterpret_cast<uintptr_t>(p.q_fp8) % 4 == 0;
 }
 
-// The ring's depth: DSA_CUDA_INDEXER_RING forced (6, 9 or 17 stages; read at every call), else 6.
-// Deeper rings hold fewer blocks per SM; they are for launches that fill the GPU once (a long
-// single row), where a block's later copies would otherwise wait for its first tiles to be
-// multiplied.
+// The ring's depth: DSA_CUDA_INDEXER_RING forced (6, 9 or 17 stages; read at every call), else 0
+// (auto, launch_wgmma_e4m3 below). Deeper rings hold fewer blocks per SM.
 int e4m3_ring() {
   const char* v = std::getenv("DSA_CUDA_INDEXER_RING");
-  if (v != nullptr && (std::strcmp(v, "9") == 0 || std::strcmp(v, "17") == 0)) return std::atoi(v);
-  return 6;
+  if (v != nullptr &&
+      (std::strcmp(v, "6") == 0 || std::strcmp(v, "9") == 0 || std::strcmp(v, "17") == 0)) {
+    return std::atoi(v);
+  }
+  return 0;
 }
 
 // Tokens per block for a ring of `per_sm` blocks per SM, where the caller's size was the batch's
@@ -208,9 +209,20 @@ cudaError_t launch_ring(const IndexerLogitsParams& p, int block_tokens, cudaStre
 cudaError_t launch_wgmma_e4m3(const IndexerLogitsParams& p, int block_tokens, cudaStream_t stream) {
   IndexerLogitsParams launched = p;
   if (!reads_given_query(p)) launched.q_fp8 = nullptr, launched.q_fp8_scale = nullptr;
-  const int ring = e4m3_ring();
-  if (ring == 6) return launch_ring<E4m3Ring6>(launched, block_tokens, stream);
   const bool forced = std::getenv("DSA_CUDA_INDEXER_BLOCK_TOKENS") != nullptr;
+  int ring = e4m3_ring();
+  // auto: 9 stages where the 6-stage launch would take more than one wave (B = 64, L = 32K: 1024
+  // blocks of 2048 tokens for 396 places; 9 stages run 256 blocks of 8192 in one wave: 106.3 us in
+  // a graph against 115.1 on an H100, bench/results/2026-12-07-h100-ring.md), else 6 (B = 1,
+  // L = 128K: 256 blocks, one wave: 12.8 us against 13.0 at 9 and 15.3 at 17). Only the timing of
+  // the copies differs, so the bits are the same either way, and the choice may follow the batch.
+  if (ring == 0) {
+    const int64_t blocks =
+        int64_t(p.rows) * ((p.ld_logits + block_tokens - 1) / std::max(block_tokens, 1));
+    const int64_t places = int64_t(E4m3Ring6::kBlocksPerSm) * std::max(device_sm_count(), 1);
+    ring = !forced && blocks > places ? 9 : 6;
+  }
+  if (ring == 6) return launch_ring<E4m3Ring6>(launched, block_tokens, stream);
   if (ring == 9) {
     const int tokens = forced ? block_tokens : one_wave_block_tokens(p, E4m3Ring9::kBlocksPerSm);
     return launch_ring<E4m3Ring9>(launched, tokens, stream);
