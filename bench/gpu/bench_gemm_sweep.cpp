@@ -89,7 +89,8 @@ struct SweepCell {  // one projection at one B
 };
 
 void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& gen,
-                      double deadline_s, cuda::GemmKernel kernel, std::vector<SweepCell>& cells) {
+                      double deadline_s, cuda::GemmKernel kernel, bool default_splits_only,
+                      std::vector<SweepCell>& cells) {
   Backend& be = ctx.backend;
   const ProjectionBuffers buf(be, pr, gen);
   const int calls = std::max(buf.sets, 4);
@@ -155,6 +156,7 @@ void sweep_projection(BenchContext& ctx, const Projection& pr, std::mt19937_64& 
     std::stable_partition(order.begin(), order.end(),
                           [&](size_t si) { return splits[si] == cell.default_splits; });
     for (size_t si : order) {
+      if (default_splits_only && splits[si] != cell.default_splits) continue;
       for (int tile : sweep_tiles(rows, kernel)) {
         if (ctx.elapsed_s() > deadline_s) break;
         try_run(tile, si, -1);
@@ -205,7 +207,7 @@ void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options) {
   std::vector<SweepCell> cells;  // [projection][B]
   for (size_t i = 0; i < swept.size(); ++i) {
     const double deadline_s = start_s + options.budget_s * double(i + 1) / double(swept.size());
-    sweep_projection(ctx, *swept[i], gen, deadline_s, kernel, cells);
+    sweep_projection(ctx, *swept[i], gen, deadline_s, kernel, options.default_splits_only, cells);
   }
   constexpr int kB = int(std::size(kRows));
   // Per projection: the split count (one for every B: the invariance) whose worst ratio over B

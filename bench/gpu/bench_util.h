@@ -113,7 +113,8 @@ void run_gemm_benches(BenchContext& ctx);
 struct GemmSweepOptions {
   double budget_s = 80;
   std::vector<std::string> only;
-  std::string kernel = "mma";  // the invariant kernel whose tiles are swept: "mma" or "wgmma"
+  std::string kernel = "mma";        // the invariant kernel whose tiles are swept: "mma" or "wgmma"
+  bool default_splits_only = false;  // tiles only, at the table's split count (the bits it keeps)
 };
 void run_gemm_sweep(BenchContext& ctx, const GemmSweepOptions& options);  // bench_gemm_sweep.cpp
 // Defined in bench_attention.cpp (a weak default in main.cpp prints that it was not built).

@@ -245,6 +245,9 @@ int main(int argc, char** argv) {
                  "seconds after which the sweep tries no new configuration")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--gemm-sweep-only", sweep.only, "projections to sweep (q_a, o, lm_head, ...)");
+  app.add_flag("--gemm-sweep-default-splits", sweep.default_splits_only,
+               "sweep the tiles at each projection's table split count only (a tile never moves "
+               "a bit; a split count does)");
   app.add_option("--gemm-sweep-kernel", sweep.kernel,
                  "the invariant GEMM kernel whose tiles are swept (kKN projections: mma)")
       ->check(CLI::IsMember({"mma", "wgmma"}));

@@ -494,6 +494,72 @@ TEST_F(ParityGemm, EveryTileAndReductionGiveTheSameBits) {
   }
 }
 
+// The wgmma kernel's pair tiles (.mc2: two CTAs of a cluster share each x tile by multicast
+// copies) run paired, never the cp.async tile of their shape, and give the default's bits: an odd
+// count of feature tiles (the last pair's second CTA past n), split K, unaligned rows, and rows
+// that fill a 256-row tile's second half. Each reduction forced (the cluster and fused ones run
+// the tile unpaired) gives the same bits too. (kKN weights on the pair tiles:
+// KnWeightsOnWgmmaTiles, which runs every bulk-copy tile.)
+TEST_F(ParityGemm, PairTilesRunPairedWithTheDefaultBits) {
+  const std::vector<Shape> shapes = {
+      {"odd feature tiles", 300, 1536, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f},
+      {"split", 640, 7168, 1, WeightLayout::kNK, GemmOutput::kAccumulate, 0.5f},
+      {"ragged", 200, 2624, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f, 0, 0, 2},
+  };
+  std::vector<int> pairs;
+  for (int tile = 0; tile < cuda::gemm_invariant_tile_count(cuda::GemmKernel::kWgmma); ++tile) {
+    if (cuda::gemm_invariant_tile_pair(tile, cuda::GemmKernel::kWgmma) == 2) pairs.push_back(tile);
+  }
+  ASSERT_EQ(pairs.size(), 3u) << "the .mc2 tiles";
+  for (const Shape& s : shapes) {
+    Problem pr(s, 256, 97 + uint64_t(s.n));
+    for (int m : {1, 130, 256}) {
+      use(cuda::GemmKernel::kWgmma);
+      const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+      for (int tile : pairs) {
+        for (int reduce : kReductions) {
+          cuda::GemmInvariantTuning tuning;
+          tuning.tile = tile, tuning.reduce = reduce, tuning.kernel = cuda::GemmKernel::kWgmma;
+          set_gemm_invariant_tuning(*cuda_, tuning);
+          const uint64_t fallbacks = cuda::gemm_invariant_bulk_copy_fallbacks();
+          const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, m);
+          EXPECT_EQ(cuda::gemm_invariant_bulk_copy_fallbacks(), fallbacks)
+              << s.name << " m=" << m << ": tile "
+              << cuda::gemm_invariant_tile_name(tile, cuda::GemmKernel::kWgmma)
+              << reduction_label(reduce) << " ran its cp.async tile";
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+              << s.name << " m=" << m << ": tile "
+              << cuda::gemm_invariant_tile_name(tile, cuda::GemmKernel::kWgmma)
+              << reduction_label(reduce) << " differs from the default";
+        }
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// The pair tiles once each on a small problem, for the sanitizers (scripts/gpu-pairs.sh):
+// memcheck, racecheck and synccheck over the multicast copies, the remote arrivals and the
+// cluster barriers.
+TEST_F(ParityGemm, PairTilesSanitizerCompact) {
+  const Shape s{"compact pairs", 300, 1024, 1, WeightLayout::kNK, GemmOutput::kOverwrite, 1.0f};
+  Problem pr(s, 130, 131);
+  use(cuda::GemmKernel::kWgmma);
+  const std::vector<float> want = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, 130);
+  int ran = 0;
+  for (int tile = 0; tile < cuda::gemm_invariant_tile_count(cuda::GemmKernel::kWgmma); ++tile) {
+    if (cuda::gemm_invariant_tile_pair(tile, cuda::GemmKernel::kWgmma) != 2) continue;
+    cuda::GemmInvariantTuning tuning;
+    tuning.tile = tile, tuning.kernel = cuda::GemmKernel::kWgmma;
+    set_gemm_invariant_tuning(*cuda_, tuning);
+    const std::vector<float> got = pr.run_cuda(*cuda_, GemmMode::kBatchInvariant, 130);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+        << cuda::gemm_invariant_tile_name(tile, cuda::GemmKernel::kWgmma);
+    ++ran;
+  }
+  EXPECT_EQ(ran, 3);
+}
+
 // The V3.2 projections that split K (x_proj 7 slices, kv_a 8, q_a 4, o 2) at the decode sizes:
 // their slices summed in clusters (reduce 2; by default at m <= 16) give the bytes of the
 // reduction through L2 (the fused one or the separate kernel, as the tile asks), with and without

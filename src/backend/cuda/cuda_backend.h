@@ -66,6 +66,11 @@ int gemm_invariant_tile_count(GemmKernel kernel = GemmKernel::kMma);
 const char* gemm_invariant_tile_name(int tile, GemmKernel kernel = GemmKernel::kMma);
 // The tile's rows of x (0 for an unknown index).
 int gemm_invariant_tile_rows(int tile, GemmKernel kernel = GemmKernel::kMma);
+// The CTAs of a cluster that share each x tile (2: the wgmma kernel's .mc2 tiles; else 1).
+int gemm_invariant_tile_pair(int tile, GemmKernel kernel = GemmKernel::kMma);
+// Launches of the wgmma kernel's bulk-copy tiles that ran the cp.async tile of the same shape
+// instead, since the process started (the same bits; a probe for tests and benches).
+uint64_t gemm_invariant_bulk_copy_fallbacks();
 // What a call would use: the split count for (n, k, batch) and the tile index for m rows (of
 // the kernel the tuning names; kDefault: kDefaultGemmKernel).
 int gemm_invariant_splits(int n, int k, int batch, const GemmInvariantTuning& tuning);

@@ -282,6 +282,11 @@ const char* gemm_invariant_tile_name(int tile, GemmKernel kernel) {
   if (tile < 0 || tile >= gemm_invariant_tile_count(kernel)) return "default";
   return is_wgmma(kernel) ? wgmma_tile_info(tile).name : mma_tile_info(tile).name;
 }
+int gemm_invariant_tile_pair(int tile, GemmKernel kernel) {
+  if (tile < 0 || tile >= gemm_invariant_tile_count(kernel) || !is_wgmma(kernel)) return 1;
+  return wgmma_tile_info(tile).pair;
+}
+uint64_t gemm_invariant_bulk_copy_fallbacks() { return wgmma_bulk_copy_fallbacks(); }
 int gemm_invariant_tile_rows(int tile, GemmKernel kernel) {
   if (tile < 0 || tile >= gemm_invariant_tile_count(kernel)) return 0;
   return is_wgmma(kernel) ? wgmma_tile_info(tile).rows : mma_tile_info(tile).rows;

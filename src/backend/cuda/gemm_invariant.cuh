@@ -170,6 +170,7 @@ inline constexpr int kGemmFp8MaxSliceBlocks = 256;
 struct GemmTileInfo {
   const char* name;
   int rows, cols;
+  int pair = 1;  // CTAs of a cluster sharing each x tile (gemm_wgmma_tma.cu's .mc2 tiles: 2)
 };
 struct GemmTileEntry {
   GemmTileInfo info;
@@ -206,7 +207,10 @@ int wgmma_pick_tile(int m, int n, int batch, int splits);
 // tile is a cp.async one or the copy engine cannot take the operands.
 cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream);
 bool wgmma_tile_is_bulk_copy(int tile);  // gemm_wgmma_tma.cu's tiles, which take p.cluster
-cudaError_t wgmma_prepare();             // every tile's shared-memory opt-in, on the current device
+// How many launches of a bulk-copy tile so far ran its cp.async tile instead (the copy engine
+// could not take the operands, or a pair tile was asked for a reduction it does not run).
+uint64_t wgmma_bulk_copy_fallbacks();
+cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the current device
 
 // ---- gemm_wgmma_tma.cu (the same chains, fed by the bulk copy engine) ----
 int wgmma_tma_tile_count();

@@ -222,7 +222,11 @@ int fallback_of(int tile) {
   return 0;
 }
 
+std::atomic<uint64_t> g_bulk_copy_fallbacks{0};
+
 }  // namespace
+
+uint64_t wgmma_bulk_copy_fallbacks() { return g_bulk_copy_fallbacks.load(); }
 
 int wgmma_tile_count() { return kTileCount + wgmma_tma_tile_count(); }
 GemmTileInfo wgmma_tile_info(int tile) {
@@ -256,6 +260,7 @@ cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream) {
   if (tile >= kTileCount) {
     const cudaError_t err = wgmma_tma_launch(p, tile - kTileCount, stream);
     if (err != cudaErrorNotSupported || p.cluster) return err;
+    g_bulk_copy_fallbacks.fetch_add(1, std::memory_order_relaxed);
     tile = fallback_of(tile);
   }
   // The cp.async tiles reduce through partial only: the caller runs them without the cluster.

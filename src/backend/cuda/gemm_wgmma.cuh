@@ -266,16 +266,28 @@ struct WgmmaCta {
   }
 };
 
+// The CTAs of a cluster along the features that share each x tile (C::kPair where the
+// configuration names one, else 1): each brings 1/kPair of the stage's x rows into all of them
+// with one multicast copy (gemm_wgmma_tma.cu).
+template <class C>
+constexpr int pair_of() {
+  if constexpr (requires { C::kPair; }) {
+    return C::kPair;
+  } else {
+    return 1;
+  }
+}
+
 // Thread 0 sets the ring's barriers up (full: one arrival plus the copies' bytes; empty: one
-// arrival per consumer warpgroup) and prefetches the two
-// tensor maps; every thread of the CTA calls it and leaves after the setup.
+// arrival per consumer warpgroup of each CTA that writes the stage, pair_of<C>() of them) and
+// prefetches the two tensor maps; every thread of the CTA calls it and leaves after the setup.
 template <class C>
 __device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, const CUtensorMap* a,
                                           const CUtensorMap* b) {
   if (threadIdx.x == 0) {
     for (int st = 0; st < C::kStages; ++st) {
       mbar_init(&full[st], 1);
-      mbar_init(&empty[st], C::kConsumers);
+      mbar_init(&empty[st], C::kConsumers * pair_of<C>());
     }
     mbar_init_fence();
     tma_prefetch_map(a);
@@ -290,7 +302,10 @@ template <class C>
 __device__ __forceinline__ int claim_stage(uint64_t* full, uint64_t* empty, int kt,
                                            uint32_t bytes) {
   const int st = kt % C::kStages, use = kt / C::kStages;
-  if (use > 0) mbar_wait(&empty[st], uint32_t(use - 1) & 1u);
+  // A pair's stage is written by both CTAs' copies: both CTAs' consumers must be done with it.
+  if (use > 0) {
+    mbar_wait<(pair_of<C>() > 1)>(&empty[st], uint32_t(use - 1) & 1u);
+  }
   mbar_arrive_expect_tx(&full[st], bytes);
   return st;
 }
@@ -316,7 +331,12 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
     chains.stage(stage + uint32_t(wg * 64 * kSwizzleRowBytes), stage + uint32_t(C::kWBytes),
                  k_len - kt * kWgmmaStageK);
     wgmma_wait<1>();  // the group of stage kt - 1 has completed: release its stage
-    if (kt > 0 && leader) mbar_arrive(&empty[(kt - 1) % C::kStages]);
+    if (kt > 0 && leader) {
+      uint64_t* bar = &empty[(kt - 1) % C::kStages];
+      mbar_arrive(bar);
+      // The other CTA of a pair writes its share of x into this stage too: it waits for us.
+      if constexpr (pair_of<C>() > 1) mbar_arrive_remote(bar, cluster_cta_rank() ^ 1u);
+    }
   }
   wgmma_wait<0>();
   chains.fence();

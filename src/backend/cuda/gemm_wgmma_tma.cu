@@ -19,6 +19,20 @@
 // copy engine's zero fill stands in for gemm_wgmma.cu's. The consumers issue the k16 blocks below
 // the slice end only, as there, so the zero fill is never multiplied.
 //
+// Pairs (the .mc2 tiles, kPair = 2). The two CTAs of a cluster along the features (grid y) work
+// on the same rows of x and the same k stages, and each needs the stage's whole x tile; from L2
+// into shared memory that tile is most of a large tile's traffic (the 256 x 128 tile's stage is
+// 16 KiB of weights and 32 KiB of x). So each CTA's copy brings half the x rows, multicast into
+// both CTAs at the same offset, and each CTA's `full` barrier expects its own weight tile and the
+// whole x tile. A stage is written by both CTAs, so its `empty` barrier counts the consumer
+// warpgroups of both (each consumer arrives in its own CTA and, remotely, in the other's), the
+// ring starts after a cluster barrier (both CTAs' barriers are initialized) and ends with one (no
+// remote arrival reaches a CTA that has left). With an odd count of feature tiles the last pair's
+// second CTA lies past n: its weight box reads as +0 and it stores nothing, but it brings its half
+// of x. The chains and their order are those of kPair = 1: the same bits. A pair's slices reduce
+// in the separate kernel: where the call asks for the cluster reduction or the fused one, the
+// tile runs unpaired (TmaConfig::Unpaired, the same tile without the multicast).
+//
 // Needs 16-byte-aligned bases and row and batch strides that are multiples of 8 elements (what
 // the tensor map encoder accepts); gemm_wgmma.cu falls back to its cp.async tile of the same
 // shape otherwise (wgmma_tma_launch returns cudaErrorNotSupported and launches nothing).
@@ -39,7 +53,7 @@ namespace {
 
 constexpr int kBK = kWgmmaStageK;
 
-template <int kConsumers_, int kN_, int kNSub_, int kStages_, int kMinBlocks_>
+template <int kConsumers_, int kN_, int kNSub_, int kStages_, int kMinBlocks_, int kPair_ = 1>
 struct TmaConfig {
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 features each
   static constexpr int kN = kN_;                  // the wgmma N: batch rows per instruction
@@ -47,8 +61,11 @@ struct TmaConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers are capped for
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kCols = 64 * kConsumers;  // output features per CTA
-  static constexpr int kRows = kN * kNSub;       // rows of x per CTA
+  static constexpr int kCols = 64 * kConsumers;    // output features per CTA
+  static constexpr int kRows = kN * kNSub;         // rows of x per CTA
+  static constexpr int kPair = kPair_;             // CTAs sharing each x tile (the header)
+  static constexpr int kXBoxRows = kRows / kPair;  // rows of x each CTA's copy brings
+  using Unpaired = TmaConfig<kConsumers_, kN_, kNSub_, kStages_, kMinBlocks_, 1>;
   static constexpr int kWBytes = kCols * kSwizzleRowBytes;
   static constexpr int kStageBytes = (kCols + kRows) * kSwizzleRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + kSwizzleAtomBytes;  // + align slack
@@ -57,6 +74,8 @@ struct TmaConfig {
   static_assert(kN % 8 == 0 && kN >= 8 && kN <= 128, "wgmma.cuh instantiates N = 8 .. 128");
   static_assert(kRows <= 256 && kCols <= 256, "a tensor map box has at most 256 rows");
   static_assert(kStages >= 2, "one stage in the tensor cores, one landing");
+  static_assert(kPair == 1 || (kPair == 2 && kXBoxRows % 8 == 0),
+                "a pair's halves of x start on a swizzle atom");
   static_assert(kSmemBytes <= 227 * 1024, "an H200 CTA has at most 227 KiB of shared memory");
 };
 
@@ -76,6 +95,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const WgmmaCta cta = WgmmaCta::of<C>(p);
 
   init_ring<C>(full, empty, &map_w, &map_x);
+  // A pair: the other CTA's barriers are initialized before any copy or arrival reaches them.
+  if constexpr (C::kPair > 1) cluster_sync();
 
   if (cta.wg == C::kConsumers) {
     // The producer warpgroup: one thread issues every copy.
@@ -94,7 +115,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         } else {
           tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
         }
-        tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
+        if constexpr (C::kPair > 1) {
+          const int half = int(cluster_cta_rank());
+          tma_load_3d_multicast(ws + C::kWBytes + half * C::kXBoxRows * kSwizzleRowBytes, &map_x,
+                                k0, cta.row0 + half * C::kXBoxRows, cta.b, &full[st],
+                                uint16_t((1u << C::kPair) - 1u));
+        } else {
+          tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
+        }
       }
     }
     if (p.cluster) cluster_tile_bystander();
@@ -103,26 +131,47 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     wgmma_consume<C, kKn>(p, cta, smem_base, empty,
                           [&](int, int st, uint32_t parity) { mbar_wait(&full[st], parity); });
   }
+  if constexpr (C::kPair > 1) {
+    __syncwarp();
+    cluster_sync();  // the other CTA's last remote arrivals on this one's barriers are in
+  }
 }
 
 template <class C, bool kKn>
 cudaError_t launch(const TcParams& p, cudaStream_t stream) {
+  if constexpr (C::kPair > 1) {
+    if (p.cluster || p.fused) return launch<typename C::Unpaired, kKn>(p, stream);  // the header
+  }
   // Weights [batch][n][k] (kKN: [batch][k][n]): rows past n and k past K read as +0.
   CUtensorMap map_w, map_x;
-  const bool mapped = p.vec_w &&
-                      (kKn ? encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.n, p.k,
-                                             p.batch, p.ld_w, p.bs_w, 64, kBK)
-                           : encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.k, p.n,
-                                             p.batch, p.ld_w, p.bs_w, kBK, C::kCols)) &&
-                      encode_x_map<C>(&map_x, p);
+  const bool mapped =
+      p.vec_w &&
+      (kKn ? encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.n, p.k, p.batch, p.ld_w,
+                             p.bs_w, 64, kBK)
+           : encode_tile_map(&map_w, TileMap::kBf16Swizzle128, p.w, p.k, p.n, p.batch, p.ld_w,
+                             p.bs_w, kBK, C::kCols)) &&
+      (C::kPair > 1 ? p.vec_x && encode_tile_map(&map_x, TileMap::kBf16Swizzle128, p.x, p.k, p.m,
+                                                 p.batch, p.ld_x, p.bs_x, kBK, C::kXBoxRows)
+                    : encode_x_map<C>(&map_x, p));
   if (!mapped) return cudaErrorNotSupported;
-  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_tma_kernel<C, kKn>, C::kSmemBytes>,
-                           &gemm_wgmma_tma_kernel<C, kKn>, map_w, map_x, p, stream);
+  constexpr auto kernel = &gemm_wgmma_tma_kernel<C, kKn>;
+  constexpr auto opt_in = &wgmma_opt_in<kernel, C::kSmemBytes>;
+  if constexpr (C::kPair > 1) {
+    if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
+    dim3 grid = wgmma_grid<C>(p);
+    grid.y = unsigned(ceil_div(int(grid.y), C::kPair) * C::kPair);
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    launch_kernel_in_clusters(kernel, grid, C::kThreads, C::kSmemBytes,
+                              dim3(1, unsigned(C::kPair), 1), stream, map_w, map_x, p);
+    return cudaGetLastError();
+  } else {
+    return launch_on_maps<C>(opt_in, kernel, map_w, map_x, p, stream);
+  }
 }
 
 template <class C, bool kKn = false>
 constexpr GemmTileEntry entry(const char* name) {
-  return {{name, C::kRows, C::kCols},
+  return {{name, C::kRows, C::kCols, C::kPair},
           &launch<C, kKn>,
           &wgmma_opt_in<&gemm_wgmma_tma_kernel<C, kKn>, C::kSmemBytes>};
 }
@@ -138,6 +187,10 @@ constexpr GemmTileEntry kTiles[] = {
     entry<TmaConfig<2, 128, 1, 5, 1>>("tma.128x128.s5"),  // 6: 384, 161 KiB, 1
     entry<TmaConfig<1, 128, 1, 6, 1>>("tma.128x64.s6"),   // 7: 256, 145 KiB, 1
     entry<TmaConfig<2, 128, 2, 4, 1>>("tma.256x128.s4"),  // 8: 384, 193 KiB, 1
+    // Pairs sharing x (the header), opt-in: the sweep and DSA_CUDA_GEMM tuning reach them.
+    entry<TmaConfig<2, 128, 2, 4, 1, 2>>("tma.256x128.s4.mc2"),  // 9: 384, 193 KiB, 1
+    entry<TmaConfig<2, 128, 1, 5, 1, 2>>("tma.128x128.s5.mc2"),  // 10: 384, 161 KiB, 1
+    entry<TmaConfig<2, 64, 1, 4, 2, 2>>("tma.64x128.s4.mc2"),    // 11: 384, 97 KiB, 2
 };
 // The same tiles for kKN weights (opt-in: GemmInvariantTuning::kn), by the same index.
 constexpr GemmTileEntry kTilesKn[] = {
@@ -150,6 +203,9 @@ constexpr GemmTileEntry kTilesKn[] = {
     entry<TmaConfig<2, 128, 1, 5, 1>, true>("tma.128x128.s5"),
     entry<TmaConfig<1, 128, 1, 6, 1>, true>("tma.128x64.s6"),
     entry<TmaConfig<2, 128, 2, 4, 1>, true>("tma.256x128.s4"),
+    entry<TmaConfig<2, 128, 2, 4, 1, 2>, true>("tma.256x128.s4.mc2"),
+    entry<TmaConfig<2, 128, 1, 5, 1, 2>, true>("tma.128x128.s5.mc2"),
+    entry<TmaConfig<2, 64, 1, 4, 2, 2>, true>("tma.64x128.s4.mc2"),
 };
 static_assert(std::size(kTilesKn) == std::size(kTiles), "one kKN tile per tile");
 
@@ -170,7 +226,7 @@ int wgmma_tma_kn_pick_tile(int m) {
   int pick = -1;
   for (int t = 0; t < wgmma_tma_tile_count(); ++t) {
     const GemmTileInfo info = wgmma_tma_tile_info(t);
-    if (info.cols != 128 || info.rows > 128) continue;
+    if (info.cols != 128 || info.rows > 128 || info.pair != 1) continue;  // pairs: opt-in
     pick = t;
     if (info.rows >= m) break;
   }
