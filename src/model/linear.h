@@ -32,6 +32,7 @@ inline void linear(Backend& be, const float* x, int64_t ld_x, const WeightMatrix
   g.x_bf16 = x_bf16;
   g.ld_x_bf16 = k;
   if (g.x_fp8) g.x8 = x8;
+  g.w_constant = true;  // the model's weights: written once, at load
   be.gemm(g);
 }
 

@@ -296,6 +296,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   absorb.batch_stride_w = kv_b_head;
   absorb.batch_stride_y = kLatentDim;
   absorb.layout = WeightLayout::kKN;
+  absorb.w_constant = true;
   be.gemm(absorb);
   be.lane_wait(Lane::kMain, Lane::kSide);  // the selected slots and both stores are done
 
@@ -327,6 +328,7 @@ void Model::attention(int l, const StepView& step, KvCache& cache, const StepOpt
   up.batch_stride_x = kKvLoraRank;
   up.batch_stride_w = kv_b_head;
   up.batch_stride_y = c.v_head_dim;
+  up.w_constant = true;
   be.gemm(up);
   linear(be, o_.data(), int64_t(H) * c.v_head_dim, L.o, hidden, H * c.v_head_dim, h_.data(), hidden,
          R, GemmOutput::kAccumulate);

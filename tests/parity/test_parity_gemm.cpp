@@ -24,6 +24,7 @@
 // guard bytes around every buffer must come back byte for byte.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -602,6 +603,73 @@ TEST_F(ParityGemm, ClusterReductionGivesTheBitsOfTheReductionThroughL2) {
           << s.name << " m=" << m << ": the cluster reduction under PDL differs";
     }
   }
+}
+
+// Constant weights (GemmParams::w_constant) under programmatic dependent launch: the bulk-copy
+// kernels copy the first stages' weights before their wait, never x. A chain of two GEMMs, the
+// second reading the first's output, queued back to back after that output was poisoned with NaN:
+// the second sees the first's values (the same bytes as the chain without PDL and without the
+// flag), at every row class, repeated, on the default tiles and a pair tile.
+TEST_F(ParityGemm, ConstantWeightsUnderPdlSeeTheirProducersOutput) {
+  constexpr int kMaxM = 256, kK1 = 1024, kN1 = 2048, kN2 = 1536;
+  testing::Rng rng(211);
+  std::vector<float> x1(size_t(kMaxM) * kK1);
+  for (float& v : x1) v = rng.uniform(-1.0f, 1.0f);
+  auto weights = [&](int n, int k) {
+    std::vector<Bf16> w(size_t(n) * k);
+    for (Bf16& v : w) v = float_to_bf16(rng.uniform(-0.05f, 0.05f));
+    return w;
+  };
+  const std::vector<Bf16> w1 = weights(kN1, kK1), w2 = weights(kN2, kN1);
+  Guarded dx1(*cuda_, x1.size() * 4), dw1(*cuda_, w1.size() * 2), dw2(*cuda_, w2.size() * 2);
+  Guarded dy1(*cuda_, size_t(kMaxM) * kN1 * 4), dy2(*cuda_, size_t(kMaxM) * kN2 * 4);
+  dx1.write(x1.data()), dw1.write(w1.data()), dw2.write(w2.data());
+  const std::vector<float> nan(size_t(kMaxM) * kN1, std::nanf(""));
+  auto chain = [&](int m, bool w_constant) {
+    dy1.write(nan.data());
+    GemmParams g1;
+    g1.x = static_cast<const float*>(dx1.data());
+    g1.w = static_cast<const Bf16*>(dw1.data());
+    g1.y = static_cast<float*>(dy1.data());
+    g1.m = m, g1.n = kN1, g1.k = kK1, g1.ld_x = kK1, g1.ld_w = kK1, g1.ld_y = kN1;
+    g1.w_constant = w_constant;
+    GemmParams g2 = g1;
+    g2.x = g1.y;
+    g2.w = static_cast<const Bf16*>(dw2.data());
+    g2.y = static_cast<float*>(dy2.data());
+    g2.n = kN2, g2.k = kN1, g2.ld_x = kN1, g2.ld_w = kN1, g2.ld_y = kN2;
+    cuda_->set_gemm_mode(GemmMode::kBatchInvariant);
+    cuda_->gemm(g1);
+    cuda_->gemm(g2);
+    cuda_->synchronize();
+    const std::vector<uint8_t> bytes = dy2.read("y2");
+    std::vector<float> y(size_t(m) * kN2);
+    std::memcpy(y.data(), bytes.data(), y.size() * 4);
+    return y;
+  };
+  int pair_tile = -1;
+  for (int tile = 0; tile < cuda::gemm_invariant_tile_count(cuda::GemmKernel::kWgmma); ++tile) {
+    if (cuda::gemm_invariant_tile_pair(tile, cuda::GemmKernel::kWgmma) == 2) pair_tile = tile;
+  }
+  for (int tile : {-1, pair_tile}) {
+    cuda::GemmInvariantTuning tuning;
+    tuning.kernel = cuda::GemmKernel::kWgmma, tuning.tile = tile;
+    set_gemm_invariant_tuning(*cuda_, tuning);
+    for (int m : {1, 64, 256}) {
+      const std::vector<float> want = chain(m, false);
+      ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); }));
+      const testing::RestoreEnv restore({"DSA_CUDA_PDL"});
+      setenv("DSA_CUDA_PDL", "on", 1);
+      for (int rep = 0; rep < 4; ++rep) {
+        const std::vector<float> got = chain(m, true);
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << "m=" << m << " tile "
+            << cuda::gemm_invariant_tile_name(tile, cuda::GemmKernel::kWgmma) << " rep " << rep
+            << ": the second GEMM did not see the first's output";
+      }
+    }
+  }
+  set_gemm_invariant_tuning(*cuda_, {});
 }
 
 // One probe row, alone, among 7 and among 255 rows of large garbage, at several positions and

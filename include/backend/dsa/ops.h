@@ -140,6 +140,10 @@ struct GemmParams {
   int64_t ld_w_scale = 0;          // ld_w_scale (>= ceil(k / 128))
   bool x_fp8 = false;              // with w_fp8: quantize x to e4m3 per 128-k block (above)
   Fp8Rows x8 = {};                 // with x_fp8: x already quantized (above); optional
+  // w (or w_fp8 and w_scale) is written by no kernel this stream runs before the call (model
+  // weights): a CUDA kernel may start copying it before its programmatic wait (DSA_CUDA_PDL=on,
+  // src/backend/cuda/pdl.h). Never set it for an operand some earlier kernel produces.
+  bool w_constant = false;
 };
 inline constexpr int kGemmFp8Block = 128;  // the w_scale block: 128 x 128 weights
 

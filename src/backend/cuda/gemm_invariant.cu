@@ -426,6 +426,7 @@ cudaError_t gemm_w8a8(const GemmParams& p, const Fp8Rows& x8, float* scratch,
   t.accumulate = p.output == GemmOutput::kAccumulate;
   t.vec_x = true;
   t.vec_w = true;
+  t.w_early = p.w_constant;
   t.cluster = cluster_reduction(plan, 1, p.m, true, tuning);
   t.fused = !t.cluster && fused_reduction(plan, shape, tiles_m * tiles_n, tuning);
   // (Its one refusal, operands the copy engine cannot take, holds with either reduction.)
@@ -509,6 +510,7 @@ cudaError_t gemm_invariant(const GemmParams& p, const Bf16* x_bf16, int64_t ld_x
   t.accumulate = p.output == GemmOutput::kAccumulate;
   t.vec_x = vec_x;
   t.vec_w = vec_w;
+  t.w_early = p.w_constant;
   // The cluster reduction where the kernel is a bulk-copy one; else the fused reduction or the
   // separate kernel (fused_reduction). Any of them gives the same bits.
   t.cluster = (wgmma_kn || (wgmma && wgmma_tile_is_bulk_copy(tile))) &&

@@ -39,6 +39,8 @@ struct TcParams {
   // The splits of an output tile are one cluster (grid z, batch 1, 2 to 8 splits; the bulk-copy
   // kernels only) and sum their chains in distributed shared memory (reduce_cluster_tile,
   // gemm_wgmma.cuh); partial and counters are then not touched.
+  // The weights may be copied before the programmatic wait (GemmParams::w_constant; pdl.h).
+  bool w_early = false;
   bool cluster = false;
 };
 inline constexpr int kGemmClusterMaxSplits = 8;  // TcParams::cluster: the portable cluster size

@@ -98,7 +98,7 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     gemm_w8a8_kernel(const __grid_constant__ CUtensorMap map_w8,
                      const __grid_constant__ CUtensorMap map_x8, TcParams p) {
-  pdl_enter();
+  pdl_launch_dependents();  // the waits: the producer's in produce_stages, the consumers' below
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);
@@ -112,17 +112,21 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   if (cta.wg == C::kConsumers) {  // the producer warpgroup: one thread issues every copy
     if (threadIdx.x % 128 == 0) {
-      for (int kt = 0; kt < stages; ++kt) {
-        const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kStageBytes));
-        uint8_t* stage = smem + st * C::kStageBytes;
-        const int k0 = cta.k_begin + kt * kBlockK;
-        tma_load_3d(stage, &map_w8, k0, cta.col0, 0, &full[st]);
-        tma_load_3d(stage + C::kWBytes, &map_x8, k0, cta.row0, 0, &full[st]);
-      }
+      produce_stages<C>(
+          p, full, empty, stages, uint32_t(C::kStageBytes),
+          [&](int kt, int st) {
+            tma_load_3d(smem + st * C::kStageBytes, &map_w8, cta.k_begin + kt * kBlockK, cta.col0,
+                        0, &full[st]);
+          },
+          [&](int kt, int st) {
+            tma_load_3d(smem + st * C::kStageBytes + C::kWBytes, &map_x8,
+                        cta.k_begin + kt * kBlockK, cta.row0, 0, &full[st]);
+          });
     }
     if (p.cluster) cluster_tile_bystander();
     return;
   }
+  pdl_wait();  // the consumers, before any access to global memory
 
   constexpr int kN = C::kN;
   using Acc = W8a8Acc<kN>;

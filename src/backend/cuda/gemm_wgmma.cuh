@@ -310,6 +310,25 @@ __device__ __forceinline__ int claim_stage(uint64_t* full, uint64_t* empty, int 
   return st;
 }
 
+// The producer thread's loop over a CTA's `tiles` stages: per stage kt, its claim (claim_stage,
+// `bytes` expected), then load_w(kt, st) and load_x(kt, st), the copies of the weight and x tiles.
+// With p.w_early the weight copies of the first kStages stages (no claim waits for them: their
+// stages are fresh) go before the programmatic wait, overlapping the kernel before this one;
+// every x copy follows it (pdl.h).
+template <class C, class LoadW, class LoadX>
+__device__ __forceinline__ void produce_stages(const TcParams& p, uint64_t* full, uint64_t* empty,
+                                               int tiles, uint32_t bytes, LoadW&& load_w,
+                                               LoadX&& load_x) {
+  const int early = p.w_early ? min(tiles, C::kStages) : 0;
+  for (int kt = 0; kt < early; ++kt) load_w(kt, claim_stage<C>(full, empty, kt, bytes));
+  pdl_wait();
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int st = kt < early ? kt : claim_stage<C>(full, empty, kt, bytes);
+    if (kt >= early) load_w(kt, st);
+    load_x(kt, st);
+  }
+}
+
 // A consumer warpgroup of the bulk-copy kernels (gemm_wgmma_tma.cu, gemm_wgmma_fp8.cu), all of
 // it: per stage, wait(kt, st, parity) until stage st (tile kt) may be read, run the chains over
 // this warpgroup's 64 weight rows (the stage starts with the weight tile, C::kWBytes long, then the

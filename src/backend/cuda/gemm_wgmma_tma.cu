@@ -86,7 +86,7 @@ template <class C, bool kKn>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     gemm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                           const __grid_constant__ CUtensorMap map_x, TcParams p) {
-  pdl_enter();
+  pdl_launch_dependents();  // the waits: the producer's in produce_stages, the consumers' below
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
   uint8_t* smem = align_to_atom(smem_raw);  // the swizzle atoms need 1024-byte alignment
@@ -102,8 +102,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // The producer warpgroup: one thread issues every copy.
     if constexpr (C::kRebalance) warpgroup_reg_dealloc<40>();
     if (threadIdx.x % 128 == 0) {
-      for (int kt = 0; kt < cta.tiles; ++kt) {
-        const int st = claim_stage<C>(full, empty, kt, uint32_t(C::kStageBytes));
+      auto load_w = [&](int kt, int st) {
         uint8_t* ws = smem + st * C::kStageBytes;
         const int k0 = cta.k_begin + kt * kBK;
         if constexpr (kKn) {
@@ -115,19 +114,25 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         } else {
           tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
         }
+      };
+      auto load_x = [&](int kt, int st) {
+        uint8_t* xs = smem + st * C::kStageBytes + C::kWBytes;
+        const int k0 = cta.k_begin + kt * kBK;
         if constexpr (C::kPair > 1) {
           const int half = int(cluster_cta_rank());
-          tma_load_3d_multicast(ws + C::kWBytes + half * C::kXBoxRows * kSwizzleRowBytes, &map_x,
-                                k0, cta.row0 + half * C::kXBoxRows, cta.b, &full[st],
+          tma_load_3d_multicast(xs + half * C::kXBoxRows * kSwizzleRowBytes, &map_x, k0,
+                                cta.row0 + half * C::kXBoxRows, cta.b, &full[st],
                                 uint16_t((1u << C::kPair) - 1u));
         } else {
-          tma_load_3d(ws + C::kWBytes, &map_x, k0, cta.row0, cta.b, &full[st]);
+          tma_load_3d(xs, &map_x, k0, cta.row0, cta.b, &full[st]);
         }
-      }
+      };
+      produce_stages<C>(p, full, empty, cta.tiles, uint32_t(C::kStageBytes), load_w, load_x);
     }
     if (p.cluster) cluster_tile_bystander();
   } else {
     if constexpr (C::kRebalance) warpgroup_reg_alloc<232>();
+    pdl_wait();  // before any access to global memory
     wgmma_consume<C, kKn>(p, cta, smem_base, empty,
                           [&](int, int st, uint32_t parity) { mbar_wait(&full[st], parity); });
   }

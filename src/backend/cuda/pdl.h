@@ -8,6 +8,12 @@
 // returned, so the kernel after it waits for every kernel before it too. Without the launch
 // attribute both instructions do nothing.
 //
+// One exception, stated per call: the bulk-copy GEMM kernels (bf16 and w8a8) copy the weights of
+// their first stages before the wait when the call says no earlier kernel writes them
+// (GemmParams::w_constant, TcParams::w_early; produce_stages in gemm_wgmma.cuh). Every other
+// access of theirs, and every write, follows the wait: the producer waits before its first x
+// copy, every consumer thread before it reads or writes global memory.
+//
 // launch_kernel() is the backend's one way to launch a kernel: the launch attribute is set when
 // DSA_CUDA_PDL=on (read at every launch; default off until it has run on the H200; the same bits
 // either way, only the time between kernels moves). Graph capture keeps the attribute as a
@@ -24,11 +30,19 @@
 namespace dsa::cuda {
 
 #ifdef __CUDACC__
-__device__ __forceinline__ void pdl_enter() {
+__device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_launch_dependents();
+  pdl_wait();
 }
 #endif
 
