@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-steps.sh
 budget_setup pairs.log "${PAIRS_BUDGET:-540}"
 budgeted_parity "${PAIRS_PARITY_S:-200}" "$P" \
-  --gtest_filter="${PAIRS_PARITY:-ParityGemm.PairTiles*:ParityGemm.EveryTileAndReductionGiveTheSameBits:ParityGemm.KnWeightsOnWgmmaTiles*:ParityGemm.ProbeRowIsBitwiseInvariantToItsBatch:ParityGemm.ClusterReductionGivesTheBitsOfTheReductionThroughL2}" \
+  --gtest_filter="${PAIRS_PARITY:-ParityGemm.PairTiles*:ParityGemm.ConstantWeightsUnderPdlSeeTheirProducersOutput:ParityGemm.EveryTileAndReductionGiveTheSameBits:ParityGemm.KnWeightsOnWgmmaTiles*:ParityGemm.ProbeRowIsBitwiseInvariantToItsBatch:ParityGemm.ClusterReductionGivesTheBitsOfTheReductionThroughL2}" \
   --gtest_output="json:$OUT/parity.json"
 for tool in memcheck racecheck synccheck; do
   budgeted "sanitizer-$tool" 60 "$SAN" --tool "$tool" --error-exitcode 17 --print-limit 30 \

@@ -8,7 +8,8 @@
 #   2. check-replay with PDL on: graph against eager over 1500 steps with the auditor (CLEAN), and
 #      the incident's faults (CORRUPTION FOUND, every clobber named);
 #   3. the decode step with PDL off and on, one process each: V3.2 dims (1 layer, B = 1 / 8 / 64 /
-#      256, context 4096) and the tiny preset (graph against eager), tabled in pdl.md.
+#      256, context 4096; bf16 and w8a8 weights, whose GEMMs copy their first weights before the
+#      wait) and the tiny preset (graph against eager), tabled in pdl.md.
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md, pdl.log,
 # parity.json, decode-*.json, pdl.md.
 set -uo pipefail
@@ -21,6 +22,9 @@ DECODE_OPS='*ParityGraph*:ParityOps.*:ParityFused.*:ParityStore*:ParitySample*:P
 DECODE_OPS+=':ParityAttention.SparseMlaWgmma64Compact:ParityAttention.SparseMlaWgmmaCompact'
 DECODE_OPS+=':ParityAttention.TopkBatchInvariant:ParityAttention.IndexerLogitsMatchCpu'
 DECODE_OPS+=':ParityGemm.GivenBf16CopyGivesTheSameBits:ParityAudit*'
+# The GEMMs that copy constant weights before their wait (GemmParams::w_constant): a chain over a
+# poisoned intermediate, and the w8a8 kernel's tests.
+DECODE_OPS+=':ParityGemm.ConstantWeightsUnderPdlSeeTheirProducersOutput:ParityGemmW8a8.*'
 
 step nvidia-smi 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 step parity-pdl 360 env DSA_CUDA_PDL=on "$P" --gtest_filter="$DECODE_OPS" \
@@ -36,6 +40,9 @@ for pdl in off on; do
   step "decode-v32-pdl-$pdl" 150 env DSA_CUDA_PDL=$pdl "$B/dsa" bench-decode --backend cuda \
     --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
     --json "$OUT/decode-v32-pdl-$pdl.json"
+  step "decode-v32w8a8-pdl-$pdl" 150 env DSA_CUDA_PDL=$pdl "$B/dsa" bench-decode --backend cuda \
+    --preset v32 --layers 1 --batches 1 8 64 256 --context 4096 --iters 10 --gemm invariant \
+    --weights w8a8 --json "$OUT/decode-v32w8a8-pdl-$pdl.json"
   step "decode-tiny-pdl-$pdl" 90 env DSA_CUDA_PDL=$pdl "$B/dsa" bench-decode --backend cuda \
     --preset tiny --layers 0 --batches 1 8 64 256 --context 1000 --iters 50 \
     --json "$OUT/decode-tiny-pdl-$pdl.json"
@@ -46,7 +53,7 @@ import json, os, sys
 out = sys.argv[1]
 lines = ["| preset | B | graph ms, off | graph ms, on | on / off | eager ms, on | eager / graph, on |",
          "|---|---|---|---|---|---|---|"]
-for preset in ("v32", "tiny"):
+for preset in ("v32", "v32w8a8", "tiny"):
     runs = {}
     for pdl in ("off", "on"):
         path = os.path.join(out, f"decode-{preset}-pdl-{pdl}.json")
