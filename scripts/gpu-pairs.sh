@@ -7,7 +7,8 @@
 #   1. parity: the pair tiles run paired with the default's bits (PairTilesRunPairedWithTheDefaultBits),
 #      every tile and reduction, the kKN tiles (pairs among them), the probe row, the cluster
 #      reduction;
-#   2. memcheck, racecheck and synccheck over ParityGemm.PairTilesSanitizerCompact;
+#   2. memcheck, racecheck and synccheck over ParityGemm.PairTilesSanitizerCompact; check-replay
+#      (bf16 and fp8 index-K, CLEAN) and its incident (CORRUPTION FOUND) with this build's defaults;
 #   3. the tile sweep of the V3.2 projections at their table split counts
 #      (dsa_gpu_bench --gemm-sweep --gemm-sweep-kernel wgmma --gemm-sweep-default-splits), which
 #      times every bulk-copy tile, pairs included, against cuBLASLt at B = 1, 8, 64, 256 and prints
@@ -28,9 +29,19 @@ for tool in memcheck racecheck synccheck; do
     $([[ $tool == racecheck ]] && echo --racecheck-report all) "$P" \
     --gtest_filter='ParityGemm.PairTilesSanitizerCompact' --gtest_brief=1
 done
-budgeted sweep "${PAIRS_SWEEP_S:-200}" "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
+# The replay check with this build's defaults (both index-K dtypes), and the incident found.
+for k in bf16 fp8; do
+  budgeted "check-replay-$k" 90 "$DSA" --log error check-replay --backend cuda --index-k "$k" \
+    --steps 1500 --seed 7
+done
+budgeted check-replay-incident 90 bash -c 'expect_incident "$@"' _ "$DSA" --log error \
+  check-replay --backend cuda --steps 600 --seed 7 --inject incident
+# The sweep gets what is left but the decode steps' 100 s, at most PAIRS_SWEEP_S (200).
+sweep_s=$(( DEADLINE - SECONDS - 100 ))
+(( sweep_s > ${PAIRS_SWEEP_S:-200} )) && sweep_s=${PAIRS_SWEEP_S:-200}
+budgeted sweep "$sweep_s" "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --gemm-sweep --gemm-sweep-kernel wgmma --gemm-sweep-default-splits \
-  --gemm-sweep-budget "$(( ${PAIRS_SWEEP_S:-200} - 20 ))" --json "$OUT/sweep.json"
+  --gemm-sweep-budget "$(( sweep_s > 40 ? sweep_s - 20 : 20 ))" --json "$OUT/sweep.json"
 for weights in w8a8 bf16; do
   budgeted "decode-$weights" 45 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
     --context 4096 --iters 10 --gemm invariant --weights "$weights" --batches 64 256 \
@@ -42,6 +53,8 @@ done
   echo "## The sweep (best tile per projection and B, at the table's split count)"
   echo
   log_section sweep | grep -E "^  sweep |^gemm sweep|^[a-z_]+ +[0-9]+ " | sed 's/^/    /'
+  echo
+  grep -E "verdict|CLEAN|CORRUPTION" "$LOG" | sed 's/^/    /'
   echo
   echo "## V3.2 decode step, B = 64 and 256"
   echo
