@@ -11,7 +11,7 @@
 #      256, context 4096; bf16 and w8a8 weights, whose GEMMs copy their first weights before the
 #      wait) and the tiny preset (graph against eager), tabled in pdl.md.
 # Every step has a timeout; the script goes on after a failure. Files in $OUT: summary.md, pdl.log,
-# parity.json, decode-*.json, pdl.md.
+# pdl.md, pdl-json.tar.gz (parity.json, decode-*.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,3 +75,4 @@ EOF
   [[ -f $OUT/pdl.md ]] && { echo "## pdl.md"; echo; cat "$OUT/pdl.md"; }
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
+pack_json pdl-json.tar.gz  # a device call brings back at most 8 files
