@@ -39,9 +39,9 @@ struct TcParams {
   // The splits of an output tile are one cluster (grid z, batch 1, 2 to 8 splits; the bulk-copy
   // kernels only) and sum their chains in distributed shared memory (reduce_cluster_tile,
   // gemm_wgmma.cuh); partial and counters are then not touched.
+  bool cluster = false;
   // The weights may be copied before the programmatic wait (GemmParams::w_constant; pdl.h).
   bool w_early = false;
-  bool cluster = false;
 };
 inline constexpr int kGemmClusterMaxSplits = 8;  // TcParams::cluster: the portable cluster size
 
@@ -210,7 +210,7 @@ int wgmma_pick_tile(int m, int n, int batch, int splits);
 cudaError_t wgmma_launch(const TcParams& p, int tile, cudaStream_t stream);
 bool wgmma_tile_is_bulk_copy(int tile);  // gemm_wgmma_tma.cu's tiles, which take p.cluster
 // How many launches of a bulk-copy tile so far ran its cp.async tile instead (the copy engine
-// could not take the operands, or a pair tile was asked for a reduction it does not run).
+// could not take the operands).
 uint64_t wgmma_bulk_copy_fallbacks();
 cudaError_t wgmma_prepare();  // every tile's shared-memory opt-in, on the current device
 

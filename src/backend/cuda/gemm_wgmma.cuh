@@ -20,10 +20,25 @@ namespace dsa::cuda {
 
 inline constexpr int kWgmmaStageK = 64;  // k per stage: one 128-byte swizzled row
 
-// The grid of a tile configuration C: x row tiles, y feature tiles, z batch entries x slices.
+// The CTAs of a cluster along the features that share each x tile (C::kPair where the
+// configuration names one, else 1): each brings 1/kPair of the stage's x rows into all of them
+// with one multicast copy (gemm_wgmma_tma.cu).
+template <class C>
+constexpr int pair_of() {
+  if constexpr (requires { C::kPair; }) {
+    return C::kPair;
+  } else {
+    return 1;
+  }
+}
+
+// The grid of a tile configuration C: x row tiles, y feature tiles (a whole number of pairs:
+// pair_of), z batch entries x slices.
 template <class C>
 dim3 wgmma_grid(const TcParams& p) {
-  return dim3(ceil_div(p.m, C::kRows), ceil_div(p.n, C::kCols), unsigned(p.batch * p.splits));
+  constexpr int kPair = pair_of<C>();
+  return dim3(ceil_div(p.m, C::kRows), ceil_div(ceil_div(p.n, C::kCols), kPair) * kPair,
+              unsigned(p.batch * p.splits));
 }
 
 // The tensor map of x [batch][m][k] for C's x tiles (kRows rows of 64 k, swizzled): rows past m
@@ -49,12 +64,19 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(Expected...), dim3 grid, di
 }
 
 // A bulk-copy kernel instance on its two tensor maps: the opt-in, then the launch on C's grid,
-// its splits in clusters when p.cluster (grid z is then the splits: batch 1).
+// its splits in clusters when p.cluster (grid z is then the splits: batch 1), its pairs' feature
+// tiles in clusters when C has pairs (which never take p.cluster).
 template <class C, class Kernel>
 cudaError_t launch_on_maps(cudaError_t (*opt_in)(bool), Kernel kernel, const CUtensorMap& a,
                            const CUtensorMap& b, const TcParams& p, cudaStream_t stream) {
   if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
-  if (p.cluster) {
+  if constexpr (pair_of<C>() > 1) {
+    if (p.cluster) return cudaErrorInvalidValue;
+    const dim3 grid = wgmma_grid<C>(p);
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    launch_kernel_in_clusters(kernel, grid, C::kThreads, C::kSmemBytes,
+                              dim3(1, unsigned(pair_of<C>()), 1), stream, a, b, p);
+  } else if (p.cluster) {
     if (p.batch != 1 || p.splits < 2 || p.splits > kGemmClusterMaxSplits) {
       return cudaErrorInvalidValue;
     }
@@ -266,18 +288,6 @@ struct WgmmaCta {
   }
 };
 
-// The CTAs of a cluster along the features that share each x tile (C::kPair where the
-// configuration names one, else 1): each brings 1/kPair of the stage's x rows into all of them
-// with one multicast copy (gemm_wgmma_tma.cu).
-template <class C>
-constexpr int pair_of() {
-  if constexpr (requires { C::kPair; }) {
-    return C::kPair;
-  } else {
-    return 1;
-  }
-}
-
 // Thread 0 sets the ring's barriers up (full: one arrival plus the copies' bytes; empty: one
 // arrival per consumer warpgroup of each CTA that writes the stage, pair_of<C>() of them) and
 // prefetches the two tensor maps; every thread of the CTA calls it and leaves after the setup.
@@ -343,6 +353,8 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
   WgmmaChains<C::kN, C::kNSub, kMnA> chains;
   chains.zero();
   const bool leader = threadIdx.x % 128 == 0;
+  [[maybe_unused]] const uint32_t peer =
+      pair_of<C>() > 1 ? cooperative_groups::this_cluster().block_rank() ^ 1u : 0u;
   for (int kt = 0; kt < cta.tiles; ++kt) {
     const int st = kt % C::kStages;
     wait(kt, st, uint32_t(kt / C::kStages) & 1u);
@@ -354,7 +366,7 @@ __device__ __forceinline__ void wgmma_consume(const TcParams& p, const WgmmaCta&
       uint64_t* bar = &empty[(kt - 1) % C::kStages];
       mbar_arrive(bar);
       // The other CTA of a pair writes its share of x into this stage too: it waits for us.
-      if constexpr (pair_of<C>() > 1) mbar_arrive_remote(bar, cluster_cta_rank() ^ 1u);
+      if constexpr (pair_of<C>() > 1) mbar_arrive_remote(bar, peer);
     }
   }
   wgmma_wait<0>();

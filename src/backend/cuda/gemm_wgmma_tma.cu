@@ -115,11 +115,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
           tma_load_3d(ws, &map_w, k0, cta.col0, cta.b, &full[st]);
         }
       };
+      // A pair: this CTA's half of the x rows (its rank in the cluster).
+      const int half = C::kPair > 1 ? int(cooperative_groups::this_cluster().block_rank()) : 0;
       auto load_x = [&](int kt, int st) {
         uint8_t* xs = smem + st * C::kStageBytes + C::kWBytes;
         const int k0 = cta.k_begin + kt * kBK;
         if constexpr (C::kPair > 1) {
-          const int half = int(cluster_cta_rank());
           tma_load_3d_multicast(xs + half * C::kXBoxRows * kSwizzleRowBytes, &map_x, k0,
                                 cta.row0 + half * C::kXBoxRows, cta.b, &full[st],
                                 uint16_t((1u << C::kPair) - 1u));
@@ -159,19 +160,8 @@ cudaError_t launch(const TcParams& p, cudaStream_t stream) {
                                                  p.batch, p.ld_x, p.bs_x, kBK, C::kXBoxRows)
                     : encode_x_map<C>(&map_x, p));
   if (!mapped) return cudaErrorNotSupported;
-  constexpr auto kernel = &gemm_wgmma_tma_kernel<C, kKn>;
-  constexpr auto opt_in = &wgmma_opt_in<kernel, C::kSmemBytes>;
-  if constexpr (C::kPair > 1) {
-    if (const cudaError_t err = opt_in(false); err != cudaSuccess) return err;
-    dim3 grid = wgmma_grid<C>(p);
-    grid.y = unsigned(ceil_div(int(grid.y), C::kPair) * C::kPair);
-    if (grid.y > 65535) return cudaErrorInvalidValue;
-    launch_kernel_in_clusters(kernel, grid, C::kThreads, C::kSmemBytes,
-                              dim3(1, unsigned(C::kPair), 1), stream, map_w, map_x, p);
-    return cudaGetLastError();
-  } else {
-    return launch_on_maps<C>(opt_in, kernel, map_w, map_x, p, stream);
-  }
+  return launch_on_maps<C>(&wgmma_opt_in<&gemm_wgmma_tma_kernel<C, kKn>, C::kSmemBytes>,
+                           &gemm_wgmma_tma_kernel<C, kKn>, map_w, map_x, p, stream);
 }
 
 template <class C, bool kKn = false>

@@ -109,13 +109,6 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
-// This CTA's rank in its cluster.
-__device__ __forceinline__ uint32_t cluster_cta_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
 // One arrival on the barrier at bar's offset in CTA `cta` of the cluster (release at cluster
 // scope: this thread's earlier accesses happen before whatever the barrier's waiter does next).
 __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
