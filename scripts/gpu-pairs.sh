@@ -14,7 +14,7 @@
 #      times every bulk-copy tile, pairs included, against cuBLASLt at B = 1, 8, 64, 256 and prints
 #      the best tile per class of m;
 #   4. the V3.2 step (bench-decode, w8a8 and bf16 weights, 1 layer, context 4096, graph replay) at
-#      B = 64 and 256 with the defaults, for the table the sweep may change.
+#      B = 1, 8, 64 and 256 with the defaults, for the table the sweep may change.
 # Files in $OUT: summary.md, pairs.log, pairs-json.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,15 +36,15 @@ for k in bf16 fp8; do
 done
 budgeted check-replay-incident 90 bash -c 'expect_incident "$@"' _ "$DSA" --log error \
   check-replay --backend cuda --steps 600 --seed 7 --inject incident
-# The sweep gets what is left but the decode steps' 100 s, at most PAIRS_SWEEP_S (200).
-sweep_s=$(( DEADLINE - SECONDS - 100 ))
+# The sweep gets what is left but the decode steps' 130 s, at most PAIRS_SWEEP_S (200).
+sweep_s=$(( DEADLINE - SECONDS - 130 ))
 (( sweep_s > ${PAIRS_SWEEP_S:-200} )) && sweep_s=${PAIRS_SWEEP_S:-200}
 budgeted sweep "$sweep_s" "$B/bench/dsa_gpu_bench" --skip-store --skip-attention \
   --gemm-sweep --gemm-sweep-kernel wgmma --gemm-sweep-default-splits \
   --gemm-sweep-budget "$(( sweep_s > 40 ? sweep_s - 20 : 20 ))" --json "$OUT/sweep.json"
 for weights in w8a8 bf16; do
-  budgeted "decode-$weights" 45 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
-    --context 4096 --iters 10 --gemm invariant --weights "$weights" --batches 64 256 \
+  budgeted "decode-$weights" 60 "$DSA" bench-decode --backend cuda --preset v32 --layers 1 \
+    --context 4096 --iters 10 --gemm invariant --weights "$weights" --batches 1 8 64 256 \
     --json "$OUT/decode-$weights.json"
 done
 
@@ -56,7 +56,7 @@ done
   echo
   grep -E "verdict|CLEAN|CORRUPTION" "$LOG" | sed 's/^/    /'
   echo
-  echo "## V3.2 decode step, B = 64 and 256"
+  echo "## V3.2 decode step, B = 1, 8, 64 and 256"
   echo
   python3 bench/gpu/decode_table.py "$OUT"
 } > "$OUT/summary.md"
