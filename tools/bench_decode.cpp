@@ -56,10 +56,14 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
   cmd->add_option("--json", o->json, "write the results here")->check(non_empty("a file name"));
   cmd->add_flag("--profile", o->profile,
                 "per batch size, time every op of an eager step and compare it with its floor");
-  cmd->add_option("--peak-gbps", o->ceilings.gb_per_s, "memory bandwidth for the floors, GB/s")
-      ->capture_default_str();
-  cmd->add_option("--peak-tflops", o->ceilings.tflop_per_s, "matrix rate for the floors, TFLOP/s")
-      ->capture_default_str();
+  cmd->add_option("--peak-gbps", o->ceilings.gb_per_s,
+                  "memory bandwidth for the floors, GB/s (default: a device copy timed in this "
+                  "run)")
+      ->check(positive_number());
+  cmd->add_option("--peak-tflops", o->ceilings.tflop_per_s,
+                  "matrix rate for the floors, TFLOP/s (default: a square bf16 GEMM timed in "
+                  "this run with --gemm fast)")
+      ->check(positive_number());
   cmd->callback([&run, o] {
     run = [o] {
       const ModelConfig config = keep_first_layers(resolve_config(o->model), o->layers);
@@ -81,6 +85,12 @@ void register_bench_decode(CLI::App& app, SubcommandAction& run) {
       auto device = make_backend(parse_backend(o->model.backend));
       check_memory(*device, config, max_b, context + 1, cc, parse_weight_dtype(o->model.weights));
       device->set_gemm_mode(parse_gemm_mode(o->model.gemm));
+      // The profile's floors come from this device, timed before the model takes its memory.
+      if (o->profile) {
+        o->ceilings =
+            measure_ceilings(*device, o->ceilings, ceiling_probe(parse_backend(o->model.backend)));
+        fmt::print(stderr, "bench-decode: floors at {}\n", o->ceilings.describe());
+      }
       ProfilingBackend profiler(*device);  // forwards only, until a profile starts recording
       Backend* backend = &profiler;
       fmt::print(stderr, "bench-decode: building {} ({} layers) on {}\n", config.name,

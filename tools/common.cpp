@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -48,6 +50,21 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
         return {};
       },
       fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) {
+          return fmt::format("'{}' is not a finite number", s);
+        }
+        if (!(v > 0)) return fmt::format("{} is out of range: expected a number > 0", s);
+        return {};
+      },
+      "NUMBER > 0");
 }
 
 CLI::Validator unsigned_integer() {

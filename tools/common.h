@@ -20,6 +20,7 @@ namespace dsa::tools {
 // a count, "18446744073709551616", "", "1e3", "0x10" and " 5" are refused (exit 2) with a message
 // naming the option, the value and the range, before CLI11 converts anything.
 CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator positive_number();   // a finite double > 0
 CLI::Validator unsigned_integer();  // [0, 2^64 - 1], for seeds: a negative seed is refused
 CLI::Validator non_empty(const char* what);
 

@@ -22,6 +22,145 @@ double Ceilings::floor_us(const OpCost& c) const {
   return std::max(c.bytes / (gb_per_s * 1e3), c.flops / (tflop_per_s * 1e6));
 }
 
+std::string Ceilings::describe() const {
+  return fmt::format("copy {:.4g} GB/s ({}), matrix {:.4g} TFLOP/s ({})", gb_per_s, copy_source,
+                     tflop_per_s, rate_source);
+}
+
+CeilingProbe ceiling_probe(BackendKind kind) {
+  CeilingProbe probe;
+  if (kind == BackendKind::kCuda) {
+    probe.copy_bytes = size_t(1) << 30;
+    probe.gemm_dim = 8192;
+  } else {
+    probe.copy_bytes = size_t(64) << 20;
+    probe.gemm_dim = 512;
+  }
+  return probe;
+}
+
+namespace {
+
+// A device allocation freed on every path out of measure_ceilings.
+class Scratch {
+ public:
+  Scratch(Backend& be, size_t bytes) : be_(be), p_(be.allocate(bytes)) {}
+  ~Scratch() { be_.deallocate(p_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  Backend& be_;
+  void* p_;
+};
+
+// The median time of `iters` runs of `run` after one more, each bracketed by stopwatch points.
+template <typename Run>
+double median_us(Backend& be, int iters, Run&& run) {
+  std::unique_ptr<Stopwatch> watch = be.stopwatch();
+  run();  // warm-up: first-touch pages, kernel selection, caches
+  std::vector<int> marks{watch->mark()};
+  for (int i = 0; i < iters; ++i) {
+    run();
+    marks.push_back(watch->mark());
+  }
+  be.synchronize();
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) us.push_back(watch->elapsed_us(marks[i], marks[i + 1]));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+double measure_copy_gbps(Backend& be, size_t bytes, int iters) {
+  Scratch src(be, bytes), dst(be, bytes);
+  be.fill(src.as<void>(), 0x5a, bytes);
+  be.fill(dst.as<void>(), 0x00, bytes);
+  const double us =
+      median_us(be, iters, [&] { be.copy_on_device(dst.as<void>(), src.as<void>(), bytes); });
+  // The copy moved what it was asked to: its first and last bytes hold the source's pattern.
+  std::vector<uint8_t> head(std::min<size_t>(bytes, 4096)), tail(head.size());
+  be.copy_to_host(head.data(), dst.as<uint8_t>(), head.size());
+  be.copy_to_host(tail.data(), dst.as<uint8_t>() + bytes - tail.size(), tail.size());
+  const auto is_pattern = [](const std::vector<uint8_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](uint8_t b) { return b == 0x5a; });
+  };
+  require(is_pattern(head) && is_pattern(tail), ErrorCode::kInternal,
+          "ceilings: the {} MiB device copy did not copy its source", bytes >> 20);
+  require(us > 0, ErrorCode::kInternal, "ceilings: the stopwatch timed the copy at {} us", us);
+  return 2.0 * double(bytes) / (us * 1e3);
+}
+
+// y = x w^T, m = n = k = dim, bf16 operands (x also as f32 for backends that read that), every
+// value bf16 0x3c3c (0.01147...), so every output is dim * 0.01147^2 up to the summation's
+// rounding.
+double measure_gemm_tflops(Backend& be, int dim, int iters) {
+  const size_t elems = size_t(dim) * size_t(dim);
+  Scratch w(be, 2 * elems), x16(be, 2 * elems), x32(be, 4 * elems), y(be, 4 * elems);
+  be.fill(w.as<void>(), 0x3c, 2 * elems);
+  be.fill(x16.as<void>(), 0x3c, 2 * elems);
+  // f32 0x3c3c0000 is bf16 0x3c3c widened: the same operand either way.
+  std::vector<uint32_t> row(size_t(dim), 0x3c3c0000u);
+  for (int r = 0; r < dim; ++r) {
+    be.copy_to_device(x32.as<uint32_t>() + size_t(r) * dim, row.data(), 4 * size_t(dim));
+  }
+  GemmParams p;
+  p.x = x32.as<float>();
+  p.x_bf16 = x16.as<Bf16>();
+  p.w = w.as<Bf16>();
+  p.y = y.as<float>();
+  p.m = p.n = p.k = dim;
+  p.ld_x = p.ld_x_bf16 = p.ld_w = p.ld_y = dim;
+  p.w_constant = true;
+  const GemmMode mode = be.gemm_mode();
+  be.set_gemm_mode(GemmMode::kFast);
+  double us = 0;
+  try {
+    us = median_us(be, iters, [&] { be.gemm(p); });
+  } catch (...) {
+    be.set_gemm_mode(mode);
+    throw;
+  }
+  be.set_gemm_mode(mode);
+  float corners[2];
+  be.copy_to_host(&corners[0], y.as<float>(), 4);
+  be.copy_to_host(&corners[1], y.as<float>() + elems - 1, 4);
+  const double v = double(bf16_to_float(Bf16{0x3c3c}));
+  const double expect = dim * v * v;
+  for (float c : corners) {
+    require(std::abs(c - expect) <= 1e-2 * expect, ErrorCode::kInternal,
+            "ceilings: the {}^3 GEMM gave {} where {} was due", dim, c, expect);
+  }
+  require(us > 0, ErrorCode::kInternal, "ceilings: the stopwatch timed the GEMM at {} us", us);
+  return 2.0 * double(dim) * dim * dim / (us * 1e6);
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(Backend& backend, Ceilings given, const CeilingProbe& probe) {
+  require(probe.iters > 0, ErrorCode::kInvalidArgument, "ceilings: iters {} must be > 0",
+          probe.iters);
+  Ceilings c = given;
+  if (c.gb_per_s <= 0) {
+    require(probe.copy_bytes >= 4096, ErrorCode::kInvalidArgument,
+            "ceilings: a copy of {} bytes is too small to time", probe.copy_bytes);
+    c.gb_per_s = measure_copy_gbps(backend, probe.copy_bytes, probe.iters);
+    c.copy_source = fmt::format("measured: a {} MiB device copy, read and write counted",
+                                probe.copy_bytes >> 20);
+  }
+  if (c.tflop_per_s <= 0) {
+    require(probe.gemm_dim >= 16, ErrorCode::kInvalidArgument,
+            "ceilings: a GEMM of {}^3 is too small to time", probe.gemm_dim);
+    c.tflop_per_s = measure_gemm_tflops(backend, probe.gemm_dim, probe.iters);
+    c.rate_source =
+        fmt::format("measured: a {}^3 GEMM of bf16 operands into f32, --gemm fast", probe.gemm_dim);
+  }
+  return c;
+}
+
 std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& runs) {
   require(!runs.empty(), ErrorCode::kInternal, "profile: no recorded runs");
   std::vector<OpTiming> out = runs.front();
@@ -67,6 +206,7 @@ std::string profile_table(const std::vector<OpTiming>& ops, const Ceilings& ceil
     out += fmt::format("      empty launch (a 4-byte fill, timed like the ops): {:.1f} us\n",
                        empty_us);
   }
+  out += fmt::format("      floors at {}\n", ceilings.describe());
   return out;
 }
 
@@ -90,6 +230,8 @@ nlohmann::json profile_json(const std::vector<OpTiming>& ops, const Ceilings& ce
           {"floor_us", floor},
           {"gb_per_s", ceilings.gb_per_s},
           {"tflop_per_s", ceilings.tflop_per_s},
+          {"gb_per_s_source", ceilings.copy_source},
+          {"tflop_per_s_source", ceilings.rate_source},
           {"empty_launch_us", empty_us}};
 }
 

@@ -24,11 +24,31 @@ struct OpTiming {
 };
 
 // The ceilings a floor is computed from: bytes / bandwidth or FLOPs / rate, whichever is larger.
+// Both are measured on the device of the run (measure_ceilings) unless given (bench-decode's
+// --peak-gbps and --peak-tflops); `source` says which, for the table and the JSON.
 struct Ceilings {
-  double gb_per_s = 4254;    // the H200's measured device copy (bench/results/2026-12-02)
-  double tflop_per_s = 790;  // its measured bf16 GEMM rate on random data
+  double gb_per_s = 0;     // device copy, read + write bytes per second / 1e9
+  double tflop_per_s = 0;  // the backend's --gemm fast rate on a square bf16 GEMM
+  std::string copy_source = "given", rate_source = "given";  // or "measured: ..." (how)
   double floor_us(const OpCost& c) const;
+  // "copy 4254 GB/s (measured: ...), matrix 790 TFLOP/s (given)"
+  std::string describe() const;
 };
+
+// The sizes measure_ceilings times: a device copy of copy_bytes (counted twice: read and write,
+// as dsa_gpu_bench counts its copy) and an m = n = k = gemm_dim GEMM with bf16 operands, each
+// the median of `iters` runs after one warm-up. ceiling_probe() gives dsa_gpu_bench's sizes on
+// CUDA (1 GiB, 8192) and sizes a CPU finishes in about a second (64 MiB, 512).
+struct CeilingProbe {
+  size_t copy_bytes = 0;
+  int gemm_dim = 0;
+  int iters = 5;
+};
+CeilingProbe ceiling_probe(BackendKind kind);
+// Fills in the ceilings that are 0 in `given` by timing them on `backend` (with its stopwatch,
+// outside any profile: pass the unwrapped backend), and checks that the copy and the GEMM
+// computed what they were asked to (kInternal otherwise). Its buffers are freed on return.
+Ceilings measure_ceilings(Backend& backend, Ceilings given, const CeilingProbe& probe);
 
 // Per-op medians over several recorded runs of the same op sequence.
 std::vector<OpTiming> median_timings(const std::vector<std::vector<OpTiming>>& runs);
